@@ -1,0 +1,6 @@
+//! spur-operator: bridges Kubernetes and the Spur workload manager's controller.
+//!
+//! All logic lives in this library; the `spur-operator` binary only wires it to the real
+//! world (see `../shared/DESIGN.md`, "The seams").
+
+pub mod net;

@@ -1,0 +1,1 @@
+//! The deterministic simulation of spur-operator's world (see shared/spec/sim.md).
