@@ -1,0 +1,3 @@
+//! `spur-sim`: runs the simulated world (see shared/spec/sim.md).
+
+fn main() {}
