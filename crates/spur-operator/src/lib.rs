@@ -3,4 +3,8 @@
 //! All logic lives in this library; the `spur-operator` binary only wires it to the real
 //! world (see `../shared/DESIGN.md`, "The seams").
 
+pub mod check;
+pub mod config;
+pub mod controller;
 pub mod net;
+pub mod telemetry;

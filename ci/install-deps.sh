@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what the checks need and a fresh machine of the project's kind lacks. Idempotent:
+# it installs only what is missing. Nothing may be installed by hand instead.
+set -euo pipefail
+
+need_apt=()
+# (Debian packages the tests need are added here as the tests come to need them.)
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: need root to install: ${need_apt[*]}" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+
+for tool in cargo rustfmt cargo-clippy; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "install-deps: $tool is missing; the Rust toolchain (with rustfmt and clippy) comes with the machine" >&2
+    exit 1
+  fi
+done

@@ -1,0 +1,468 @@
+//! Every tunable of the operator, with its default and the reason for it.
+//!
+//! The command line (clap, with a `SPUR_OPERATOR_*` environment twin for every flag) is
+//! parsed into these argument structs, then validated into plain config values
+//! ([`ChannelConfig`], …) that the rest of the library takes. Validation names the flag
+//! that is wrong, so bad input is a one-line error rather than a panic.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::Args;
+use clap::builder::TypedValueParser as _;
+
+use crate::controller::{AddressError, ControllerAddr, Scheme};
+
+/// A duration that may be switched off: `10s`, `1m30s`, `500ms`, or `off`.
+///
+/// Used for the channel's bounds, so the simulation's `unbounded` profile (the operator as
+/// it was before the seed's fix) is a configuration, not a code path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bound(pub Option<Duration>);
+
+impl Bound {
+    pub const OFF: Bound = Bound(None);
+
+    pub const fn of(duration: Duration) -> Bound {
+        Bound(Some(duration))
+    }
+}
+
+impl FromStr for Bound {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if matches!(s, "off" | "none") {
+            return Ok(Bound::OFF);
+        }
+        let duration = parse_duration(s)?;
+        if duration.is_zero() {
+            return Err("a bound of zero would fail every call; use `off` to disable it".into());
+        }
+        Ok(Bound::of(duration))
+    }
+}
+
+impl fmt::Display for Bound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(d) => write!(f, "{}", humantime::format_duration(d)),
+            None => f.write_str("off"),
+        }
+    }
+}
+
+/// Parses a human-readable duration (`10s`, `1m 30s`, `250ms`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("`{s}` is not a duration such as 10s, 500ms or 1m30s ({e})"))
+}
+
+/// HTTP/2 keepalive pings on the controller channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keepalive {
+    /// Time between pings.
+    pub interval: Duration,
+    /// How long a ping may go unanswered before the connection is closed.
+    pub timeout: Duration,
+    /// Ping also when no call is in flight, so a dead connection is found before the next
+    /// call has to wait on it.
+    pub while_idle: bool,
+}
+
+/// TLS material for an `https://` controller address, loaded and checked at start-up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsConfig {
+    /// PEM CA bundle to trust; `None` trusts the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
+    /// PEM client certificate and key, for mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// Name to verify the server's certificate against, when not the address's host.
+    pub domain: Option<String>,
+}
+
+/// How the operator's channel to spurctld is bounded. See the flags in
+/// [`ControllerArgs`] for each default's reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelConfig {
+    pub connect_timeout: Option<Duration>,
+    pub keepalive: Option<Keepalive>,
+    pub request_timeout: Option<Duration>,
+    pub max_message_bytes: usize,
+    pub tls: Option<TlsConfig>,
+}
+
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_MAX_MESSAGE_MIB: usize = 32;
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        ChannelConfig {
+            connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
+            keepalive: Some(Keepalive {
+                interval: DEFAULT_KEEPALIVE_INTERVAL,
+                timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+                while_idle: true,
+            }),
+            request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
+            max_message_bytes: DEFAULT_MAX_MESSAGE_MIB << 20,
+            tls: None,
+        }
+    }
+}
+
+impl ChannelConfig {
+    /// No bound of any kind: the operator's channel before the seed's fix. Only for the
+    /// simulation's `unbounded` profile and for tests that show why the bounds exist.
+    pub fn unbounded() -> Self {
+        ChannelConfig {
+            connect_timeout: None,
+            keepalive: None,
+            request_timeout: None,
+            ..ChannelConfig::default()
+        }
+    }
+}
+
+/// A bad flag value, named.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--controller-addr: {0}")]
+    Address(#[from] AddressError),
+    #[error("{flag}: cannot read {path}: {source}")]
+    ReadFile {
+        flag: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{flag}: {reason}")]
+    Invalid { flag: &'static str, reason: String },
+}
+
+/// How to reach spurctld, and the bounds on that channel.
+#[derive(Args, Clone, Debug)]
+pub struct ControllerArgs {
+    /// spurctld's client address: `host:port`, `http://host:port` or `https://host:port`
+    /// (IPv6 literals in brackets). The default is the controller's Service in the
+    /// operator's namespace on spurctld's client port.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_ADDR",
+        default_value = "spurctld:6817"
+    )]
+    pub controller_addr: String,
+
+    /// File holding a bearer token sent as `authorization` metadata on every call (for a
+    /// spurctld that requires one). Read once at start-up.
+    #[arg(long, env = "SPUR_OPERATOR_CONTROLLER_TOKEN_FILE")]
+    pub controller_token_file: Option<PathBuf>,
+
+    /// Bound on opening a connection (dial, TLS and HTTP/2 handshake), or `off`. A Service
+    /// with no ready endpoint may silently drop the SYN, and Linux gives up only after
+    /// ~127 s: the seed's first registration came three minutes late because of it.
+    /// 10 s is long enough for a loaded controller to accept.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_CONNECT_TIMEOUT",
+        default_value = "10s"
+    )]
+    pub controller_connect_timeout: Bound,
+
+    /// Bound on each call, or `off`. No call on this channel streams, and spurctld answers
+    /// in milliseconds when it answers at all: 30 s only cuts calls that will never return.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_REQUEST_TIMEOUT",
+        default_value = "30s"
+    )]
+    pub controller_request_timeout: Bound,
+
+    /// Interval of HTTP/2 keepalive pings, also while idle, or `off`. A connection to a
+    /// killed controller pod drops packets silently and would otherwise hang until the
+    /// kernel gives up (minutes); a ping finds it dead within interval plus timeout.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_KEEPALIVE_INTERVAL",
+        default_value = "10s"
+    )]
+    pub controller_keepalive_interval: Bound,
+
+    /// How long a keepalive ping may go unanswered before the connection is closed.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_KEEPALIVE_TIMEOUT",
+        default_value = "5s",
+        value_parser = parse_duration
+    )]
+    pub controller_keepalive_timeout: Duration,
+
+    /// Largest message sent or received, in MiB. GetJobs over 10,000 active jobs is about
+    /// 2 MiB; 32 leaves room for large clusters without allowing unbounded memory.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_MAX_MESSAGE_MIB",
+        default_value_t = DEFAULT_MAX_MESSAGE_MIB,
+        value_parser = clap::value_parser!(u16).range(1..=1024).map(usize::from)
+    )]
+    pub controller_max_message_mib: usize,
+
+    /// PEM CA bundle that signs spurctld's certificate (https only); the system's roots
+    /// when unset.
+    #[arg(long, env = "SPUR_OPERATOR_CONTROLLER_TLS_CA_FILE")]
+    pub controller_tls_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for mutual TLS (https only; needs the key too).
+    #[arg(long, env = "SPUR_OPERATOR_CONTROLLER_TLS_CERT_FILE")]
+    pub controller_tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of the client certificate.
+    #[arg(long, env = "SPUR_OPERATOR_CONTROLLER_TLS_KEY_FILE")]
+    pub controller_tls_key_file: Option<PathBuf>,
+
+    /// Name to verify spurctld's certificate against, when it is not the address's host.
+    #[arg(long, env = "SPUR_OPERATOR_CONTROLLER_TLS_DOMAIN")]
+    pub controller_tls_domain: Option<String>,
+}
+
+/// The validated form of [`ControllerArgs`].
+#[derive(Clone, Debug)]
+pub struct ControllerSettings {
+    pub addr: ControllerAddr,
+    pub channel: ChannelConfig,
+    pub token: Option<String>,
+}
+
+impl ControllerArgs {
+    /// Checks every value and loads the files the flags name.
+    pub fn validate(&self) -> Result<ControllerSettings, ConfigError> {
+        let addr: ControllerAddr = self.controller_addr.parse()?;
+        let keepalive = self
+            .controller_keepalive_interval
+            .0
+            .map(|interval| Keepalive {
+                interval,
+                timeout: self.controller_keepalive_timeout,
+                while_idle: true,
+            });
+        if keepalive.is_some() && self.controller_keepalive_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                flag: "--controller-keepalive-timeout",
+                reason: "must be longer than zero".into(),
+            });
+        }
+        let channel = ChannelConfig {
+            connect_timeout: self.controller_connect_timeout.0,
+            keepalive,
+            request_timeout: self.controller_request_timeout.0,
+            max_message_bytes: self.controller_max_message_mib << 20,
+            tls: self.tls(addr.scheme)?,
+        };
+        let token = self
+            .controller_token_file
+            .as_deref()
+            .map(read_token)
+            .transpose()?;
+        Ok(ControllerSettings {
+            addr,
+            channel,
+            token,
+        })
+    }
+
+    fn tls(&self, scheme: Scheme) -> Result<Option<TlsConfig>, ConfigError> {
+        let any_tls_flag = self.controller_tls_ca_file.is_some()
+            || self.controller_tls_cert_file.is_some()
+            || self.controller_tls_key_file.is_some()
+            || self.controller_tls_domain.is_some();
+        if scheme == Scheme::Http {
+            if any_tls_flag {
+                return Err(ConfigError::Invalid {
+                    flag: "--controller-addr",
+                    reason: "TLS options are set but the address is not https://".into(),
+                });
+            }
+            return Ok(None);
+        }
+        let ca_pem = self
+            .controller_tls_ca_file
+            .as_deref()
+            .map(|p| read_file("--controller-tls-ca-file", p))
+            .transpose()?;
+        let identity = match (
+            &self.controller_tls_cert_file,
+            &self.controller_tls_key_file,
+        ) {
+            (Some(cert), Some(key)) => Some((
+                read_file("--controller-tls-cert-file", cert)?,
+                read_file("--controller-tls-key-file", key)?,
+            )),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(ConfigError::Invalid {
+                    flag: "--controller-tls-key-file",
+                    reason: "required with --controller-tls-cert-file".into(),
+                });
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    flag: "--controller-tls-cert-file",
+                    reason: "required with --controller-tls-key-file".into(),
+                });
+            }
+        };
+        Ok(Some(TlsConfig {
+            ca_pem,
+            identity,
+            domain: self.controller_tls_domain.clone(),
+        }))
+    }
+}
+
+fn read_file(flag: &'static str, path: &Path) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|source| ConfigError::ReadFile {
+        flag,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn read_token(path: &Path) -> Result<String, ConfigError> {
+    const FLAG: &str = "--controller-token-file";
+    let bytes = read_file(FLAG, path)?;
+    let token = String::from_utf8(bytes)
+        .map_err(|_| ConfigError::Invalid {
+            flag: FLAG,
+            reason: format!("{} is not UTF-8 text", path.display()),
+        })?
+        .trim()
+        .to_owned();
+    if token.is_empty() {
+        return Err(ConfigError::Invalid {
+            flag: FLAG,
+            reason: format!("{} is empty", path.display()),
+        });
+    }
+    // It travels as an HTTP/2 header value: visible ASCII only.
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ConfigError::Invalid {
+            flag: FLAG,
+            reason: format!(
+                "{} holds characters a header cannot carry (only visible ASCII)",
+                path.display()
+            ),
+        });
+    }
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        controller: ControllerArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ControllerSettings, String> {
+        let cli = Cli::try_parse_from(std::iter::once("test").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.controller.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn flag_defaults_match_the_config_defaults() {
+        let settings = parse(&[]).unwrap();
+        assert_eq!(settings.channel, ChannelConfig::default());
+        assert_eq!(settings.addr.to_string(), "http://spurctld:6817");
+        assert_eq!(settings.token, None);
+    }
+
+    #[test]
+    fn bounds_parse_and_switch_off() {
+        let settings = parse(&[
+            "--controller-connect-timeout",
+            "2s",
+            "--controller-request-timeout",
+            "off",
+            "--controller-keepalive-interval",
+            "1m 30s",
+            "--controller-keepalive-timeout",
+            "750ms",
+        ])
+        .unwrap();
+        assert_eq!(
+            settings.channel.connect_timeout,
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(settings.channel.request_timeout, None);
+        let keepalive = settings.channel.keepalive.unwrap();
+        assert_eq!(keepalive.interval, Duration::from_secs(90));
+        assert_eq!(keepalive.timeout, Duration::from_millis(750));
+
+        let off = parse(&["--controller-keepalive-interval", "off"]).unwrap();
+        assert_eq!(off.channel.keepalive, None);
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        let err = parse(&["--controller-connect-timeout", "soon"]).unwrap_err();
+        assert!(err.contains("--controller-connect-timeout"), "{err}");
+        let err = parse(&["--controller-request-timeout", "0s"]).unwrap_err();
+        assert!(err.contains("zero"), "{err}");
+        let err = parse(&["--controller-addr", "ftp://x:1"]).unwrap_err();
+        assert!(err.starts_with("--controller-addr:"), "{err}");
+        let err = parse(&["--controller-tls-ca-file", "/nonexistent"]).unwrap_err();
+        assert!(err.contains("not https://"), "{err}");
+        let err = parse(&[
+            "--controller-addr",
+            "https://spurctld:6817",
+            "--controller-tls-ca-file",
+            "/nonexistent/ca.pem",
+        ])
+        .unwrap_err();
+        assert!(
+            err.starts_with("--controller-tls-ca-file: cannot read /nonexistent/ca.pem"),
+            "{err}"
+        );
+        let err = parse(&[
+            "--controller-addr",
+            "https://spurctld:6817",
+            "--controller-tls-cert-file",
+            "/nonexistent/cert.pem",
+        ])
+        .unwrap_err();
+        assert!(
+            err.starts_with("--controller-tls-key-file: required"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn token_file_is_trimmed_and_checked() {
+        let dir = std::env::temp_dir().join(format!("spur-token-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good");
+        std::fs::write(&good, "s3cr3t-token\n").unwrap();
+        let bad = dir.join("bad");
+        std::fs::write(&bad, "two words").unwrap();
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+
+        let settings = parse(&["--controller-token-file", good.to_str().unwrap()]).unwrap();
+        assert_eq!(settings.token.as_deref(), Some("s3cr3t-token"));
+        let err = parse(&["--controller-token-file", bad.to_str().unwrap()]).unwrap_err();
+        assert!(err.contains("visible ASCII"), "{err}");
+        let err = parse(&["--controller-token-file", empty.to_str().unwrap()]).unwrap_err();
+        assert!(err.contains("is empty"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

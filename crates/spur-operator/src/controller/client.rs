@@ -1,0 +1,304 @@
+//! The one long-lived client of spurctld.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as SyncMutex};
+
+use futures::future::BoxFuture;
+use spur_proto as pb;
+use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::transport::Channel;
+use tonic::{Code, Request, Response, Status};
+
+use super::address::ControllerAddr;
+use super::connect::connect;
+use super::error::{ConnectError, ControllerError, FailureKind, classify, status_text};
+use crate::config::ChannelConfig;
+use crate::net::Dialer;
+
+type Connector = dyn Fn() -> BoxFuture<'static, Result<Channel, ConnectError>> + Send + Sync;
+
+/// The operator's client of spurctld: cheap to clone, safe to share between tasks.
+///
+/// It holds at most one channel. A call that fails with a transport failure (UNAVAILABLE,
+/// UNKNOWN, CANCELLED, DEADLINE_EXCEEDED, or a failed connect) drops that channel, and the
+/// next call connects afresh: a request bound alone would cancel the call but leave the
+/// next one waiting on the same dead connection (the seed's runs 3 and 5). An answer such
+/// as NOT_FOUND keeps the channel.
+#[derive(Clone)]
+pub struct ControllerClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    addr: ControllerAddr,
+    connector: Box<Connector>,
+    max_message_bytes: usize,
+    authorization: Option<AsciiMetadataValue>,
+    /// Held across a connect, so concurrent callers share one connect instead of racing.
+    slot: tokio::sync::Mutex<Slot>,
+    leader_hint: SyncMutex<Option<String>>,
+    stats: Counters,
+}
+
+#[derive(Default)]
+struct Slot {
+    channel: Option<(u64, Channel)>,
+    /// Generation of the next channel, so a late failure on an old channel cannot drop a
+    /// newer one.
+    next_generation: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    connects: AtomicU64,
+    connect_failures: AtomicU64,
+    drops: AtomicU64,
+}
+
+/// How often the client connected and dropped its channel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    pub connects: u64,
+    pub connect_failures: u64,
+    pub drops: u64,
+}
+
+impl ControllerClient {
+    /// A client of `addr` that connects through `dialer` with the bounds of `config`. No
+    /// connection is opened until the first call. `token`, when set, is sent as
+    /// `authorization: Bearer <token>` on every call.
+    pub fn new<D: Dialer>(
+        addr: ControllerAddr,
+        config: ChannelConfig,
+        token: Option<&str>,
+        dialer: D,
+    ) -> Result<Self, ControllerError> {
+        let authorization = token
+            .map(|t| {
+                format!("Bearer {t}")
+                    .parse::<AsciiMetadataValue>()
+                    .map_err(|_| ControllerError::Connect {
+                        addr: addr.to_string(),
+                        source: ConnectError::Other(
+                            "the bearer token holds characters a header cannot carry".into(),
+                        ),
+                    })
+            })
+            .transpose()?;
+        let max_message_bytes = config.max_message_bytes;
+        let target = addr.clone();
+        let connector: Box<Connector> = Box::new(move || {
+            let (target, config, dialer) = (target.clone(), config.clone(), dialer.clone());
+            Box::pin(async move { connect(&target, &config, dialer).await })
+        });
+        Ok(ControllerClient {
+            inner: Arc::new(Inner {
+                addr,
+                connector,
+                max_message_bytes,
+                authorization,
+                slot: tokio::sync::Mutex::new(Slot::default()),
+                leader_hint: SyncMutex::new(None),
+                stats: Counters::default(),
+            }),
+        })
+    }
+
+    pub fn addr(&self) -> &ControllerAddr {
+        &self.inner.addr
+    }
+
+    pub fn stats(&self) -> ClientStats {
+        let c = &self.inner.stats;
+        ClientStats {
+            connects: c.connects.load(Ordering::Relaxed),
+            connect_failures: c.connect_failures.load(Ordering::Relaxed),
+            drops: c.drops.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The leader named by the last UNAVAILABLE answer that carried `x-spur-leader`.
+    pub fn leader_hint(&self) -> Option<String> {
+        self.inner
+            .leader_hint
+            .lock()
+            .expect("leader hint lock")
+            .clone()
+    }
+
+    /// Whether a channel is open (for readiness and tests).
+    pub async fn is_connected(&self) -> bool {
+        self.inner.slot.lock().await.channel.is_some()
+    }
+
+    pub async fn ping(&self) -> Result<pb::PingResponse, ControllerError> {
+        self.call("Ping", (), |mut c, r| async move { c.ping(r).await })
+            .await
+    }
+
+    pub async fn register_agent(
+        &self,
+        request: pb::RegisterAgentRequest,
+    ) -> Result<pb::RegisterAgentResponse, ControllerError> {
+        self.call("RegisterAgent", request, |mut c, r| async move {
+            c.register_agent(r).await
+        })
+        .await
+    }
+
+    pub async fn heartbeat(
+        &self,
+        request: pb::HeartbeatRequest,
+    ) -> Result<pb::HeartbeatResponse, ControllerError> {
+        self.call("Heartbeat", request, |mut c, r| async move {
+            c.heartbeat(r).await
+        })
+        .await
+    }
+
+    pub async fn update_node(&self, request: pb::UpdateNodeRequest) -> Result<(), ControllerError> {
+        self.call("UpdateNode", request, |mut c, r| async move {
+            c.update_node(r).await
+        })
+        .await
+    }
+
+    pub async fn submit_job(
+        &self,
+        request: pb::SubmitJobRequest,
+    ) -> Result<pb::SubmitJobResponse, ControllerError> {
+        self.call("SubmitJob", request, |mut c, r| async move {
+            c.submit_job(r).await
+        })
+        .await
+    }
+
+    pub async fn get_job(&self, job_id: u32) -> Result<pb::JobInfo, ControllerError> {
+        let request = pb::GetJobRequest { job_id };
+        self.call(
+            "GetJob",
+            request,
+            |mut c, r| async move { c.get_job(r).await },
+        )
+        .await
+    }
+
+    pub async fn get_jobs(
+        &self,
+        request: pb::GetJobsRequest,
+    ) -> Result<pb::GetJobsResponse, ControllerError> {
+        self.call(
+            "GetJobs",
+            request,
+            |mut c, r| async move { c.get_jobs(r).await },
+        )
+        .await
+    }
+
+    pub async fn cancel_job(&self, request: pb::CancelJobRequest) -> Result<(), ControllerError> {
+        self.call("CancelJob", request, |mut c, r| async move {
+            c.cancel_job(r).await
+        })
+        .await
+    }
+
+    pub async fn report_job_status(
+        &self,
+        request: pb::ReportJobStatusRequest,
+    ) -> Result<(), ControllerError> {
+        self.call("ReportJobStatus", request, |mut c, r| async move {
+            c.report_job_status(r).await
+        })
+        .await
+    }
+
+    /// Runs one RPC on the current channel (connecting first if there is none) and
+    /// applies the channel rule to its outcome.
+    async fn call<Req, Resp, F, Fut>(
+        &self,
+        method: &'static str,
+        message: Req,
+        rpc: F,
+    ) -> Result<Resp, ControllerError>
+    where
+        F: FnOnce(pb::SlurmControllerClient<Channel>, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let (generation, channel) = self.channel().await?;
+        let client = pb::SlurmControllerClient::new(channel)
+            .max_decoding_message_size(self.inner.max_message_bytes)
+            .max_encoding_message_size(self.inner.max_message_bytes);
+        let mut request = Request::new(message);
+        if let Some(auth) = &self.inner.authorization {
+            request.metadata_mut().insert("authorization", auth.clone());
+        }
+        match rpc(client, request).await {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) => {
+                let leader_hint = leader_hint(status.metadata());
+                if status.code() == Code::Unavailable && leader_hint.is_some() {
+                    *self.inner.leader_hint.lock().expect("leader hint lock") = leader_hint.clone();
+                }
+                let error = ControllerError::Status {
+                    method,
+                    code: status.code(),
+                    // The causes say which bound fired (e.g. "keep-alive timed out").
+                    message: status_text(&status),
+                    leader_hint,
+                };
+                if classify(status.code()) == FailureKind::Transport {
+                    self.drop_channel(generation, &error).await;
+                }
+                Err(error)
+            }
+        }
+    }
+
+    async fn channel(&self) -> Result<(u64, Channel), ControllerError> {
+        let mut slot = self.inner.slot.lock().await;
+        if let Some((generation, channel)) = &slot.channel {
+            return Ok((*generation, channel.clone()));
+        }
+        match (self.inner.connector)().await {
+            Ok(channel) => {
+                let generation = slot.next_generation;
+                slot.next_generation += 1;
+                slot.channel = Some((generation, channel.clone()));
+                self.inner.stats.connects.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(addr = %self.inner.addr, generation, "connected to spurctld");
+                Ok((generation, channel))
+            }
+            Err(source) => {
+                self.inner
+                    .stats
+                    .connect_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(ControllerError::Connect {
+                    addr: self.inner.addr.to_string(),
+                    source,
+                })
+            }
+        }
+    }
+
+    async fn drop_channel(&self, generation: u64, cause: &ControllerError) {
+        let mut slot = self.inner.slot.lock().await;
+        if matches!(slot.channel, Some((current, _)) if current == generation) {
+            slot.channel = None;
+            self.inner.stats.drops.fetch_add(1, Ordering::Relaxed);
+            // Once per channel: concurrent calls failing on the same dead connection find
+            // the slot already empty and stay quiet.
+            tracing::warn!(addr = %self.inner.addr, %cause, "dropping the controller channel; the next call connects afresh");
+        }
+    }
+}
+
+fn leader_hint(metadata: &MetadataMap) -> Option<String> {
+    metadata
+        .get(spur_proto::LEADER_HINT_KEY)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+}

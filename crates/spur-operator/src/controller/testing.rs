@@ -1,0 +1,232 @@
+//! An in-memory network and a scripted spurctld for the channel's unit tests.
+//!
+//! Everything runs as tokio tasks over `tokio::io::duplex` pipes, so the tests can run on
+//! tokio's paused clock and the real bounds (10 s, 30 s) apply without waiting: no OS
+//! socket is involved whose progress the paused clock would race.
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use spur_proto as pb;
+use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::metadata::MetadataValue;
+use tonic::transport::server::Connected;
+use tonic::{Request, Response, Status};
+
+use crate::net::Dialer;
+
+/// What the far end does with a new connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// The scripted controller serves it.
+    Serve,
+    /// Accepts and never reads or writes: a killed pod whose packets vanish.
+    BlackHole,
+    /// The dial never completes: a SYN dropped by a Service with no ready endpoint.
+    NeverConnect,
+    /// The dial fails at once: nothing listens.
+    Refuse,
+}
+
+/// A dialer whose connections end in a [`ScriptedController`] (or nowhere), counting dials.
+#[derive(Clone)]
+pub struct MemoryNetwork {
+    peer: Arc<Mutex<Peer>>,
+    dials: Arc<AtomicUsize>,
+    to_server: mpsc::UnboundedSender<io::Result<Pipe>>,
+    held: Arc<Mutex<Vec<DuplexStream>>>,
+}
+
+impl MemoryNetwork {
+    /// Starts `controller` on its own task and returns the network that leads to it.
+    pub fn start(controller: ScriptedController) -> MemoryNetwork {
+        let (to_server, incoming) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(pb::SlurmControllerServer::new(controller))
+                .serve_with_incoming(UnboundedReceiverStream::new(incoming))
+                .await
+                .expect("scripted controller serves");
+        });
+        MemoryNetwork {
+            peer: Arc::new(Mutex::new(Peer::Serve)),
+            dials: Arc::new(AtomicUsize::new(0)),
+            to_server,
+            held: Arc::default(),
+        }
+    }
+
+    pub fn set_peer(&self, peer: Peer) {
+        *self.peer.lock().unwrap() = peer;
+    }
+
+    pub fn dials(&self) -> usize {
+        self.dials.load(Ordering::SeqCst)
+    }
+}
+
+impl Dialer for MemoryNetwork {
+    type Stream = Pipe;
+
+    fn dial(&self, _host: &str, _port: u16) -> BoxFuture<'static, io::Result<Pipe>> {
+        self.dials.fetch_add(1, Ordering::SeqCst);
+        let peer = *self.peer.lock().unwrap();
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        match peer {
+            Peer::Serve => {
+                let _ = self.to_server.send(Ok(Pipe(server)));
+                Box::pin(async move { Ok(Pipe(client)) })
+            }
+            Peer::BlackHole => {
+                self.held.lock().unwrap().push(server);
+                Box::pin(async move { Ok(Pipe(client)) })
+            }
+            Peer::NeverConnect => Box::pin(futures::future::pending()),
+            Peer::Refuse => {
+                Box::pin(async { Err(io::Error::from(io::ErrorKind::ConnectionRefused)) })
+            }
+        }
+    }
+}
+
+/// One end of an in-memory connection.
+pub struct Pipe(DuplexStream);
+
+impl Connected for Pipe {
+    type ConnectInfo = ();
+    fn connect_info(&self) -> Self::ConnectInfo {}
+}
+
+impl AsyncRead for Pipe {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Pipe {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// A spurctld whose answers a test scripts: each call takes the next queued failure, or
+/// succeeds when the queue is empty. Ping echoes the `authorization` metadata it received
+/// in `version`, so a test can see what was sent.
+#[derive(Clone, Default)]
+pub struct ScriptedController {
+    failures: Arc<Mutex<VecDeque<Status>>>,
+    pub calls: Arc<AtomicUsize>,
+}
+
+impl ScriptedController {
+    pub fn fail_next(&self, status: Status) {
+        self.failures.lock().unwrap().push_back(status);
+    }
+
+    fn answer<T>(&self, ok: T) -> Result<Response<T>, Status> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        match self.failures.lock().unwrap().pop_front() {
+            Some(status) => Err(status),
+            None => Ok(Response::new(ok)),
+        }
+    }
+}
+
+/// A status as a follower sends it during an election, naming the leader.
+pub fn not_leader(leader: &str) -> Status {
+    let mut status = Status::unavailable("not the Raft leader");
+    status.metadata_mut().insert(
+        spur_proto::LEADER_HINT_KEY,
+        MetadataValue::try_from(leader).unwrap(),
+    );
+    status
+}
+
+#[tonic::async_trait]
+impl pb::SlurmController for ScriptedController {
+    async fn ping(&self, request: Request<()>) -> Result<Response<pb::PingResponse>, Status> {
+        let auth = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        self.answer(pb::PingResponse {
+            hostname: "spurctld-0".into(),
+            server_time: None,
+            version: auth,
+        })
+    }
+    async fn register_agent(
+        &self,
+        _: Request<pb::RegisterAgentRequest>,
+    ) -> Result<Response<pb::RegisterAgentResponse>, Status> {
+        self.answer(pb::RegisterAgentResponse {
+            accepted: true,
+            ..Default::default()
+        })
+    }
+    async fn heartbeat(
+        &self,
+        _: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        self.answer(pb::HeartbeatResponse {})
+    }
+    async fn update_node(&self, _: Request<pb::UpdateNodeRequest>) -> Result<Response<()>, Status> {
+        self.answer(())
+    }
+    async fn submit_job(
+        &self,
+        _: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::SubmitJobResponse>, Status> {
+        self.answer(pb::SubmitJobResponse {
+            job_id: 7,
+            warnings: vec![],
+        })
+    }
+    async fn get_job(
+        &self,
+        r: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::JobInfo>, Status> {
+        self.answer(pb::JobInfo {
+            job_id: r.into_inner().job_id,
+            ..Default::default()
+        })
+    }
+    async fn get_jobs(
+        &self,
+        _: Request<pb::GetJobsRequest>,
+    ) -> Result<Response<pb::GetJobsResponse>, Status> {
+        self.answer(pb::GetJobsResponse::default())
+    }
+    async fn cancel_job(&self, _: Request<pb::CancelJobRequest>) -> Result<Response<()>, Status> {
+        self.answer(())
+    }
+    async fn report_job_status(
+        &self,
+        _: Request<pb::ReportJobStatusRequest>,
+    ) -> Result<Response<()>, Status> {
+        self.answer(())
+    }
+}

@@ -1,0 +1,244 @@
+//! The channel rule and the bounds, on tokio's paused clock over an in-memory network.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+use super::testing::{MemoryNetwork, Peer, ScriptedController, not_leader};
+use super::{ConnectError, ControllerAddr, ControllerClient, ControllerError};
+use crate::config::ChannelConfig;
+
+fn client_over(network: &MemoryNetwork, config: ChannelConfig) -> ControllerClient {
+    ControllerClient::new(
+        ControllerAddr::new("spurctld", 6817),
+        config,
+        None,
+        network.clone(),
+    )
+    .unwrap()
+}
+
+fn setup() -> (ScriptedController, MemoryNetwork, ControllerClient) {
+    let controller = ScriptedController::default();
+    let network = MemoryNetwork::start(controller.clone());
+    let client = client_over(&network, ChannelConfig::default());
+    (controller, network, client)
+}
+
+#[tokio::test(start_paused = true)]
+async fn drops_the_channel_after_each_transport_failure() {
+    for code in [
+        Code::Unavailable,
+        Code::Unknown,
+        Code::Cancelled,
+        Code::DeadlineExceeded,
+    ] {
+        let (controller, network, client) = setup();
+        client.ping().await.unwrap();
+        assert_eq!(network.dials(), 1);
+
+        controller.fail_next(Status::new(code, "scripted"));
+        let err = client.ping().await.unwrap_err();
+        assert_eq!(err.code(), code);
+        assert!(
+            !client.is_connected().await,
+            "{code:?} must drop the channel"
+        );
+
+        client.ping().await.unwrap();
+        assert_eq!(
+            network.dials(),
+            2,
+            "{code:?}: the next call connects afresh"
+        );
+        let stats = client.stats();
+        assert_eq!((stats.connects, stats.drops), (2, 1), "{code:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn keeps_the_channel_after_an_answer() {
+    for code in [
+        Code::NotFound,
+        Code::InvalidArgument,
+        Code::PermissionDenied,
+        Code::FailedPrecondition,
+        Code::AlreadyExists,
+    ] {
+        let (controller, network, client) = setup();
+        controller.fail_next(Status::new(code, "scripted"));
+        let err = client.heartbeat(Default::default()).await.unwrap_err();
+        assert_eq!(err.code(), code);
+        assert!(
+            client.is_connected().await,
+            "{code:?} must keep the channel"
+        );
+
+        client.heartbeat(Default::default()).await.unwrap();
+        assert_eq!(network.dials(), 1, "{code:?}: the channel was reused");
+        assert_eq!(client.stats().drops, 0);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_rpc_goes_through_the_same_channel() {
+    let (controller, network, client) = setup();
+    client.ping().await.unwrap();
+    client.register_agent(Default::default()).await.unwrap();
+    client.heartbeat(Default::default()).await.unwrap();
+    client.update_node(Default::default()).await.unwrap();
+    assert_eq!(
+        client.submit_job(Default::default()).await.unwrap().job_id,
+        7
+    );
+    assert_eq!(client.get_job(42).await.unwrap().job_id, 42);
+    client.get_jobs(Default::default()).await.unwrap();
+    client.cancel_job(Default::default()).await.unwrap();
+    client.report_job_status(Default::default()).await.unwrap();
+    assert_eq!(
+        controller.calls.load(std::sync::atomic::Ordering::SeqCst),
+        9
+    );
+    assert_eq!(network.dials(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_callers_share_one_connect() {
+    let (_controller, network, client) = setup();
+    let calls: Vec<_> = (0..16)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.ping().await })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    assert_eq!(network.dials(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_black_holed_peer_is_found_by_keepalive_then_reconnected() {
+    let (_controller, network, client) = setup();
+    network.set_peer(Peer::BlackHole);
+
+    let started = Instant::now();
+    let err = client.ping().await.unwrap_err();
+    let elapsed = started.elapsed();
+    // The keepalive (ping after 10 s, unanswered for 5 s) fires before the 30 s bound.
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(
+        elapsed >= Duration::from_secs(15) && elapsed < Duration::from_secs(16),
+        "keepalive should close the connection at 15 s, took {elapsed:?}"
+    );
+    assert!(!client.is_connected().await);
+
+    network.set_peer(Peer::Serve);
+    client.ping().await.unwrap();
+    assert_eq!(network.dials(), 2, "the next call opened a new connection");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_keepalive_the_request_bound_fires() {
+    let controller = ScriptedController::default();
+    let network = MemoryNetwork::start(controller);
+    let config = ChannelConfig {
+        keepalive: None,
+        ..ChannelConfig::default()
+    };
+    let client = client_over(&network, config);
+    network.set_peer(Peer::BlackHole);
+
+    let started = Instant::now();
+    let err = client.ping().await.unwrap_err();
+    let elapsed = started.elapsed();
+    assert_eq!(err.code(), Code::Cancelled, "{err}");
+    assert!(err.to_string().contains("Timeout expired"), "{err}");
+    assert!(
+        elapsed >= Duration::from_secs(30) && elapsed < Duration::from_secs(31),
+        "the 30 s request bound should fire, took {elapsed:?}"
+    );
+    assert!(!client.is_connected().await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_syn_fails_at_the_connect_timeout() {
+    let (_controller, network, client) = setup();
+    network.set_peer(Peer::NeverConnect);
+
+    let started = Instant::now();
+    let err = client.ping().await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::from_secs(10));
+    match &err {
+        ControllerError::Connect {
+            source: ConnectError::Timeout(bound),
+            ..
+        } => assert_eq!(*bound, Duration::from_secs(10)),
+        other => panic!("expected a connect timeout, got {other}"),
+    }
+    assert_eq!(client.stats().connect_failures, 1);
+
+    // Once the Service has an endpoint, the next call connects at once.
+    network.set_peer(Peer::Serve);
+    let started = Instant::now();
+    client.ping().await.unwrap();
+    assert!(started.elapsed() < Duration::from_millis(10));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_connect_fails_at_once_and_names_the_cause() {
+    let (_controller, network, client) = setup();
+    network.set_peer(Peer::Refuse);
+    let started = Instant::now();
+    let err = client.ping().await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert!(
+        matches!(
+            err,
+            ControllerError::Connect {
+                source: ConnectError::Refused(_),
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn unbounded_the_call_hangs_on_a_black_hole() {
+    // The seed's failure: with no bound of any kind, an hour later the call still waits.
+    let controller = ScriptedController::default();
+    let network = MemoryNetwork::start(controller);
+    let client = client_over(&network, ChannelConfig::unbounded());
+    network.set_peer(Peer::BlackHole);
+    let waited = tokio::time::timeout(Duration::from_secs(3600), client.ping()).await;
+    assert!(waited.is_err(), "an unbounded call returned: {waited:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn sends_the_bearer_token() {
+    let controller = ScriptedController::default();
+    let network = MemoryNetwork::start(controller);
+    let client = ControllerClient::new(
+        ControllerAddr::new("spurctld", 6817),
+        ChannelConfig::default(),
+        Some("s3cr3t"),
+        network,
+    )
+    .unwrap();
+    assert_eq!(client.ping().await.unwrap().version, "Bearer s3cr3t");
+}
+
+#[tokio::test(start_paused = true)]
+async fn records_the_leader_hint_of_a_follower() {
+    let (controller, _network, client) = setup();
+    assert_eq!(client.leader_hint(), None);
+    controller.fail_next(not_leader("spurctld-1.spurctld:6817"));
+    let err = client.submit_job(Default::default()).await.unwrap_err();
+    assert_eq!(err.leader_hint(), Some("spurctld-1.spurctld:6817"));
+    assert_eq!(
+        client.leader_hint().as_deref(),
+        Some("spurctld-1.spurctld:6817")
+    );
+}
