@@ -6,5 +6,8 @@
 pub mod check;
 pub mod config;
 pub mod controller;
+pub mod metrics;
 pub mod net;
+pub mod quantity;
+pub mod retry;
 pub mod telemetry;

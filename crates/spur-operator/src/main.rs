@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use spur_operator::check::{check_controller, describe_failure};
 use spur_operator::config::ControllerArgs;
-use spur_operator::net::TcpDialer;
+use spur_operator::net::TcpNetwork;
 use spur_operator::telemetry::{self, LogFormat};
 
 /// Kubernetes operator for the Spur workload manager.
@@ -52,7 +52,7 @@ async fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match check_controller(&settings, TcpDialer).await {
+            match check_controller(&settings, TcpNetwork).await {
                 Ok(report) => {
                     println!("spurctld at {}: {report}", settings.addr);
                     ExitCode::SUCCESS

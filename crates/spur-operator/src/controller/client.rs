@@ -14,6 +14,7 @@ use super::address::ControllerAddr;
 use super::connect::connect;
 use super::error::{ConnectError, ControllerError, FailureKind, classify, status_text};
 use crate::config::ChannelConfig;
+use crate::metrics::Metrics;
 use crate::net::Dialer;
 
 type Connector = dyn Fn() -> BoxFuture<'static, Result<Channel, ConnectError>> + Send + Sync;
@@ -39,6 +40,7 @@ struct Inner {
     slot: tokio::sync::Mutex<Slot>,
     leader_hint: SyncMutex<Option<String>>,
     stats: Counters,
+    metrics: Option<Metrics>,
 }
 
 #[derive(Default)]
@@ -101,8 +103,17 @@ impl ControllerClient {
                 slot: tokio::sync::Mutex::new(Slot::default()),
                 leader_hint: SyncMutex::new(None),
                 stats: Counters::default(),
+                metrics: None,
             }),
         })
+    }
+
+    /// Exports calls, connects and drops to `metrics`. Call before sharing the client.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("with_metrics is called before the client is cloned")
+            .metrics = Some(metrics);
+        self
     }
 
     pub fn addr(&self) -> &ControllerAddr {
@@ -225,6 +236,28 @@ impl ControllerClient {
         F: FnOnce(pb::SlurmControllerClient<Channel>, Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
+        let started = tokio::time::Instant::now();
+        let result = self.call_once(method, message, rpc).await;
+        if let Some(metrics) = &self.inner.metrics {
+            let code = result
+                .as_ref()
+                .err()
+                .map_or(Code::Ok, ControllerError::code);
+            metrics.observe_rpc(method, code, started.elapsed());
+        }
+        result
+    }
+
+    async fn call_once<Req, Resp, F, Fut>(
+        &self,
+        method: &'static str,
+        message: Req,
+        rpc: F,
+    ) -> Result<Resp, ControllerError>
+    where
+        F: FnOnce(pb::SlurmControllerClient<Channel>, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
         let (generation, channel) = self.channel().await?;
         let client = pb::SlurmControllerClient::new(channel)
             .max_decoding_message_size(self.inner.max_message_bytes)
@@ -266,6 +299,9 @@ impl ControllerClient {
                 slot.next_generation += 1;
                 slot.channel = Some((generation, channel.clone()));
                 self.inner.stats.connects.fetch_add(1, Ordering::Relaxed);
+                if let Some(m) = &self.inner.metrics {
+                    m.channel_connects.inc();
+                }
                 tracing::debug!(addr = %self.inner.addr, generation, "connected to spurctld");
                 Ok((generation, channel))
             }
@@ -274,6 +310,9 @@ impl ControllerClient {
                     .stats
                     .connect_failures
                     .fetch_add(1, Ordering::Relaxed);
+                if let Some(m) = &self.inner.metrics {
+                    m.channel_connect_failures.inc();
+                }
                 Err(ControllerError::Connect {
                     addr: self.inner.addr.to_string(),
                     source,
@@ -287,6 +326,9 @@ impl ControllerClient {
         if matches!(slot.channel, Some((current, _)) if current == generation) {
             slot.channel = None;
             self.inner.stats.drops.fetch_add(1, Ordering::Relaxed);
+            if let Some(m) = &self.inner.metrics {
+                m.channel_drops.inc();
+            }
             // Once per channel: concurrent calls failing on the same dead connection find
             // the slot already empty and stay quiet.
             tracing::warn!(addr = %self.inner.addr, %cause, "dropping the controller channel; the next call connects afresh");

@@ -1,0 +1,228 @@
+//! The operator's Prometheus metrics (served on `/metrics` by `health`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabels {
+    pub method: &'static str,
+    pub code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    pub method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileLabels {
+    /// What was reconciled: `node`, `spurjob`, `pod`.
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileErrorLabels {
+    pub kind: &'static str,
+    /// The error's variant, e.g. `controller_unavailable`, `refused`, `invalid_spec`.
+    pub error: &'static str,
+}
+
+/// Every metric the operator exports. Cheap to clone: the families share their values.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    pub rpcs: Family<RpcLabels, Counter>,
+    pub rpc_seconds: Family<MethodLabels, Histogram>,
+    pub channel_connects: Counter,
+    pub channel_connect_failures: Counter,
+    pub channel_drops: Counter,
+    pub nodes_registered: Gauge,
+    pub registration_lag_seconds: Histogram,
+    pub heartbeat_failures: Counter,
+    pub reconciles: Family<ReconcileLabels, Counter>,
+    pub reconcile_errors: Family<ReconcileErrorLabels, Counter>,
+    pub leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("spur_operator");
+        let rpcs = Family::<RpcLabels, Counter>::default();
+        registry.register(
+            "controller_rpcs",
+            "Calls to spurctld by method and gRPC code",
+            rpcs.clone(),
+        );
+        // 1 ms to ~65 s: an answer, a bound firing, and anything slower.
+        let rpc_seconds = Family::<MethodLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 17))
+        });
+        registry.register(
+            "controller_rpc_duration_seconds",
+            "Latency of calls to spurctld, including the connect when one was needed",
+            rpc_seconds.clone(),
+        );
+        let channel_connects = Counter::default();
+        registry.register(
+            "controller_channel_connects",
+            "Channels to spurctld opened",
+            channel_connects.clone(),
+        );
+        let channel_connect_failures = Counter::default();
+        registry.register(
+            "controller_channel_connect_failures",
+            "Attempts to open a channel to spurctld that failed (timeout, refused, TLS)",
+            channel_connect_failures.clone(),
+        );
+        let channel_drops = Counter::default();
+        registry.register(
+            "controller_channel_drops",
+            "Channels to spurctld dropped after a transport failure",
+            channel_drops.clone(),
+        );
+        let nodes_registered = Gauge::default();
+        registry.register(
+            "nodes_registered",
+            "Kubernetes nodes the controller has accepted",
+            nodes_registered.clone(),
+        );
+        let registration_lag_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 16));
+        registry.register(
+            "node_registration_lag_seconds",
+            "From a node needing registration to the controller accepting it",
+            registration_lag_seconds.clone(),
+        );
+        let heartbeat_failures = Counter::default();
+        registry.register(
+            "heartbeat_failures",
+            "Node heartbeats that failed",
+            heartbeat_failures.clone(),
+        );
+        let reconciles = Family::<ReconcileLabels, Counter>::default();
+        registry.register("reconciles", "Reconciliations by kind", reconciles.clone());
+        let reconcile_errors = Family::<ReconcileErrorLabels, Counter>::default();
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciliations by kind and error",
+            reconcile_errors.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the operator's lease and acts",
+            leader.clone(),
+        );
+        Metrics {
+            registry: Arc::new(registry),
+            rpcs,
+            rpc_seconds,
+            channel_connects,
+            channel_connect_failures,
+            channel_drops,
+            nodes_registered,
+            registration_lag_seconds,
+            heartbeat_failures,
+            reconciles,
+            reconcile_errors,
+            leader,
+        }
+    }
+
+    /// Records one controller call.
+    pub fn observe_rpc(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
+        self.rpcs
+            .get_or_create(&RpcLabels {
+                method,
+                code: code_name(code),
+            })
+            .inc();
+        self.rpc_seconds
+            .get_or_create(&MethodLabels { method })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn reconcile_error(&self, kind: &'static str, error: &'static str) {
+        self.reconcile_errors
+            .get_or_create(&ReconcileErrorLabels { kind, error })
+            .inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
+
+/// gRPC code names as the gRPC spec spells them, for labels.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_every_family() {
+        let m = Metrics::new();
+        m.observe_rpc("Ping", tonic::Code::Ok, Duration::from_millis(3));
+        m.observe_rpc(
+            "SubmitJob",
+            tonic::Code::Unavailable,
+            Duration::from_secs(2),
+        );
+        m.channel_drops.inc();
+        m.leader.set(1);
+        m.reconcile_error("spurjob", "invalid_spec");
+        let text = m.encode();
+        for needle in [
+            "spur_operator_controller_rpcs_total{method=\"Ping\",code=\"OK\"} 1",
+            "spur_operator_controller_rpcs_total{method=\"SubmitJob\",code=\"UNAVAILABLE\"} 1",
+            "spur_operator_controller_rpc_duration_seconds_count{method=\"SubmitJob\"} 1",
+            "spur_operator_controller_channel_drops_total 1",
+            "spur_operator_leader 1",
+            "spur_operator_reconcile_errors_total{kind=\"spurjob\",error=\"invalid_spec\"} 1",
+            "# TYPE spur_operator_nodes_registered gauge",
+            "# TYPE spur_operator_node_registration_lag_seconds histogram",
+            "spur_operator_heartbeat_failures_total 0",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+}
