@@ -6,8 +6,10 @@
 pub mod check;
 pub mod config;
 pub mod controller;
+pub mod health;
 pub mod metrics;
 pub mod net;
+pub mod nodes;
 pub mod quantity;
 pub mod retry;
 pub mod telemetry;

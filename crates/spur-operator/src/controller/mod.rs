@@ -13,6 +13,6 @@ pub use connect::connect;
 pub use error::{ConnectError, ControllerError, FailureKind, classify};
 
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 #[cfg(test)]
 mod tests;

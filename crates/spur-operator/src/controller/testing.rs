@@ -133,15 +133,57 @@ impl AsyncWrite for Pipe {
 /// A spurctld whose answers a test scripts: each call takes the next queued failure, or
 /// succeeds when the queue is empty. Ping echoes the `authorization` metadata it received
 /// in `version`, so a test can see what was sent.
+///
+/// It also keeps what node sync needs: the nodes it knows (a heartbeat for any other
+/// answers NOT_FOUND), registrations to refuse, a log of node calls, an answer delay, and
+/// the most calls it saw in flight at once.
 #[derive(Clone, Default)]
 pub struct ScriptedController {
     failures: Arc<Mutex<VecDeque<Status>>>,
     pub calls: Arc<AtomicUsize>,
+    known: Arc<Mutex<std::collections::BTreeSet<String>>>,
+    refusals: Arc<Mutex<std::collections::BTreeMap<String, u32>>>,
+    log: Arc<Mutex<Vec<String>>>,
+    delay: Arc<Mutex<std::time::Duration>>,
+    in_flight: Arc<AtomicUsize>,
+    pub max_in_flight: Arc<AtomicUsize>,
 }
 
 impl ScriptedController {
     pub fn fail_next(&self, status: Status) {
         self.failures.lock().unwrap().push_back(status);
+    }
+
+    /// Refuse the next `times` registrations of `node` with `accepted = false`.
+    pub fn refuse_registration(&self, node: &str, times: u32) {
+        self.refusals.lock().unwrap().insert(node.to_owned(), times);
+    }
+
+    /// Lose every registered node, as a controller that lost its state.
+    pub fn forget_all(&self) {
+        self.known.lock().unwrap().clear();
+    }
+
+    pub fn knows(&self, node: &str) -> bool {
+        self.known.lock().unwrap().contains(node)
+    }
+
+    pub fn set_delay(&self, delay: std::time::Duration) {
+        *self.delay.lock().unwrap() = delay;
+    }
+
+    /// Node calls in arrival order, e.g. `RegisterAgent a`, `UpdateNode a DOWN`.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    async fn enter(&self, entry: String) {
+        self.log.lock().unwrap().push(entry);
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        let delay = *self.delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 
     fn answer<T>(&self, ok: T) -> Result<Response<T>, Status> {
@@ -180,20 +222,56 @@ impl pb::SlurmController for ScriptedController {
     }
     async fn register_agent(
         &self,
-        _: Request<pb::RegisterAgentRequest>,
+        r: Request<pb::RegisterAgentRequest>,
     ) -> Result<Response<pb::RegisterAgentResponse>, Status> {
-        self.answer(pb::RegisterAgentResponse {
-            accepted: true,
-            ..Default::default()
-        })
+        let name = r.into_inner().hostname;
+        self.enter(format!("RegisterAgent {name}")).await;
+        let refused = {
+            let mut refusals = self.refusals.lock().unwrap();
+            match refusals.get_mut(&name) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    true
+                }
+                _ => false,
+            }
+        };
+        let answer = self.answer(pb::RegisterAgentResponse {
+            accepted: !refused,
+            message: if refused {
+                "join refused".into()
+            } else {
+                String::new()
+            },
+            node_token: format!("token-{name}"),
+        });
+        if matches!(&answer, Ok(a) if a.get_ref().accepted) {
+            self.known.lock().unwrap().insert(name);
+        }
+        answer
     }
     async fn heartbeat(
         &self,
-        _: Request<pb::HeartbeatRequest>,
+        r: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let r = r.into_inner();
+        self.enter(format!("Heartbeat {} {}", r.hostname, r.node_token))
+            .await;
+        // (An empty hostname is the channel tests' placeholder call.)
+        if !r.hostname.is_empty() && !self.knows(&r.hostname) {
+            return Err(Status::not_found(format!(
+                "node {} not found — is the node registered?",
+                r.hostname
+            )));
+        }
         self.answer(pb::HeartbeatResponse {})
     }
-    async fn update_node(&self, _: Request<pb::UpdateNodeRequest>) -> Result<Response<()>, Status> {
+    async fn update_node(&self, r: Request<pb::UpdateNodeRequest>) -> Result<Response<()>, Status> {
+        let r = r.into_inner();
+        let state = pb::NodeState::try_from(r.state.unwrap_or(-1))
+            .map(|s| s.as_str_name())
+            .unwrap_or("none");
+        self.enter(format!("UpdateNode {} {state}", r.name)).await;
         self.answer(())
     }
     async fn submit_job(

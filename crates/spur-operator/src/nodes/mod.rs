@@ -1,0 +1,11 @@
+//! Node sync and heartbeats: the labelled Kubernetes nodes, as the controller sees them.
+
+pub mod heartbeat;
+pub mod resources;
+pub mod sync;
+
+pub use resources::{AgentEndpoint, Availability};
+pub use sync::{NodeSync, NodeSyncConfig, Registered};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,304 @@
+//! What the controller is told about a Kubernetes node: pure functions of the Node.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use spur_proto as pb;
+
+use crate::quantity;
+
+/// Extended resources that count GPUs, with the vendor name used when no type label says
+/// more.
+const GPU_RESOURCES: [(&str, &str); 2] = [("amd.com/gpu", "amd"), ("nvidia.com/gpu", "nvidia")];
+pub const GPU_TYPE_LABEL: &str = "spur.amd.com/gpu-type";
+pub const GPU_MEMORY_LABEL: &str = "spur.amd.com/gpu-memory-mb";
+pub const GPU_LINK_LABEL: &str = "spur.amd.com/gpu-link";
+/// Taints the node lifecycle controller puts on a node whose kubelet stopped reporting.
+const NOT_READY_TAINTS: [&str; 2] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+];
+
+/// Where the controller dials back: the operator's virtual agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentEndpoint {
+    pub address: String,
+    pub port: u16,
+}
+
+/// A value on the node that could not be used, named for the log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldWarning {
+    pub field: String,
+    pub reason: String,
+}
+
+/// The registration for `node`, with what parses; each unusable field yields a warning
+/// and counts as zero, so a node with one bad quantity is still registered.
+pub fn registration(
+    node: &Node,
+    agent: &AgentEndpoint,
+    version: &str,
+) -> (pb::RegisterAgentRequest, Vec<FieldWarning>) {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let empty = BTreeMap::new();
+    let allocatable = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .unwrap_or(&empty);
+    let mut warnings = Vec::new();
+    let quantity_of = |key: &str, warnings: &mut Vec<FieldWarning>| {
+        let raw = allocatable.get(key)?;
+        quantity::parse(&raw.0)
+            .map_err(|e| {
+                warnings.push(FieldWarning {
+                    field: format!("status.allocatable[{key}]"),
+                    reason: e.to_string(),
+                })
+            })
+            .ok()
+    };
+
+    let cpus = quantity_of("cpu", &mut warnings).map_or(0, |q| saturate_u32(q.whole()));
+    let memory_mb = quantity_of("memory", &mut warnings).map_or(0, |q| saturate_u64(q.mebibytes()));
+    let mut gpus = Vec::new();
+    for (resource, vendor) in GPU_RESOURCES {
+        let Some(count) = quantity_of(resource, &mut warnings).map(|q| q.whole()) else {
+            continue;
+        };
+        let gpu_type = labels
+            .get(GPU_TYPE_LABEL)
+            .cloned()
+            .unwrap_or_else(|| vendor.to_owned());
+        let memory_mb = match labels.get(GPU_MEMORY_LABEL).map(|v| v.parse::<u64>()) {
+            Some(Ok(mb)) => mb,
+            Some(Err(_)) => {
+                warnings.push(FieldWarning {
+                    field: format!("metadata.labels[{GPU_MEMORY_LABEL}]"),
+                    reason: "not a whole number of MiB".into(),
+                });
+                0
+            }
+            None => 0,
+        };
+        let link_type = match labels.get(GPU_LINK_LABEL).map(|v| v.to_ascii_lowercase()) {
+            None => pb::GpuLinkType::GpuLinkPcie,
+            Some(link) => match link.as_str() {
+                "pcie" => pb::GpuLinkType::GpuLinkPcie,
+                "xgmi" | "infinity-fabric" => pb::GpuLinkType::GpuLinkXgmi,
+                "nvlink" => pb::GpuLinkType::GpuLinkNvlink,
+                _ => {
+                    warnings.push(FieldWarning {
+                        field: format!("metadata.labels[{GPU_LINK_LABEL}]"),
+                        reason: format!("`{link}` is not pcie, xgmi or nvlink"),
+                    });
+                    pb::GpuLinkType::GpuLinkPcie
+                }
+            },
+        };
+        // A GPU count beyond a node's physical slots is a typo, not hardware.
+        let count = count.min(64) as u32;
+        for device_id in 0..count {
+            let peer_gpus = if link_type == pb::GpuLinkType::GpuLinkPcie {
+                Vec::new()
+            } else {
+                (0..count).filter(|d| *d != device_id).collect()
+            };
+            gpus.push(pb::GpuResource {
+                device_id: gpus.len() as u32,
+                gpu_type: gpu_type.clone(),
+                memory_mb,
+                peer_gpus,
+                link_type: link_type as i32,
+            });
+        }
+    }
+    let request = pb::RegisterAgentRequest {
+        hostname: name,
+        resources: Some(pb::ResourceSet {
+            cpus,
+            memory_mb,
+            gpus,
+            generic: BTreeMap::new(),
+        }),
+        version: version.to_owned(),
+        address: agent.address.clone(),
+        port: u32::from(agent.port),
+        wg_pubkey: String::new(),
+        labels,
+        join_token: String::new(),
+    };
+    (request, warnings)
+}
+
+/// Whether the controller should schedule onto the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Availability {
+    Up,
+    Down { reason: String },
+}
+
+/// DOWN while a NotReady or unreachable taint is on the node.
+pub fn availability(node: &Node) -> Availability {
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default();
+    match taints
+        .iter()
+        .find(|t| NOT_READY_TAINTS.contains(&t.key.as_str()))
+    {
+        Some(taint) => Availability::Down {
+            reason: format!("Kubernetes taint {}:{}", taint.key, taint.effect),
+        },
+        None => Availability::Up,
+    }
+}
+
+fn saturate_u32(v: u128) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+fn saturate_u64(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus, Taint};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    pub(crate) fn node(name: &str, allocatable: &[(&str, &str)], labels: &[(&str, &str)]) -> Node {
+        let mut node = Node::default();
+        node.metadata.name = Some(name.into());
+        node.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        node.status = Some(NodeStatus {
+            allocatable: Some(
+                allocatable
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                    .collect(),
+            ),
+            ..Default::default()
+        });
+        node
+    }
+
+    const AGENT: fn() -> AgentEndpoint = || AgentEndpoint {
+        address: "10.9.8.7".into(),
+        port: 6818,
+    };
+
+    #[test]
+    fn a_gpu_node_registers_with_its_allocatable() {
+        let n = node(
+            "gpu-1",
+            &[
+                ("cpu", "127500m"),
+                ("memory", "1056768000Ki"),
+                ("amd.com/gpu", "8"),
+                ("pods", "110"),
+            ],
+            &[
+                (GPU_TYPE_LABEL, "mi300x"),
+                (GPU_MEMORY_LABEL, "196608"),
+                (GPU_LINK_LABEL, "xgmi"),
+                ("spur.amd.com/managed", "true"),
+            ],
+        );
+        let (req, warnings) = registration(&n, &AGENT(), "spur-operator/0.1.0");
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(req.hostname, "gpu-1");
+        assert_eq!((req.address.as_str(), req.port), ("10.9.8.7", 6818));
+        let res = req.resources.unwrap();
+        assert_eq!(res.cpus, 127);
+        assert_eq!(res.memory_mb, 1_032_000);
+        assert_eq!(res.gpus.len(), 8);
+        let third = &res.gpus[2];
+        assert_eq!(third.device_id, 2);
+        assert_eq!(third.gpu_type, "mi300x");
+        assert_eq!(third.memory_mb, 196_608);
+        assert_eq!(third.link_type, pb::GpuLinkType::GpuLinkXgmi as i32);
+        assert_eq!(third.peer_gpus, vec![0, 1, 3, 4, 5, 6, 7]);
+        assert_eq!(req.labels.get("spur.amd.com/managed").unwrap(), "true");
+    }
+
+    #[test]
+    fn nvidia_defaults_and_cpu_only_nodes() {
+        let n = node(
+            "n",
+            &[("cpu", "4"), ("memory", "8Gi"), ("nvidia.com/gpu", "2")],
+            &[],
+        );
+        let res = registration(&n, &AGENT(), "v").0.resources.unwrap();
+        assert_eq!((res.cpus, res.memory_mb), (4, 8192));
+        assert!(
+            res.gpus
+                .iter()
+                .all(|g| g.gpu_type == "nvidia" && g.peer_gpus.is_empty())
+        );
+        let cpu_only = node("c", &[("cpu", "2")], &[]);
+        let res = registration(&cpu_only, &AGENT(), "v").0.resources.unwrap();
+        assert_eq!((res.cpus, res.memory_mb, res.gpus.len()), (2, 0, 0));
+    }
+
+    #[test]
+    fn unparseable_fields_are_named_and_the_rest_registers() {
+        let n = node(
+            "bad",
+            &[("cpu", "lots"), ("memory", "16Gi"), ("amd.com/gpu", "2")],
+            &[
+                (GPU_MEMORY_LABEL, "big"),
+                (GPU_LINK_LABEL, "carrier-pigeon"),
+            ],
+        );
+        let (req, warnings) = registration(&n, &AGENT(), "v");
+        let fields: Vec<&str> = warnings.iter().map(|w| w.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "status.allocatable[cpu]",
+                "metadata.labels[spur.amd.com/gpu-memory-mb]",
+                "metadata.labels[spur.amd.com/gpu-link]"
+            ]
+        );
+        let res = req.resources.unwrap();
+        assert_eq!((res.cpus, res.memory_mb, res.gpus.len()), (0, 16384, 2));
+    }
+
+    #[test]
+    fn not_ready_taints_mean_down() {
+        let mut n = node("n", &[], &[]);
+        assert_eq!(availability(&n), Availability::Up);
+        n.spec = Some(NodeSpec {
+            taints: Some(vec![
+                Taint {
+                    key: "gpu".into(),
+                    effect: "NoSchedule".into(),
+                    ..Default::default()
+                },
+                Taint {
+                    key: "node.kubernetes.io/not-ready".into(),
+                    effect: "NoExecute".into(),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        });
+        assert_eq!(
+            availability(&n),
+            Availability::Down {
+                reason: "Kubernetes taint node.kubernetes.io/not-ready:NoExecute".into()
+            }
+        );
+    }
+}

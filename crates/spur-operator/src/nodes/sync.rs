@@ -1,0 +1,497 @@
+//! Keeps the controller's view of the labelled Kubernetes nodes in step.
+//!
+//! One driver task owns the state of every node and decides, per node, the next call to
+//! make (register, mark DOWN or IDLE, mark deleted). Calls run with bounded concurrency
+//! through the one `ControllerClient`; a failure or refusal backs off that node alone,
+//! so one refused node never blocks, or re-lists, the others. What the controller accepted
+//! is remembered only after it accepted it (the seed's lesson 3).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use futures::{Stream, future::BoxFuture};
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::watcher;
+use spur_proto as pb;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::resources::{AgentEndpoint, Availability, registration};
+use crate::controller::ControllerClient;
+use crate::metrics::Metrics;
+use crate::retry::{Backoff, BackoffPolicy, Entropy};
+
+/// Tunables of node sync; defaults and reasons live on the flags in `config`.
+#[derive(Clone, Debug)]
+pub struct NodeSyncConfig {
+    /// Calls in flight at once.
+    pub concurrency: usize,
+    /// Per-node retry after a failure or refusal.
+    pub retry: BackoffPolicy,
+    /// How often a summary of failures may be logged.
+    pub failure_log_interval: Duration,
+    pub agent: AgentEndpoint,
+    /// Sent as the agent version at registration.
+    pub version: String,
+}
+
+/// The nodes the controller accepted, with the token it gave each; shared with the
+/// heartbeat task.
+#[derive(Clone, Default)]
+pub struct Registered(Arc<Mutex<BTreeMap<String, String>>>);
+
+impl Registered {
+    /// A snapshot, in name order.
+    pub fn snapshot(&self) -> Vec<(String, String)> {
+        let map = self.0.lock().expect("registered lock");
+        map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().expect("registered lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.0.lock().expect("registered lock").contains_key(name)
+    }
+
+    fn insert(&self, name: &str, token: String) -> usize {
+        let mut map = self.0.lock().expect("registered lock");
+        map.insert(name.to_owned(), token);
+        map.len()
+    }
+
+    fn remove(&self, name: &str) -> usize {
+        let mut map = self.0.lock().expect("registered lock");
+        map.remove(name);
+        map.len()
+    }
+}
+
+/// The reason sent with UpdateNode DOWN for a node that left Kubernetes (or the selector).
+pub const DELETED_REASON: &str = "node deleted from Kubernetes";
+
+#[derive(Debug)]
+struct Tracked {
+    /// What the node should be registered as; `None` once it left Kubernetes.
+    desired: Option<pb::RegisterAgentRequest>,
+    availability: Availability,
+    /// What the controller accepted.
+    registered: Option<pb::RegisterAgentRequest>,
+    /// The availability the controller acknowledged.
+    acked: Option<Availability>,
+    in_flight: bool,
+    queued: bool,
+    retry_at: Option<Instant>,
+    backoff: Backoff,
+    /// Since when the node has been waiting to be registered (for the lag metric).
+    waiting_since: Option<Instant>,
+    /// The field warnings last logged, so an unchanged bad field is logged once.
+    warned: Vec<super::resources::FieldWarning>,
+}
+
+/// The next call a node needs.
+#[derive(Clone, Debug, PartialEq)]
+enum Action {
+    Register(pb::RegisterAgentRequest),
+    SetAvailability(Availability),
+    /// Mark DOWN because the node is gone; the entry is forgotten once acknowledged.
+    MarkGone,
+    /// Gone and never registered: nothing to tell the controller.
+    Forget,
+}
+
+impl Tracked {
+    fn next_action(&self) -> Option<Action> {
+        match &self.desired {
+            None if self.registered.is_some() || self.acked.is_some() => Some(Action::MarkGone),
+            None => Some(Action::Forget),
+            Some(desired) if self.registered.as_ref() != Some(desired) => {
+                Some(Action::Register(desired.clone()))
+            }
+            Some(_) if self.acked.as_ref() != Some(&self.availability) => {
+                Some(Action::SetAvailability(self.availability.clone()))
+            }
+            Some(_) => None,
+        }
+    }
+}
+
+type Outcome = (String, Action, Result<Option<String>, String>);
+
+/// The node sync driver. Feed it watcher events with [`NodeSync::run`].
+pub struct NodeSync {
+    config: NodeSyncConfig,
+    controller: ControllerClient,
+    metrics: Metrics,
+    entropy: Entropy,
+    registered: Registered,
+    nodes: BTreeMap<String, Tracked>,
+    ready: VecDeque<String>,
+    delayed: BTreeSet<(Instant, String)>,
+    in_flight: FuturesUnordered<BoxFuture<'static, Outcome>>,
+    relisted: Option<BTreeSet<String>>,
+    failures: FailureLog,
+}
+
+impl NodeSync {
+    pub fn new(
+        config: NodeSyncConfig,
+        controller: ControllerClient,
+        metrics: Metrics,
+        entropy: Entropy,
+        registered: Registered,
+    ) -> NodeSync {
+        let failures = FailureLog::new(config.failure_log_interval);
+        NodeSync {
+            config,
+            controller,
+            metrics,
+            entropy,
+            registered,
+            nodes: BTreeMap::new(),
+            ready: VecDeque::new(),
+            delayed: BTreeSet::new(),
+            in_flight: FuturesUnordered::new(),
+            relisted: None,
+            failures,
+        }
+    }
+
+    /// Runs until `events` ends (or the task is dropped, when leadership is lost).
+    /// `forgotten` carries nodes whose heartbeat answered NOT_FOUND: the controller lost
+    /// them, and they are registered again at once.
+    pub async fn run<S>(mut self, events: S, mut forgotten: mpsc::UnboundedReceiver<String>)
+    where
+        S: Stream<Item = Result<watcher::Event<Node>, watcher::Error>>,
+    {
+        tokio::pin!(events);
+        let mut events_open = true;
+        let mut forgotten_open = true;
+        loop {
+            self.launch_ready();
+            let next_retry = self.delayed.first().map(|(at, _)| *at);
+            tokio::select! {
+                event = events.next(), if events_open => match event {
+                    Some(Ok(event)) => self.on_event(event),
+                    Some(Err(e)) => tracing::warn!(error = %e, "node watch failed; it backs off and resumes"),
+                    None => events_open = false,
+                },
+                Some(outcome) = self.in_flight.next(), if !self.in_flight.is_empty() => {
+                    self.on_outcome(outcome);
+                }
+                name = forgotten.recv(), if forgotten_open => match name {
+                    Some(name) => self.on_forgotten(&name),
+                    None => forgotten_open = false,
+                },
+                () = tokio::time::sleep_until(next_retry.unwrap_or_else(Instant::now)), if next_retry.is_some() => {
+                    self.release_due();
+                }
+                else => return,
+            }
+        }
+    }
+
+    fn on_event(&mut self, event: watcher::Event<Node>) {
+        match event {
+            watcher::Event::Init => self.relisted = Some(BTreeSet::new()),
+            watcher::Event::InitApply(node) => {
+                if let (Some(seen), Some(name)) = (&mut self.relisted, &node.metadata.name) {
+                    seen.insert(name.clone());
+                }
+                self.upsert(&node);
+            }
+            watcher::Event::InitDone => {
+                // Nodes that vanished while the watch was down get no Delete event.
+                if let Some(seen) = self.relisted.take() {
+                    let vanished: Vec<String> = self
+                        .nodes
+                        .keys()
+                        .filter(|n| !seen.contains(*n))
+                        .cloned()
+                        .collect();
+                    for name in vanished {
+                        self.remove(&name);
+                    }
+                }
+            }
+            watcher::Event::Apply(node) => self.upsert(&node),
+            watcher::Event::Delete(node) => {
+                if let Some(name) = &node.metadata.name {
+                    self.remove(name);
+                }
+            }
+        }
+    }
+
+    fn upsert(&mut self, node: &Node) {
+        let Some(name) = node.metadata.name.clone() else {
+            return;
+        };
+        let (desired, warnings) = registration(node, &self.config.agent, &self.config.version);
+        let availability = super::resources::availability(node);
+        let now = Instant::now();
+        let entropy = self.entropy.clone();
+        let retry = self.config.retry;
+        let tracked = self.nodes.entry(name.clone()).or_insert_with(|| Tracked {
+            desired: None,
+            availability: Availability::Up,
+            registered: None,
+            acked: None,
+            in_flight: false,
+            queued: false,
+            retry_at: None,
+            backoff: retry.start(entropy),
+            waiting_since: Some(now),
+            warned: Vec::new(),
+        });
+        if !warnings.is_empty() && warnings != tracked.warned {
+            for w in &warnings {
+                tracing::warn!(node = %name, field = %w.field, reason = %w.reason, "registering the node without this field");
+            }
+        }
+        tracked.warned = warnings;
+        if tracked.registered.as_ref() != Some(&desired) && tracked.waiting_since.is_none() {
+            tracked.waiting_since = Some(now);
+        }
+        tracked.desired = Some(desired);
+        tracked.availability = availability;
+        self.consider(&name);
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Some(tracked) = self.nodes.get_mut(name) {
+            tracked.desired = None;
+            tracked.waiting_since = None;
+            self.consider(name);
+        }
+    }
+
+    fn on_forgotten(&mut self, name: &str) {
+        let Some(tracked) = self.nodes.get_mut(name) else {
+            return;
+        };
+        if tracked.desired.is_none() {
+            return;
+        }
+        tracing::info!(node = %name, "the controller forgot the node; registering it again");
+        tracked.registered = None;
+        tracked.acked = None;
+        tracked.backoff.reset();
+        tracked.waiting_since.get_or_insert_with(Instant::now);
+        if let Some(at) = tracked.retry_at.take() {
+            self.delayed.remove(&(at, name.to_owned()));
+        }
+        let count = self.registered.remove(name);
+        self.metrics.nodes_registered.set(count as i64);
+        self.consider(name);
+    }
+
+    /// Queues the node if it needs a call and none is running or waiting.
+    fn consider(&mut self, name: &str) {
+        let Some(tracked) = self.nodes.get_mut(name) else {
+            return;
+        };
+        if tracked.in_flight || tracked.queued || tracked.retry_at.is_some() {
+            return;
+        }
+        match tracked.next_action() {
+            None => {}
+            Some(Action::Forget) => {
+                self.nodes.remove(name);
+            }
+            Some(_) => {
+                tracked.queued = true;
+                self.ready.push_back(name.to_owned());
+            }
+        }
+    }
+
+    fn release_due(&mut self) {
+        let now = Instant::now();
+        while let Some((at, _)) = self.delayed.first() {
+            if *at > now {
+                break;
+            }
+            let (_, name) = self.delayed.pop_first().expect("first exists");
+            if let Some(tracked) = self.nodes.get_mut(&name) {
+                tracked.retry_at = None;
+            }
+            self.consider(&name);
+        }
+    }
+
+    fn launch_ready(&mut self) {
+        while self.in_flight.len() < self.config.concurrency.max(1) {
+            let Some(name) = self.ready.pop_front() else {
+                return;
+            };
+            let Some(tracked) = self.nodes.get_mut(&name) else {
+                continue;
+            };
+            tracked.queued = false;
+            // Decided now, not when queued: the node may have changed meanwhile.
+            let Some(action) = tracked.next_action() else {
+                continue;
+            };
+            if action == Action::Forget {
+                self.nodes.remove(&name);
+                continue;
+            }
+            tracked.in_flight = true;
+            self.metrics
+                .reconciles
+                .get_or_create(&crate::metrics::ReconcileLabels { kind: "node" })
+                .inc();
+            let controller = self.controller.clone();
+            self.in_flight
+                .push(Box::pin(call(controller, name, action)));
+        }
+    }
+
+    fn on_outcome(&mut self, (name, action, result): Outcome) {
+        let Some(tracked) = self.nodes.get_mut(&name) else {
+            return;
+        };
+        tracked.in_flight = false;
+        match result {
+            Ok(token) => {
+                tracked.backoff.reset();
+                match action {
+                    Action::Register(request) => {
+                        tracked.registered = Some(request);
+                        // A (re-)registered node is in service: spurctld refreshes it.
+                        tracked.acked = Some(Availability::Up);
+                        if let Some(since) = tracked.waiting_since.take() {
+                            self.metrics
+                                .registration_lag_seconds
+                                .observe(since.elapsed().as_secs_f64());
+                        }
+                        let count = self.registered.insert(&name, token.unwrap_or_default());
+                        self.metrics.nodes_registered.set(count as i64);
+                        tracing::info!(node = %name, "node registered with the controller");
+                    }
+                    Action::SetAvailability(availability) => {
+                        tracing::info!(node = %name, ?availability, "node availability acknowledged");
+                        tracked.acked = Some(availability);
+                    }
+                    Action::MarkGone => {
+                        tracing::info!(node = %name, "node marked DOWN as deleted");
+                        let count = self.registered.remove(&name);
+                        self.metrics.nodes_registered.set(count as i64);
+                        if tracked.desired.is_some() {
+                            // It came back while the call ran: register it afresh.
+                            tracked.registered = None;
+                            tracked.acked = None;
+                        } else {
+                            self.nodes.remove(&name);
+                            return;
+                        }
+                    }
+                    Action::Forget => {}
+                }
+            }
+            Err(error) => {
+                let delay = tracked.backoff.next_delay();
+                let at = Instant::now() + delay;
+                tracked.retry_at = Some(at);
+                self.delayed.insert((at, name.clone()));
+                let kind = match action {
+                    Action::Register(_) => "register",
+                    _ => "update_node",
+                };
+                self.metrics.reconcile_error("node", kind);
+                tracing::debug!(node = %name, %error, ?delay, "node call failed; retrying this node alone");
+                self.failures.record(&name, &error);
+            }
+        }
+        self.consider(&name);
+    }
+}
+
+/// Makes the call an action needs. `Ok(Some(token))` for an accepted registration.
+async fn call(controller: ControllerClient, name: String, action: Action) -> Outcome {
+    let result = match &action {
+        Action::Register(request) => match controller.register_agent(request.clone()).await {
+            Ok(answer) if answer.accepted => Ok(Some(answer.node_token)),
+            Ok(answer) => Err(format!("registration refused: {}", answer.message)),
+            Err(e) => Err(e.to_string()),
+        },
+        Action::SetAvailability(availability) => {
+            let (state, reason) = match availability {
+                Availability::Up => (pb::NodeState::NodeIdle, String::new()),
+                Availability::Down { reason } => (pb::NodeState::NodeDown, reason.clone()),
+            };
+            update_node(&controller, &name, state, reason).await
+        }
+        Action::MarkGone => {
+            update_node(
+                &controller,
+                &name,
+                pb::NodeState::NodeDown,
+                DELETED_REASON.into(),
+            )
+            .await
+        }
+        Action::Forget => Ok(None),
+    };
+    (name, action, result)
+}
+
+async fn update_node(
+    controller: &ControllerClient,
+    name: &str,
+    state: pb::NodeState,
+    reason: String,
+) -> Result<Option<String>, String> {
+    let request = pb::UpdateNodeRequest {
+        name: name.to_owned(),
+        state: Some(state as i32),
+        reason: Some(reason),
+        ..Default::default()
+    };
+    match controller.update_node(request).await {
+        Ok(()) => Ok(None),
+        // The controller never knew the node: nothing to mark.
+        Err(e) if e.code() == tonic::Code::NotFound && state == pb::NodeState::NodeDown => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Summarises failures into one log line per interval instead of one per node: with
+/// 5,000 nodes and the controller away, per-node lines would drown everything else.
+pub(crate) struct FailureLog {
+    interval: Duration,
+    last: Option<Instant>,
+    count: usize,
+    sample: Option<(String, String)>,
+}
+
+impl FailureLog {
+    pub(crate) fn new(interval: Duration) -> FailureLog {
+        FailureLog {
+            interval,
+            last: None,
+            count: 0,
+            sample: None,
+        }
+    }
+
+    pub(crate) fn record(&mut self, node: &str, error: &str) {
+        self.count += 1;
+        self.sample = Some((node.to_owned(), error.to_owned()));
+        let now = Instant::now();
+        if self.last.is_none_or(|last| now - last >= self.interval) {
+            let (node, error) = self.sample.take().expect("just set");
+            tracing::warn!(failures = self.count, node = %node, %error, "node sync calls failed (count since the last report; the node named is the latest)");
+            self.count = 0;
+            self.last = Some(now);
+        }
+    }
+}

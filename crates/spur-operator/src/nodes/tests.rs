@@ -1,0 +1,298 @@
+//! Node sync and heartbeats against the scripted controller, on tokio's paused clock.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
+use kube::runtime::watcher;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::heartbeat;
+use super::resources::tests::node;
+use super::{AgentEndpoint, NodeSync, NodeSyncConfig, Registered};
+use crate::config::ChannelConfig;
+use crate::controller::testing::{MemoryNetwork, ScriptedController};
+use crate::controller::{ControllerAddr, ControllerClient};
+use crate::metrics::Metrics;
+use crate::retry::{BackoffPolicy, Entropy};
+
+type Events = mpsc::UnboundedSender<Result<watcher::Event<Node>, watcher::Error>>;
+
+struct Harness {
+    controller: ScriptedController,
+    client: ControllerClient,
+    events: Events,
+    forgotten: mpsc::UnboundedSender<String>,
+    registered: Registered,
+    metrics: Metrics,
+}
+
+const RETRY: BackoffPolicy = BackoffPolicy {
+    initial: Duration::from_millis(500),
+    max: Duration::from_secs(8),
+    jitter: 0.0,
+};
+
+fn start(concurrency: usize) -> Harness {
+    let controller = ScriptedController::default();
+    let network = MemoryNetwork::start(controller.clone());
+    let client = ControllerClient::new(
+        ControllerAddr::new("spurctld", 6817),
+        ChannelConfig::default(),
+        None,
+        network,
+    )
+    .unwrap();
+    let (events, events_rx) = mpsc::unbounded_channel();
+    let (forgotten, forgotten_rx) = mpsc::unbounded_channel();
+    let registered = Registered::default();
+    let metrics = Metrics::new();
+    let sync = NodeSync::new(
+        NodeSyncConfig {
+            concurrency,
+            retry: RETRY,
+            failure_log_interval: Duration::from_secs(10),
+            agent: AgentEndpoint {
+                address: "10.0.0.9".into(),
+                port: 6818,
+            },
+            version: "test".into(),
+        },
+        client.clone(),
+        metrics.clone(),
+        Entropy::from_seed(1),
+        registered.clone(),
+    );
+    tokio::spawn(sync.run(UnboundedReceiverStream::new(events_rx), forgotten_rx));
+    Harness {
+        controller,
+        client,
+        events,
+        forgotten,
+        registered,
+        metrics,
+    }
+}
+
+fn gpu_node(name: &str) -> Node {
+    node(
+        name,
+        &[("cpu", "8"), ("memory", "32Gi"), ("amd.com/gpu", "1")],
+        &[],
+    )
+}
+
+fn tainted(mut node: Node) -> Node {
+    node.spec = Some(NodeSpec {
+        taints: Some(vec![Taint {
+            key: "node.kubernetes.io/not-ready".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    node
+}
+
+impl Harness {
+    fn list(&self, nodes: Vec<Node>) {
+        self.events.send(Ok(watcher::Event::Init)).unwrap();
+        for n in nodes {
+            self.events.send(Ok(watcher::Event::InitApply(n))).unwrap();
+        }
+        self.events.send(Ok(watcher::Event::InitDone)).unwrap();
+    }
+
+    fn apply(&self, node: Node) {
+        self.events.send(Ok(watcher::Event::Apply(node))).unwrap();
+    }
+
+    fn delete(&self, node: Node) {
+        self.events.send(Ok(watcher::Event::Delete(node))).unwrap();
+    }
+
+    fn calls(&self, prefix: &str) -> Vec<String> {
+        self.controller
+            .log()
+            .into_iter()
+            .filter(|l| l.starts_with(prefix))
+            .collect()
+    }
+}
+
+async fn settle(d: Duration) {
+    tokio::time::sleep(d).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn registers_every_listed_node_once() {
+    let h = start(32);
+    h.list(vec![gpu_node("a"), gpu_node("b"), gpu_node("c")]);
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(
+        h.calls("RegisterAgent"),
+        ["RegisterAgent a", "RegisterAgent b", "RegisterAgent c"]
+    );
+    assert_eq!(h.registered.len(), 3);
+    assert_eq!(h.metrics.nodes_registered.get(), 3);
+    // An unchanged node is not registered again; a changed one is.
+    h.apply(gpu_node("a"));
+    let mut bigger = gpu_node("b");
+    bigger
+        .status
+        .as_mut()
+        .unwrap()
+        .allocatable
+        .as_mut()
+        .unwrap()
+        .insert(
+            "cpu".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("16".into()),
+        );
+    h.apply(bigger);
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(h.calls("RegisterAgent").len(), 4);
+    assert_eq!(h.calls("RegisterAgent").last().unwrap(), "RegisterAgent b");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_node_is_retried_alone_until_accepted() {
+    let h = start(32);
+    h.controller.refuse_registration("b", 2);
+    let started = tokio::time::Instant::now();
+    h.list(vec![gpu_node("a"), gpu_node("b"), gpu_node("c")]);
+    settle(Duration::from_millis(100)).await;
+    assert!(h.registered.contains("a") && h.registered.contains("c"));
+    assert!(!h.registered.contains("b"), "refused, so not remembered");
+    // Retries at 0.5 s and then 1 s later, with no other trigger.
+    while !h.registered.contains("b") {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "b never registered"
+        );
+        settle(Duration::from_millis(10)).await;
+    }
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_millis(1600),
+        "{took:?}"
+    );
+    assert_eq!(
+        h.calls("RegisterAgent"),
+        [
+            "RegisterAgent a",
+            "RegisterAgent b",
+            "RegisterAgent c",
+            "RegisterAgent b",
+            "RegisterAgent b"
+        ],
+        "the others were not registered again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_controller_outage_backs_off_and_recovers() {
+    let h = start(32);
+    for _ in 0..3 {
+        h.controller
+            .fail_next(tonic::Status::unavailable("no leader elected yet"));
+    }
+    h.list(vec![gpu_node("a")]);
+    settle(Duration::from_secs(5)).await;
+    assert!(h.registered.contains("a"));
+    assert_eq!(h.calls("RegisterAgent").len(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_ready_taint_goes_down_and_comes_back_idle() {
+    let h = start(32);
+    h.list(vec![tainted(gpu_node("a"))]);
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(
+        h.controller.log(),
+        ["RegisterAgent a", "UpdateNode a NODE_DOWN"]
+    );
+    h.apply(gpu_node("a"));
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(
+        h.calls("UpdateNode").last().unwrap(),
+        "UpdateNode a NODE_IDLE"
+    );
+    // A refused update is retried until acknowledged.
+    h.controller
+        .fail_next(tonic::Status::unavailable("not the Raft leader"));
+    h.apply(tainted(gpu_node("a")));
+    settle(Duration::from_secs(2)).await;
+    assert_eq!(
+        h.calls("UpdateNode"),
+        [
+            "UpdateNode a NODE_DOWN",
+            "UpdateNode a NODE_IDLE",
+            "UpdateNode a NODE_DOWN",
+            "UpdateNode a NODE_DOWN"
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_node_is_marked_down_and_forgotten() {
+    let h = start(32);
+    h.list(vec![gpu_node("a"), gpu_node("b")]);
+    settle(Duration::from_millis(100)).await;
+    h.delete(gpu_node("a"));
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(h.calls("UpdateNode"), ["UpdateNode a NODE_DOWN"]);
+    assert!(!h.registered.contains("a"));
+    // A node that vanished while the watch was down is noticed at the re-list.
+    h.list(vec![gpu_node("a")]);
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(
+        h.calls("UpdateNode"),
+        ["UpdateNode a NODE_DOWN", "UpdateNode b NODE_DOWN"]
+    );
+    assert!(h.registered.contains("a") && !h.registered.contains("b"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forgotten_node_is_registered_again_at_once() {
+    let h = start(32);
+    h.list(vec![gpu_node("a"), gpu_node("b")]);
+    settle(Duration::from_millis(100)).await;
+    let round = heartbeat::round(&h.client, &h.registered, 8, &h.metrics).await;
+    assert_eq!((round.sent, round.failed), (2, 0));
+    assert!(
+        h.calls("Heartbeat a token-a").len() == 1,
+        "the node token is sent"
+    );
+
+    h.controller.forget_all();
+    let round = heartbeat::round(&h.client, &h.registered, 8, &h.metrics).await;
+    assert_eq!(round.forgotten, ["a", "b"]);
+    for name in round.forgotten {
+        h.forgotten.send(name).unwrap();
+    }
+    settle(Duration::from_millis(100)).await;
+    assert!(h.controller.knows("a") && h.controller.knows("b"));
+    assert_eq!(h.calls("RegisterAgent").len(), 4);
+    let round = heartbeat::round(&h.client, &h.registered, 8, &h.metrics).await;
+    assert_eq!(round.failed, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn registration_concurrency_is_bounded() {
+    let h = start(32);
+    h.controller.set_delay(Duration::from_millis(10));
+    let started = tokio::time::Instant::now();
+    h.list((0..200).map(|i| gpu_node(&format!("n{i:03}"))).collect());
+    while h.registered.len() < 200 {
+        settle(Duration::from_millis(1)).await;
+    }
+    assert_eq!(h.controller.max_in_flight.load(Ordering::SeqCst), 32);
+    // 200 nodes, 32 at a time, 10 ms each: seven waves.
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(70) && took < Duration::from_millis(90),
+        "{took:?}"
+    );
+}
