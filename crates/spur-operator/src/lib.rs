@@ -4,12 +4,15 @@
 //! world (see `../shared/DESIGN.md`, "The seams").
 
 pub mod check;
+pub mod clock;
 pub mod config;
 pub mod controller;
 pub mod health;
+pub mod lease;
 pub mod metrics;
 pub mod net;
 pub mod nodes;
 pub mod quantity;
 pub mod retry;
+pub mod selector;
 pub mod telemetry;

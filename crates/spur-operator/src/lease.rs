@@ -1,0 +1,298 @@
+//! Leader election among operator replicas with a coordination.k8s.io/v1 Lease.
+//!
+//! Written here rather than taken from a crate: the maintained lease crates read the
+//! system clock for `renewTime` and sleep on their own schedule, which would make a
+//! simulated run depend on the machine's clock. This one takes its wall clock from
+//! [`WallClock`] and its timers from tokio, both of which the simulation drives.
+//!
+//! The rule that keeps two replicas from acting at once: a contender takes the lease over
+//! only after it has seen the same `renewTime` for a whole lease duration, measured on its
+//! own clock from when it first saw it; the holder stops acting when a renewal has not
+//! succeeded within the renew deadline (shorter than the lease duration) of the start of
+//! its last successful renewal. So the holder always stops before anyone else may start.
+
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::clock::WallClock;
+use crate::metrics::Metrics;
+
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    pub name: String,
+    pub namespace: String,
+    /// This replica's identity (its pod name).
+    pub identity: String,
+    pub lease_duration: Duration,
+    /// The holder stops acting when it could not renew for this long.
+    pub renew_deadline: Duration,
+    /// Time between renewals (and between attempts to acquire).
+    pub retry_period: Duration,
+    /// Bound on each API call.
+    pub call_timeout: Duration,
+}
+
+impl LeaseConfig {
+    /// The deadlines must nest, or two replicas could act at once.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.renew_deadline >= self.lease_duration {
+            return Err("--lease-renew-deadline must be shorter than --lease-duration".into());
+        }
+        if self.retry_period >= self.renew_deadline {
+            return Err("--lease-retry-period must be shorter than --lease-renew-deadline".into());
+        }
+        if self.call_timeout > self.renew_deadline {
+            return Err("--kube-call-timeout must not exceed --lease-renew-deadline".into());
+        }
+        Ok(())
+    }
+}
+
+/// What a contender last saw of the lease, and when.
+struct Observed {
+    holder: Option<String>,
+    renew_time: Option<MicroTime>,
+    at: Instant,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum LeaseError {
+    #[error("the Lease API call did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("someone else changed the lease first")]
+    Conflict,
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+pub struct Elector {
+    api: Api<Lease>,
+    config: LeaseConfig,
+    clock: WallClock,
+    metrics: Metrics,
+    leading: watch::Sender<bool>,
+}
+
+impl Elector {
+    pub fn new(
+        client: kube::Client,
+        config: LeaseConfig,
+        clock: WallClock,
+        metrics: Metrics,
+    ) -> (Elector, watch::Receiver<bool>) {
+        let (leading, rx) = watch::channel(false);
+        let api = Api::namespaced(client, &config.namespace);
+        (
+            Elector {
+                api,
+                config,
+                clock,
+                metrics,
+                leading,
+            },
+            rx,
+        )
+    }
+
+    /// Campaigns, holds and renews until `shutdown` completes, then releases the lease if
+    /// held. The receiver returned by [`Elector::new`] says whether to act.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let mut observed: Option<Observed> = None;
+        // Start of the last successful renewal (or acquisition).
+        let mut renewed_at: Option<Instant> = None;
+        loop {
+            let attempt_started = Instant::now();
+            let leading = renewed_at.is_some();
+            let acting_deadline = renewed_at.map(|at| at + self.config.renew_deadline);
+            let attempt = self.attempt(&mut observed);
+            let outcome = tokio::select! {
+                () = &mut shutdown => break,
+                () = sleep_until_opt(acting_deadline) => None,
+                outcome = attempt => Some(outcome),
+            };
+            match outcome {
+                Some(Ok(true)) => {
+                    if !leading {
+                        tracing::info!(identity = %self.config.identity, lease = %self.config.name, "acquired the lease; acting as leader");
+                    }
+                    renewed_at = Some(attempt_started);
+                    self.set_leading(true);
+                }
+                Some(Ok(false)) => {
+                    if leading {
+                        tracing::warn!(identity = %self.config.identity, "the lease was taken over; stopping");
+                    }
+                    renewed_at = None;
+                    self.set_leading(false);
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(identity = %self.config.identity, error = %e, "lease call failed");
+                }
+                None => {}
+            }
+            // A leader that has not renewed within its deadline stops acting now, even
+            // while the call that would renew is still hanging.
+            if let Some(at) = renewed_at {
+                if Instant::now() >= at + self.config.renew_deadline {
+                    tracing::warn!(identity = %self.config.identity, "could not renew the lease in time; stopping before it can be taken over");
+                    renewed_at = None;
+                    self.set_leading(false);
+                }
+            }
+            let next = attempt_started + self.config.retry_period;
+            tokio::select! {
+                () = &mut shutdown => break,
+                () = tokio::time::sleep_until(next.max(Instant::now())) => {}
+            }
+        }
+        let was_leading = renewed_at.is_some();
+        self.set_leading(false);
+        if was_leading {
+            match self.bounded(self.release()).await {
+                Ok(()) => tracing::info!(identity = %self.config.identity, "released the lease"),
+                Err(e) => tracing::warn!(error = %e, "could not release the lease; it expires on its own"),
+            }
+        }
+    }
+
+    fn set_leading(&self, leading: bool) {
+        self.metrics.leader.set(i64::from(leading));
+        self.leading.send_if_modified(|current| {
+            let changed = *current != leading;
+            *current = leading;
+            changed
+        });
+    }
+
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, LeaseError>>,
+    ) -> Result<T, LeaseError> {
+        tokio::time::timeout(self.config.call_timeout, call)
+            .await
+            .map_err(|_| LeaseError::Timeout(self.config.call_timeout))?
+    }
+
+    /// One round: acquire, renew, or observe. `Ok(true)` when this replica holds the lease.
+    async fn attempt(&self, observed: &mut Option<Observed>) -> Result<bool, LeaseError> {
+        let name = &self.config.name;
+        let Some(lease) = self.bounded(async { Ok(self.api.get_opt(name).await?) }).await? else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(self.config.namespace.clone()),
+                    ..Default::default()
+                },
+                spec: Some(self.held_spec(None, 0)),
+            };
+            return match self.bounded(self.write(self.api.create(&PostParams::default(), &lease))).await {
+                Ok(()) => Ok(true),
+                Err(LeaseError::Conflict) => Ok(false),
+                Err(e) => Err(e),
+            };
+        };
+        let spec = lease.spec.clone().unwrap_or_default();
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        let ours = holder.as_deref() == Some(self.config.identity.as_str());
+        if !ours {
+            let now = Instant::now();
+            let changed = observed
+                .as_ref()
+                .is_none_or(|o| o.holder != holder || o.renew_time != spec.renew_time);
+            if changed {
+                *observed = Some(Observed {
+                    holder: holder.clone(),
+                    renew_time: spec.renew_time.clone(),
+                    at: now,
+                });
+            }
+            let seen_since = observed.as_ref().map_or(now, |o| o.at);
+            let expired = now.duration_since(seen_since) >= self.lease_duration_of(&spec);
+            if holder.is_some() && !expired {
+                return Ok(false);
+            }
+        }
+        // Ours to renew, released, or expired: write ourselves in, guarded by the
+        // resourceVersion we read so a concurrent contender cannot also win.
+        let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!ours);
+        let acquire_time = if ours { spec.acquire_time.clone() } else { None };
+        let mut updated = lease.clone();
+        updated.spec = Some(self.held_spec(acquire_time, transitions));
+        match self
+            .bounded(self.write(self.api.replace(name, &PostParams::default(), &updated)))
+            .await
+        {
+            Ok(()) => {
+                *observed = None;
+                Ok(true)
+            }
+            Err(LeaseError::Conflict) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The lease duration the holder advertised, else ours.
+    fn lease_duration_of(&self, spec: &LeaseSpec) -> Duration {
+        spec.lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(self.config.lease_duration, Duration::from_secs)
+    }
+
+    fn held_spec(&self, acquire_time: Option<MicroTime>, transitions: i32) -> LeaseSpec {
+        let now = MicroTime(self.clock.timestamp());
+        LeaseSpec {
+            holder_identity: Some(self.config.identity.clone()),
+            lease_duration_seconds: Some(
+                i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(i32::MAX),
+            ),
+            acquire_time: Some(acquire_time.unwrap_or_else(|| now.clone())),
+            renew_time: Some(now),
+            lease_transitions: Some(transitions),
+            ..Default::default()
+        }
+    }
+
+    async fn write(
+        &self,
+        call: impl Future<Output = Result<Lease, kube::Error>>,
+    ) -> Result<(), LeaseError> {
+        match call.await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.is_conflict() || status.is_already_exists() => {
+                Err(LeaseError::Conflict)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Gives the lease up so a standby takes over at once instead of after it expires.
+    async fn release(&self) -> Result<(), LeaseError> {
+        let Some(mut lease) = self.api.get_opt(&self.config.name).await? else {
+            return Ok(());
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.renew_time = None;
+        spec.acquire_time = None;
+        self.write(self.api.replace(&self.config.name, &PostParams::default(), &lease))
+            .await
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
