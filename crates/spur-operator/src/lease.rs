@@ -158,7 +158,9 @@ impl Elector {
         if was_leading {
             match self.bounded(self.release()).await {
                 Ok(()) => tracing::info!(identity = %self.config.identity, "released the lease"),
-                Err(e) => tracing::warn!(error = %e, "could not release the lease; it expires on its own"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not release the lease; it expires on its own")
+                }
             }
         }
     }
@@ -184,7 +186,10 @@ impl Elector {
     /// One round: acquire, renew, or observe. `Ok(true)` when this replica holds the lease.
     async fn attempt(&self, observed: &mut Option<Observed>) -> Result<bool, LeaseError> {
         let name = &self.config.name;
-        let Some(lease) = self.bounded(async { Ok(self.api.get_opt(name).await?) }).await? else {
+        let Some(lease) = self
+            .bounded(async { Ok(self.api.get_opt(name).await?) })
+            .await?
+        else {
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),
@@ -193,7 +198,10 @@ impl Elector {
                 },
                 spec: Some(self.held_spec(None, 0)),
             };
-            return match self.bounded(self.write(self.api.create(&PostParams::default(), &lease))).await {
+            return match self
+                .bounded(self.write(self.api.create(&PostParams::default(), &lease)))
+                .await
+            {
                 Ok(()) => Ok(true),
                 Err(LeaseError::Conflict) => Ok(false),
                 Err(e) => Err(e),
@@ -223,7 +231,11 @@ impl Elector {
         // Ours to renew, released, or expired: write ourselves in, guarded by the
         // resourceVersion we read so a concurrent contender cannot also win.
         let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!ours);
-        let acquire_time = if ours { spec.acquire_time.clone() } else { None };
+        let acquire_time = if ours {
+            spec.acquire_time.clone()
+        } else {
+            None
+        };
         let mut updated = lease.clone();
         updated.spec = Some(self.held_spec(acquire_time, transitions));
         match self
@@ -285,8 +297,11 @@ impl Elector {
         spec.holder_identity = None;
         spec.renew_time = None;
         spec.acquire_time = None;
-        self.write(self.api.replace(&self.config.name, &PostParams::default(), &lease))
-            .await
+        self.write(
+            self.api
+                .replace(&self.config.name, &PostParams::default(), &lease),
+        )
+        .await
     }
 }
 

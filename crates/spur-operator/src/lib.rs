@@ -12,6 +12,7 @@ pub mod lease;
 pub mod metrics;
 pub mod net;
 pub mod nodes;
+pub mod operator;
 pub mod quantity;
 pub mod retry;
 pub mod selector;

@@ -3,10 +3,13 @@
 
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use spur_operator::check::{check_controller, describe_failure};
-use spur_operator::config::ControllerArgs;
+use spur_operator::clock::WallClock;
+use spur_operator::config::{ControllerArgs, RunArgs};
 use spur_operator::net::TcpNetwork;
+use spur_operator::operator::{self, World};
 use spur_operator::telemetry::{self, LogFormat};
 
 /// Kubernetes operator for the Spur workload manager.
@@ -29,6 +32,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the operator: register the labelled nodes with spurctld and heartbeat them,
+    /// serve /healthz, /readyz and /metrics, and act only while holding the Lease.
+    Run(Box<RunArgs>),
     /// Connect to spurctld with the operator's bounds, call Ping, and report the
     /// controller's hostname, version and round-trip time. Exits non-zero, naming the
     /// cause, when the controller cannot be reached within those bounds.
@@ -40,10 +46,18 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     // The check speaks in its one result line; the client's own warnings would repeat it.
     let default_level = match cli.command {
+        Command::Run(_) => "info",
         Command::CheckController(_) => "error",
     };
     telemetry::init(cli.log_format, default_level);
     match cli.command {
+        Command::Run(args) => match run(&args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("spur-operator: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::CheckController(args) => {
             let settings = match args.validate() {
                 Ok(settings) => settings,
@@ -67,5 +81,48 @@ async fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+async fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let config = args.validate()?;
+    let kube_config = match &config.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .with_context(|| format!("--kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no in-cluster configuration and no usable default kubeconfig")?,
+    };
+    let kube = kube::Client::try_from(kube_config).context("building the Kubernetes client")?;
+    let world = World {
+        network: TcpNetwork,
+        kube,
+        clock: WallClock::system(),
+        seed: process_seed(),
+    };
+    operator::run(world, config, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Seeds retry jitter; it need not be secret, only different between replicas.
+fn process_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32)
+}
+
+/// Completes on SIGTERM (Kubernetes stopping the pod) or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("install the SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
     }
 }

@@ -106,7 +106,10 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
         return Ok(Requirement::DoesNotExist(key_of(key.trim())?));
     }
     for (op, make) in [
-        ("!=", Requirement::NotEquals as fn(String, String) -> Requirement),
+        (
+            "!=",
+            Requirement::NotEquals as fn(String, String) -> Requirement,
+        ),
         ("==", Requirement::Equals),
         ("=", Requirement::Equals),
     ] {
@@ -205,7 +208,12 @@ mod tests {
             ("ssd", ""),
         ]);
         assert!(s.matches(&good));
-        for (k, v) in [("zone", "b"), ("pool", "x"), ("rack", "r9"), ("cordoned", "1")] {
+        for (k, v) in [
+            ("zone", "b"),
+            ("pool", "x"),
+            ("rack", "r9"),
+            ("cordoned", "1"),
+        ] {
             let mut bad = good.clone();
             bad.insert(k.into(), v.into());
             assert!(!s.matches(&bad), "{k}={v} should not match");

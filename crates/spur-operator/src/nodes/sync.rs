@@ -164,20 +164,32 @@ impl NodeSync {
         }
     }
 
-    /// Runs until `events` ends (or the task is dropped, when leadership is lost).
+    /// Runs until `stop` completes, then lets the calls in flight finish and returns
+    /// (dropping the task instead cancels them: that is what losing the lease does).
     /// `forgotten` carries nodes whose heartbeat answered NOT_FOUND: the controller lost
     /// them, and they are registered again at once.
-    pub async fn run<S>(mut self, events: S, mut forgotten: mpsc::UnboundedReceiver<String>)
-    where
+    pub async fn run<S>(
+        mut self,
+        events: S,
+        mut forgotten: mpsc::UnboundedReceiver<String>,
+        stop: impl std::future::Future<Output = ()>,
+    ) where
         S: Stream<Item = Result<watcher::Event<Node>, watcher::Error>>,
     {
         tokio::pin!(events);
+        tokio::pin!(stop);
         let mut events_open = true;
         let mut forgotten_open = true;
         loop {
             self.launch_ready();
             let next_retry = self.delayed.first().map(|(at, _)| *at);
             tokio::select! {
+                () = &mut stop => {
+                    while let Some(outcome) = self.in_flight.next().await {
+                        self.on_outcome(outcome);
+                    }
+                    return;
+                }
                 event = events.next(), if events_open => match event {
                     Some(Ok(event)) => self.on_event(event),
                     Some(Err(e)) => tracing::warn!(error = %e, "node watch failed; it backs off and resumes"),

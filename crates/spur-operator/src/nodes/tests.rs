@@ -64,7 +64,11 @@ fn start(concurrency: usize) -> Harness {
         Entropy::from_seed(1),
         registered.clone(),
     );
-    tokio::spawn(sync.run(UnboundedReceiverStream::new(events_rx), forgotten_rx));
+    tokio::spawn(sync.run(
+        UnboundedReceiverStream::new(events_rx),
+        forgotten_rx,
+        std::future::pending(),
+    ));
     Harness {
         controller,
         client,

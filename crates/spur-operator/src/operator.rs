@@ -1,0 +1,247 @@
+//! The operator's entry point: takes its world as arguments and reaches nothing on its own
+//! (DESIGN.md, "The seams"). The binary hands in TCP, a kube Client from kubeconfig and
+//! the system clock; the simulation hands in turmoil streams, a Client over the simulated
+//! network and its own clock.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::clock::WallClock;
+use crate::config::OperatorConfig;
+use crate::controller::{ControllerClient, ControllerError};
+use crate::health::{Health, Probe, serve_http};
+use crate::lease::Elector;
+use crate::metrics::Metrics;
+use crate::net::Network;
+use crate::nodes::heartbeat;
+use crate::nodes::{NodeSync, Registered};
+use crate::retry::Entropy;
+
+/// What the operator runs in.
+pub struct World<N> {
+    pub network: N,
+    pub kube: kube::Client,
+    pub clock: WallClock,
+    /// Seeds every random choice (retry jitter); production draws it from the OS.
+    pub seed: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot create the controller client: {0}")]
+    Controller(#[from] ControllerError),
+    #[error("cannot listen on {addr} for {what}: {source}")]
+    Listen {
+        what: &'static str,
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Handles into a running operator, for its host (the binary or a simulation).
+#[derive(Clone)]
+pub struct Handles {
+    pub metrics: Metrics,
+    pub controller: ControllerClient,
+    pub leading: watch::Receiver<bool>,
+    pub registered: Registered,
+}
+
+/// Runs the operator until `shutdown` completes: serves health, campaigns for the lease,
+/// and while leading runs node sync and heartbeats. On shutdown it stops taking new work,
+/// lets calls in flight finish within the grace period, then releases the lease.
+pub async fn run<N: Network>(
+    world: World<N>,
+    config: OperatorConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    let (started, ready) = tokio::sync::oneshot::channel();
+    drop(ready);
+    run_with_handles(world, config, shutdown, started).await
+}
+
+/// [`run`], also sending [`Handles`] once everything is started.
+pub async fn run_with_handles<N: Network>(
+    world: World<N>,
+    config: OperatorConfig,
+    shutdown: impl Future<Output = ()>,
+    started: tokio::sync::oneshot::Sender<Handles>,
+) -> Result<(), RunError> {
+    let metrics = Metrics::new();
+    let entropy = Entropy::from_seed(world.seed);
+    let settings = &config.controller;
+    let controller = ControllerClient::new(
+        settings.addr.clone(),
+        settings.channel.clone(),
+        settings.token.as_deref(),
+        world.network.clone(),
+    )?
+    .with_metrics(metrics.clone());
+
+    let (stopping_tx, stopping) = watch::channel(false);
+    let health_listener = world
+        .network
+        .bind(config.health_listen)
+        .await
+        .map_err(|source| RunError::Listen {
+            what: "health",
+            addr: config.health_listen,
+            source,
+        })?;
+    let health = Health::new(
+        metrics.clone(),
+        readiness_probes(world.kube.clone(), controller.clone()),
+        config.probe_timeout,
+    );
+    let health_task = tokio::spawn(serve_http(
+        health_listener,
+        health.router(),
+        wait_for(stopping.clone()),
+    ));
+
+    let (elector, mut leading) = Elector::new(
+        world.kube.clone(),
+        config.lease.clone(),
+        world.clock.clone(),
+        metrics.clone(),
+    );
+    let (release_tx, release) = watch::channel(false);
+    let elector_task = tokio::spawn(elector.run(wait_for(release)));
+    let registered = Registered::default();
+    let _ = started.send(Handles {
+        metrics: metrics.clone(),
+        controller: controller.clone(),
+        leading: leading.clone(),
+        registered: registered.clone(),
+    });
+
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            result = leading.wait_for(|l| *l) => if result.is_err() { break },
+        }
+        let (drain_tx, drain) = watch::channel(false);
+        let mut tasks = start_leader_tasks(
+            &world,
+            &config,
+            &controller,
+            &metrics,
+            &entropy,
+            &registered,
+            drain,
+        );
+        let shutting_down = tokio::select! {
+            () = &mut shutdown => true,
+            _ = leading.wait_for(|l| !*l) => false,
+        };
+        if shutting_down {
+            let _ = drain_tx.send(true);
+            let drained = tokio::time::timeout(config.shutdown_grace, async {
+                while tasks.join_next().await.is_some() {}
+            })
+            .await;
+            if drained.is_err() {
+                tracing::warn!(
+                    "calls still in flight after the shutdown grace period; abandoning them"
+                );
+            }
+            tasks.abort_all();
+            break;
+        }
+        // Lost the lease: stop at once, before another replica may start.
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+        tracing::info!("stopped acting: no longer the leader");
+    }
+    let _ = release_tx.send(true);
+    let _ = elector_task.await;
+    let _ = stopping_tx.send(true);
+    let _ = health_task.await;
+    Ok(())
+}
+
+fn start_leader_tasks<N: Network>(
+    world: &World<N>,
+    config: &OperatorConfig,
+    controller: &ControllerClient,
+    metrics: &Metrics,
+    entropy: &Entropy,
+    registered: &Registered,
+    drain: watch::Receiver<bool>,
+) -> JoinSet<()> {
+    let mut tasks = JoinSet::new();
+    let (forgotten_tx, forgotten_rx) = mpsc::unbounded_channel();
+    let nodes = Api::<Node>::all(world.kube.clone());
+    let watch_backoff = config.node_sync.retry.start(entropy.clone());
+    let events = watcher(
+        nodes,
+        watcher::Config::default().labels(&config.node_selector.to_string()),
+    )
+    .backoff(watch_backoff);
+    let sync = NodeSync::new(
+        config.node_sync.clone(),
+        controller.clone(),
+        metrics.clone(),
+        entropy.clone(),
+        registered.clone(),
+    );
+    tasks.spawn(sync.run(events, forgotten_rx, wait_for(drain.clone())));
+    let beats = heartbeat::run(
+        controller.clone(),
+        registered.clone(),
+        config.heartbeat,
+        metrics.clone(),
+        forgotten_tx,
+    );
+    let mut drain_beats = drain;
+    tasks.spawn(async move {
+        tokio::select! {
+            () = beats => {}
+            _ = drain_beats.wait_for(|d| *d) => {}
+        }
+    });
+    tasks
+}
+
+fn readiness_probes(
+    kube: kube::Client,
+    controller: ControllerClient,
+) -> Vec<(&'static str, Box<dyn Probe>)> {
+    let kube = Arc::new(kube);
+    let api_server = move || -> BoxFuture<'static, Result<(), String>> {
+        let kube = kube.clone();
+        Box::pin(async move {
+            kube.apiserver_version()
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    };
+    let spurctld = move || -> BoxFuture<'static, Result<(), String>> {
+        let controller = controller.clone();
+        Box::pin(async move {
+            controller
+                .ping()
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    };
+    vec![
+        ("kube-apiserver", Box::new(api_server)),
+        ("spurctld", Box::new(spurctld)),
+    ]
+}
+
+/// Completes once the flag turns true (or its sender is gone).
+async fn wait_for(mut flag: watch::Receiver<bool>) {
+    let _ = flag.wait_for(|set| *set).await;
+}
