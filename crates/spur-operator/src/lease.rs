@@ -140,12 +140,12 @@ impl Elector {
             }
             // A leader that has not renewed within its deadline stops acting now, even
             // while the call that would renew is still hanging.
-            if let Some(at) = renewed_at {
-                if Instant::now() >= at + self.config.renew_deadline {
-                    tracing::warn!(identity = %self.config.identity, "could not renew the lease in time; stopping before it can be taken over");
-                    renewed_at = None;
-                    self.set_leading(false);
-                }
+            if let Some(at) = renewed_at
+                && Instant::now() >= at + self.config.renew_deadline
+            {
+                tracing::warn!(identity = %self.config.identity, "could not renew the lease in time; stopping before it can be taken over");
+                renewed_at = None;
+                self.set_leading(false);
             }
             let next = attempt_started + self.config.retry_period;
             tokio::select! {
