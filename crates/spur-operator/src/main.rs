@@ -38,7 +38,7 @@ enum Command {
     /// Connect to spurctld with the operator's bounds, call Ping, and report the
     /// controller's hostname, version and round-trip time. Exits non-zero, naming the
     /// cause, when the controller cannot be reached within those bounds.
-    CheckController(ControllerArgs),
+    CheckController(Box<ControllerArgs>),
 }
 
 #[tokio::main]
