@@ -8,6 +8,7 @@ pub mod clock;
 pub mod config;
 pub mod controller;
 pub mod health;
+pub mod jobs;
 pub mod lease;
 pub mod metrics;
 pub mod net;

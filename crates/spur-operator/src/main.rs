@@ -39,6 +39,8 @@ enum Command {
     /// controller's hostname, version and round-trip time. Exits non-zero, naming the
     /// cause, when the controller cannot be reached within those bounds.
     CheckController(Box<ControllerArgs>),
+    /// Print the SpurJob CustomResourceDefinition as YAML (what deploy/crd.yaml holds).
+    Crd,
 }
 
 #[tokio::main]
@@ -47,7 +49,7 @@ async fn main() -> ExitCode {
     // The check speaks in its one result line; the client's own warnings would repeat it.
     let default_level = match cli.command {
         Command::Run(_) => "info",
-        Command::CheckController(_) => "error",
+        Command::CheckController(_) | Command::Crd => "error",
     };
     telemetry::init(cli.log_format, default_level);
     match cli.command {
@@ -58,6 +60,10 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Crd => {
+            print!("{}", spur_operator::jobs::crd::crd_yaml());
+            ExitCode::SUCCESS
+        }
         Command::CheckController(args) => {
             let settings = match args.validate() {
                 Ok(settings) => settings,

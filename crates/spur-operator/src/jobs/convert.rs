@@ -1,0 +1,580 @@
+//! A SpurJob to the controller's JobSpec: a pure function, so every rule is tested
+//! without a cluster.
+
+use spur_proto as pb;
+
+use super::crd::{SpurJob, SpurJobSpec};
+use crate::quantity;
+
+/// The comment tag that finds a submission again (see `jobs::submit`).
+pub const UID_TAG: &str = "spurjob-uid=";
+
+/// What is wrong with a SpurJob, naming the field as a user writes it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("spec.{field}: {reason}")]
+pub struct ValidationError {
+    pub field: String,
+    pub reason: String,
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ValidationError {
+    ValidationError {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// The longest time limit accepted: a year. Longer is a typo, and spurctld stores seconds.
+const MAX_TIME_LIMIT_SECS: u64 = 366 * 24 * 3600;
+
+/// Builds the JobSpec spurctld receives for `job`. `uid` is the object's UID, carried in
+/// the comment so the submission can be found again.
+pub fn job_spec(job: &SpurJob, uid: &str) -> Result<pb::JobSpec, ValidationError> {
+    let spec = &job.spec;
+    let name = match &spec.name {
+        Some(name) if name.trim().is_empty() => return Err(invalid("name", "must not be empty")),
+        Some(name) => name.clone(),
+        None => job.metadata.name.clone().unwrap_or_default(),
+    };
+    if spec.image.trim().is_empty() {
+        return Err(invalid("image", "must name a container image"));
+    }
+    if spec.num_nodes == 0 {
+        return Err(invalid("numNodes", "must be at least 1"));
+    }
+    if spec.tasks_per_node == 0 {
+        return Err(invalid("tasksPerNode", "must be at least 1"));
+    }
+    if spec.cpus_per_task == 0 {
+        return Err(invalid("cpusPerTask", "must be at least 1"));
+    }
+    let num_tasks = spec
+        .num_nodes
+        .checked_mul(spec.tasks_per_node)
+        .ok_or_else(|| invalid("tasksPerNode", "numNodes × tasksPerNode is too large"))?;
+    let memory_per_node_mb = match &spec.memory_per_node {
+        None => 0,
+        Some(q) => {
+            let mb = quantity::parse(q)
+                .map_err(|e| invalid("memoryPerNode", e.to_string()))?
+                .mebibytes();
+            u64::try_from(mb).map_err(|_| invalid("memoryPerNode", "too large"))?
+        }
+    };
+    if let Some(shm) = &spec.shm_size {
+        quantity::parse(shm).map_err(|e| invalid("shmSize", e.to_string()))?;
+    }
+    let time_limit = spec
+        .time_limit
+        .as_deref()
+        .map(|t| parse_time_limit(t).map_err(|reason| invalid("timeLimit", reason)))
+        .transpose()?;
+    for (i, volume) in spec.volumes.iter().enumerate() {
+        parse_volume(volume).map_err(|reason| invalid(format!("volumes[{i}]"), reason))?;
+    }
+    for (env, reference) in &spec.secret_env {
+        parse_secret_ref(reference)
+            .map_err(|reason| invalid(format!("secretEnv.{env}"), reason))?;
+    }
+    let (gres, gpus_per_node) = match &spec.gpus {
+        Some(gpus) if gpus.count > 0 => {
+            let kind = gpus.gpu_type.clone().unwrap_or_default();
+            let label = if kind.is_empty() {
+                "any"
+            } else {
+                kind.as_str()
+            };
+            (
+                vec![format!("gpu:{label}:{}", gpus.count)],
+                Some(pb::GpuRequest {
+                    count: gpus.count,
+                    gpu_type: kind,
+                }),
+            )
+        }
+        _ => (Vec::new(), None),
+    };
+    let argv = spec.command.iter().chain(&spec.args).cloned().collect();
+    Ok(pb::JobSpec {
+        name,
+        partition: spec.partition.clone().unwrap_or_default(),
+        account: spec.account.clone().unwrap_or_default(),
+        num_nodes: spec.num_nodes,
+        num_tasks,
+        tasks_per_node: spec.tasks_per_node,
+        cpus_per_task: spec.cpus_per_task,
+        memory_per_node_mb,
+        gres,
+        gpus_per_node,
+        argv,
+        environment: spec.env.clone(),
+        time_limit: time_limit.map(|secs| pb::Duration {
+            seconds: secs as i64,
+            nanos: 0,
+        }),
+        dependency: spec.dependencies.clone(),
+        array_spec: spec.array_spec.clone().unwrap_or_default(),
+        comment: format!("{UID_TAG}{uid}"),
+        host_network: spec.host_network,
+        privileged: spec.privileged,
+        host_ipc: spec.host_ipc,
+        shm_size: spec.shm_size.clone().unwrap_or_default(),
+        container_image: spec.image.clone(),
+        container_mounts: spec.volumes.clone(),
+        extra_resources: spec.extra_resources.clone(),
+        ..Default::default()
+    })
+}
+
+/// `4h`, `1h30m`, `90s`, `2d`, `1d12h`; a bare number is minutes (as in Slurm). Seconds.
+pub fn parse_time_limit(input: &str) -> Result<u64, String> {
+    let s = input.trim();
+    if s.is_empty() {
+        return Err("is empty".into());
+    }
+    if s.bytes().all(|b| b.is_ascii_digit()) {
+        let minutes: u64 = s.parse().map_err(|_| format!("`{s}` is too large"))?;
+        return check_limit(minutes.checked_mul(60), s);
+    }
+    let mut total: Option<u64> = Some(0);
+    let mut digits = String::new();
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit = match c {
+            'd' => 86_400,
+            'h' => 3_600,
+            'm' => 60,
+            's' => 1,
+            _ => {
+                return Err(format!(
+                    "`{s}`: `{c}` is not a unit (use d, h, m, s, or a bare number of minutes)"
+                ));
+            }
+        };
+        if digits.is_empty() {
+            return Err(format!("`{s}`: `{c}` has no number before it"));
+        }
+        let n: u64 = digits.parse().map_err(|_| format!("`{s}` is too large"))?;
+        total = total.and_then(|t| n.checked_mul(unit).and_then(|v| t.checked_add(v)));
+        digits.clear();
+    }
+    if !digits.is_empty() {
+        return Err(format!("`{s}`: the last number has no unit"));
+    }
+    check_limit(total, s)
+}
+
+fn check_limit(secs: Option<u64>, s: &str) -> Result<u64, String> {
+    match secs {
+        Some(0) => Err("must be longer than zero".into()),
+        Some(secs) if secs <= MAX_TIME_LIMIT_SECS => Ok(secs),
+        _ => Err(format!("`{s}` is longer than a year")),
+    }
+}
+
+/// A mount of a job's pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Volume {
+    HostPath {
+        source: String,
+        target: String,
+        read_only: bool,
+    },
+    Claim {
+        claim: String,
+        target: String,
+        read_only: bool,
+    },
+}
+
+/// `/src:/dst[:ro]` (hostPath) or `pvc:claim:/dst[:ro]`.
+pub fn parse_volume(input: &str) -> Result<Volume, String> {
+    let parts: Vec<&str> = input.split(':').collect();
+    let (read_only, parts) = match parts.split_last() {
+        Some((&"ro", rest)) => (true, rest),
+        Some((&"rw", rest)) => (false, rest),
+        _ => (false, parts.as_slice()),
+    };
+    let absolute = |p: &str, what: &str| {
+        if p.starts_with('/') {
+            Ok(p.to_owned())
+        } else {
+            Err(format!("`{input}`: the {what} must be an absolute path"))
+        }
+    };
+    match parts {
+        ["pvc", claim, target] => {
+            if claim.is_empty() {
+                return Err(format!("`{input}`: the claim name is empty"));
+            }
+            Ok(Volume::Claim {
+                claim: (*claim).to_owned(),
+                target: absolute(target, "mount path")?,
+                read_only,
+            })
+        }
+        [source, target] => Ok(Volume::HostPath {
+            source: absolute(source, "host path")?,
+            target: absolute(target, "mount path")?,
+            read_only,
+        }),
+        _ => Err(format!(
+            "`{input}` is not /host/path:/mount/path[:ro] or pvc:claim:/mount/path[:ro]"
+        )),
+    }
+}
+
+/// `secret/key` to (secret, key).
+pub fn parse_secret_ref(input: &str) -> Result<(String, String), String> {
+    match input.split_once('/') {
+        Some((secret, key)) if !secret.is_empty() && !key.is_empty() && !key.contains('/') => {
+            Ok((secret.to_owned(), key.to_owned()))
+        }
+        _ => Err(format!("`{input}` is not secret-name/key")),
+    }
+}
+
+/// The uid a JobSpec comment carries, if it carries one.
+pub fn uid_in_comment(comment: &str) -> Option<&str> {
+    comment
+        .split([' ', ',', ';'])
+        .find_map(|word| word.strip_prefix(UID_TAG))
+        .filter(|uid| !uid.is_empty())
+}
+
+/// The fields of a SpurJobSpec that a JobSpec carries back (for the round-trip tests and
+/// for reading a job adopted from the controller).
+pub fn spec_fields_from(job: &pb::JobSpec) -> SpurJobSpec {
+    let gpus = job.gpus_per_node.as_ref().map(|g| super::crd::GpuSpec {
+        count: g.count,
+        gpu_type: (!g.gpu_type.is_empty()).then(|| g.gpu_type.clone()),
+    });
+    let opt = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+    SpurJobSpec {
+        name: opt(&job.name),
+        image: job.container_image.clone(),
+        args: job.argv.clone(),
+        env: job.environment.clone(),
+        gpus,
+        num_nodes: job.num_nodes,
+        tasks_per_node: job.tasks_per_node,
+        cpus_per_task: job.cpus_per_task,
+        partition: opt(&job.partition),
+        account: opt(&job.account),
+        volumes: job.container_mounts.clone(),
+        host_network: job.host_network,
+        privileged: job.privileged,
+        host_ipc: job.host_ipc,
+        shm_size: opt(&job.shm_size),
+        extra_resources: job.extra_resources.clone(),
+        array_spec: opt(&job.array_spec),
+        dependencies: job.dependency.clone(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::jobs::crd::GpuSpec;
+
+    fn job(spec: SpurJobSpec) -> SpurJob {
+        let mut job = SpurJob::new("train", spec);
+        job.metadata.namespace = Some("ml".into());
+        job
+    }
+
+    #[test]
+    fn time_limits_as_people_write_them() {
+        for (input, secs) in [
+            ("4h", 14_400),
+            ("1h30m", 5_400),
+            ("2d", 172_800),
+            ("90", 5_400),
+            ("45s", 45),
+            ("1d12h", 129_600),
+        ] {
+            assert_eq!(parse_time_limit(input), Ok(secs), "{input}");
+        }
+        for bad in [
+            "",
+            "0",
+            "0h",
+            "4x",
+            "h",
+            "1h30",
+            "400d",
+            "99999999999999999999",
+            "1.5h",
+        ] {
+            assert!(parse_time_limit(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn volumes_and_secrets() {
+        assert_eq!(
+            parse_volume("/data:/data:ro"),
+            Ok(Volume::HostPath {
+                source: "/data".into(),
+                target: "/data".into(),
+                read_only: true
+            })
+        );
+        assert_eq!(
+            parse_volume("pvc:ckpt:/ckpt"),
+            Ok(Volume::Claim {
+                claim: "ckpt".into(),
+                target: "/ckpt".into(),
+                read_only: false
+            })
+        );
+        for bad in ["data:/data", "/a", "pvc::/x", "nfs:srv:/x:ro:y", "/a:b"] {
+            assert!(parse_volume(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_secret_ref("hf/token"),
+            Ok(("hf".into(), "token".into()))
+        );
+        assert!(parse_secret_ref("hf").is_err() && parse_secret_ref("a/b/c").is_err());
+    }
+
+    #[test]
+    fn the_uid_tag_is_found_in_the_comment() {
+        assert_eq!(uid_in_comment("spurjob-uid=abc-1"), Some("abc-1"));
+        assert_eq!(uid_in_comment("user note; spurjob-uid=x"), Some("x"));
+        assert_eq!(uid_in_comment("spurjob-uid="), None);
+        assert_eq!(uid_in_comment(""), None);
+    }
+
+    #[test]
+    fn a_full_spec_converts() {
+        let spec = SpurJobSpec {
+            image: "rocm/pytorch".into(),
+            command: vec!["torchrun".into()],
+            args: vec!["train.py".into()],
+            gpus: Some(GpuSpec {
+                count: 8,
+                gpu_type: Some("mi300x".into()),
+            }),
+            num_nodes: 2,
+            tasks_per_node: 8,
+            cpus_per_task: 4,
+            memory_per_node: Some("512Gi".into()),
+            time_limit: Some("1h30m".into()),
+            ..Default::default()
+        };
+        let js = job_spec(&job(spec), "uid-1").unwrap();
+        assert_eq!(js.name, "train");
+        assert_eq!(js.argv, ["torchrun", "train.py"]);
+        assert_eq!((js.num_nodes, js.num_tasks, js.tasks_per_node), (2, 16, 8));
+        assert_eq!(js.memory_per_node_mb, 524_288);
+        assert_eq!(js.gres, ["gpu:mi300x:8"]);
+        assert_eq!(js.time_limit.unwrap().seconds, 5_400);
+        assert_eq!(js.comment, "spurjob-uid=uid-1");
+        let any = SpurJobSpec {
+            image: "x".into(),
+            gpus: Some(GpuSpec {
+                count: 2,
+                gpu_type: None,
+            }),
+            num_nodes: 1,
+            tasks_per_node: 1,
+            cpus_per_task: 1,
+            ..Default::default()
+        };
+        assert_eq!(job_spec(&job(any), "u").unwrap().gres, ["gpu:any:2"]);
+    }
+
+    fn label() -> impl Strategy<Value = String> {
+        "[a-z][a-z0-9-]{0,11}"
+    }
+
+    prop_compose! {
+        fn valid_spec()(
+            image in "[a-z]{1,8}(/[a-z]{1,8})?(:[a-z0-9.]{1,6})?",
+            args in prop::collection::vec("[ -~]{0,12}", 0..4),
+            env in prop::collection::btree_map("[A-Z_]{1,8}", "[ -~]{0,12}", 0..4),
+            gpus in prop::option::of((1u32..=8, prop::option::of(label()))),
+            num_nodes in 1u32..=64,
+            tasks_per_node in 1u32..=16,
+            cpus_per_task in 1u32..=32,
+            memory_gi in prop::option::of(1u64..=2048),
+            hours in prop::option::of(1u64..=240),
+            partition in prop::option::of(label()),
+            account in prop::option::of(label()),
+            volumes in prop::collection::vec(
+                prop_oneof![
+                    ("/[a-z]{1,8}", "/[a-z]{1,8}", any::<bool>())
+                        .prop_map(|(s, d, ro)| if ro { format!("{s}:{d}:ro") } else { format!("{s}:{d}") }),
+                    (label(), "/[a-z]{1,8}").prop_map(|(c, d)| format!("pvc:{c}:{d}")),
+                ],
+                0..3,
+            ),
+            flags in (any::<bool>(), any::<bool>(), any::<bool>()),
+            shm_gi in prop::option::of(1u64..=64),
+            extra in prop::collection::btree_map(label(), "[0-9]{1,3}", 0..3),
+            array_spec in prop::option::of("[0-9]{1,2}-[0-9]{2,3}"),
+            dependencies in prop::collection::vec("afterok:[0-9]{1,5}", 0..3),
+        ) -> SpurJobSpec {
+            SpurJobSpec {
+                name: None,
+                image,
+                command: Vec::new(),
+                args,
+                env,
+                secret_env: BTreeMap::new(),
+                gpus: gpus.map(|(count, gpu_type)| GpuSpec { count, gpu_type }),
+                num_nodes,
+                tasks_per_node,
+                cpus_per_task,
+                memory_per_node: memory_gi.map(|g| format!("{g}Gi")),
+                time_limit: hours.map(|h| format!("{h}h")),
+                partition,
+                account,
+                volumes,
+                host_network: flags.0,
+                privileged: flags.1,
+                host_ipc: flags.2,
+                shm_size: shm_gi.map(|g| format!("{g}Gi")),
+                extra_resources: extra,
+                tolerations: Vec::new(),
+                node_selector: BTreeMap::new(),
+                priority_class: None,
+                service_account: None,
+                array_spec,
+                dependencies,
+            }
+        }
+    }
+
+    /// One way to break a valid spec, and the field the error must name.
+    #[derive(Clone, Debug)]
+    enum Breakage {
+        BadQuantity(String),
+        ZeroNodes,
+        ZeroTasks,
+        ZeroCpus,
+        BadVolume(String),
+        TimeLimitOverflow(String),
+        EmptyImage,
+        BadSecretRef(String),
+        BadShm(String),
+    }
+
+    fn breakage() -> impl Strategy<Value = Breakage> {
+        prop_oneof![
+            "[0-9]{0,3}(x|Gb|GiB|\\.\\.)".prop_map(Breakage::BadQuantity),
+            Just(Breakage::ZeroNodes),
+            Just(Breakage::ZeroTasks),
+            Just(Breakage::ZeroCpus),
+            prop_oneof![
+                Just("relative:/x".to_owned()),
+                Just("nfs:server:/x:ro:extra".to_owned()),
+                "[a-z]{1,5}".prop_map(|s| s)
+            ]
+            .prop_map(Breakage::BadVolume),
+            prop_oneof![
+                (367u64..100_000).prop_map(|d| format!("{d}d")),
+                Just("99999999999999999999999h".to_owned()),
+                (530_000u64..10_000_000).prop_map(|m| m.to_string()),
+            ]
+            .prop_map(Breakage::TimeLimitOverflow),
+            Just(Breakage::EmptyImage),
+            "[a-z]{1,6}".prop_map(Breakage::BadSecretRef),
+            "-[1-9]Gi|[a-z]{2}".prop_map(Breakage::BadShm),
+        ]
+    }
+
+    fn apply(spec: &mut SpurJobSpec, breakage: &Breakage) -> String {
+        match breakage {
+            Breakage::BadQuantity(q) => {
+                spec.memory_per_node = Some(q.clone());
+                "memoryPerNode".into()
+            }
+            Breakage::ZeroNodes => {
+                spec.num_nodes = 0;
+                "numNodes".into()
+            }
+            Breakage::ZeroTasks => {
+                spec.tasks_per_node = 0;
+                "tasksPerNode".into()
+            }
+            Breakage::ZeroCpus => {
+                spec.cpus_per_task = 0;
+                "cpusPerTask".into()
+            }
+            Breakage::BadVolume(v) => {
+                spec.volumes.push(v.clone());
+                format!("volumes[{}]", spec.volumes.len() - 1)
+            }
+            Breakage::TimeLimitOverflow(t) => {
+                spec.time_limit = Some(t.clone());
+                "timeLimit".into()
+            }
+            Breakage::EmptyImage => {
+                spec.image = " ".into();
+                "image".into()
+            }
+            Breakage::BadSecretRef(r) => {
+                spec.secret_env.insert("TOKEN".into(), r.clone());
+                "secretEnv.TOKEN".into()
+            }
+            Breakage::BadShm(s) => {
+                spec.shm_size = Some(s.clone());
+                "shmSize".into()
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn every_valid_spec_converts_and_keeps_its_values(spec in valid_spec(), uid in "[a-f0-9-]{8,36}") {
+            let js = job_spec(&job(spec.clone()), &uid).unwrap();
+            let back = spec_fields_from(&js);
+            prop_assert_eq!(back.name.as_deref(), Some("train"));
+            prop_assert_eq!(&back.image, &spec.image);
+            prop_assert_eq!(&back.args, &spec.args);
+            prop_assert_eq!(&back.env, &spec.env);
+            prop_assert_eq!(back.num_nodes, spec.num_nodes);
+            prop_assert_eq!(back.tasks_per_node, spec.tasks_per_node);
+            prop_assert_eq!(back.cpus_per_task, spec.cpus_per_task);
+            prop_assert_eq!(&back.gpus, &spec.gpus);
+            prop_assert_eq!(&back.partition, &spec.partition);
+            prop_assert_eq!(&back.account, &spec.account);
+            prop_assert_eq!(&back.volumes, &spec.volumes);
+            prop_assert_eq!((back.host_network, back.privileged, back.host_ipc),
+                            (spec.host_network, spec.privileged, spec.host_ipc));
+            prop_assert_eq!(&back.shm_size, &spec.shm_size);
+            prop_assert_eq!(&back.extra_resources, &spec.extra_resources);
+            prop_assert_eq!(&back.array_spec, &spec.array_spec);
+            prop_assert_eq!(&back.dependencies, &spec.dependencies);
+            prop_assert_eq!(js.num_tasks, spec.num_nodes * spec.tasks_per_node);
+            let gi: u64 = spec.memory_per_node.as_deref()
+                .map_or(0, |m| m.trim_end_matches("Gi").parse().unwrap());
+            prop_assert_eq!(js.memory_per_node_mb, gi * 1024);
+            if let Some(t) = &spec.time_limit {
+                let h: i64 = t.trim_end_matches('h').parse().unwrap();
+                prop_assert_eq!(js.time_limit.unwrap().seconds, h * 3600);
+            }
+            prop_assert_eq!(uid_in_comment(&js.comment), Some(uid.as_str()));
+        }
+
+        #[test]
+        fn every_invalid_spec_names_its_field(spec in valid_spec(), breakage in breakage()) {
+            let mut spec = spec;
+            let field = apply(&mut spec, &breakage);
+            let err = job_spec(&job(spec), "uid").unwrap_err();
+            prop_assert_eq!(&err.field, &field, "{:?}: {}", breakage, err);
+            let prefix = format!("spec.{}: ", field);
+            prop_assert!(err.to_string().starts_with(&prefix), "{}", err);
+        }
+    }
+}

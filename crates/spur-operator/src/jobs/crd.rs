@@ -1,0 +1,219 @@
+//! The SpurJob custom resource: `spur.amd.com/v1alpha1`, kind `SpurJob`.
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use kube::CustomResourceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A batch job for the Spur workload manager, run as pods on the nodes spurctld allocates.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "spur.amd.com",
+    version = "v1alpha1",
+    kind = "SpurJob",
+    namespaced,
+    status = "SpurJobStatus",
+    shortname = "sj",
+    printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state"}"#,
+    printcolumn = r#"{"name":"Job ID","type":"integer","jsonPath":".status.spurJobId"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SpurJobSpec {
+    /// Job name in spurctld; the object's name when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Container image every task runs.
+    pub image: String,
+    /// Entrypoint; the image's when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Environment from Secrets: `NAME: secret/key`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secret_env: BTreeMap<String, String>,
+    /// GPUs per node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<GpuSpec>,
+    /// Nodes to allocate [1].
+    #[serde(default = "one")]
+    pub num_nodes: u32,
+    /// Tasks on each node [1].
+    #[serde(default = "one")]
+    pub tasks_per_node: u32,
+    /// CPUs per task [1].
+    #[serde(default = "one")]
+    pub cpus_per_task: u32,
+    /// Memory per node, as a quantity (`64Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_per_node: Option<String>,
+    /// Wall-time limit: `4h`, `1h30m`, `2d`, or a bare number of minutes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// `/host/path:/container/path[:ro]` or `pvc:claim:/container/path[:ro]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub host_network: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub privileged: bool,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub host_ipc: bool,
+    /// Size of the `/dev/shm` memory volume, as a quantity (`16Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_size: Option<String>,
+    /// Further resources per node, passed to spurctld as they are.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra_resources: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Extra node labels the pods require, on top of the node spurctld chose.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<String>,
+    /// Job array, as spurctld reads it (`0-15%4`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array_spec: Option<String>,
+    /// Dependencies, as spurctld reads them (`afterok:123`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuSpec {
+    pub count: u32,
+    /// GPU model (`mi300x`); any when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_type: Option<String>,
+}
+
+/// A pod toleration, as in a Pod spec.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Toleration {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// `Exists` or `Equal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toleration_seconds: Option<i64>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SpurJobStatus {
+    /// The controller's job state (`PENDING`, `RUNNING`, `COMPLETED`, …), or `Invalid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// The controller's job id; once set, it never changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spur_job_id: Option<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub assigned_nodes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<String>,
+    /// Why the job is where it is: the controller's reason, or what is wrong with the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// `Submitted`, `Running`, `Finished`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
+
+/// The CRD as YAML, as `spur-operator crd` prints it and `deploy/crd.yaml` holds it.
+pub fn crd_yaml() -> String {
+    let crd = SpurJob::crd();
+    serde_yaml_ng::to_string(&crd).expect("the CRD serialises")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_apply_to_a_minimal_object() {
+        let job: SpurJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "spur.amd.com/v1alpha1",
+            "kind": "SpurJob",
+            "metadata": {"name": "hello", "namespace": "ml"},
+            "spec": {"image": "busybox"}
+        }))
+        .unwrap();
+        assert_eq!(job.spec.num_nodes, 1);
+        assert_eq!(job.spec.tasks_per_node, 1);
+        assert_eq!(job.spec.cpus_per_task, 1);
+        assert!(job.status.is_none());
+    }
+
+    #[test]
+    fn crd_has_status_subresource_and_columns() {
+        let yaml = crd_yaml();
+        for needle in [
+            "name: spurjobs.spur.amd.com",
+            "kind: SpurJob",
+            "scope: Namespaced",
+            "status: {}",
+            "jsonPath: .status.state",
+            "jsonPath: .status.spurJobId",
+            "name: Job ID",
+            "jsonPath: .metadata.creationTimestamp",
+            "secretEnv:",
+        ] {
+            assert!(yaml.contains(needle), "missing {needle} in\n{yaml}");
+        }
+    }
+
+    #[test]
+    fn deploy_crd_yaml_is_current() {
+        // CI's drift check: regenerate with `spur-operator crd > deploy/crd.yaml`.
+        let committed = include_str!("../../../../deploy/crd.yaml");
+        assert!(
+            committed == crd_yaml(),
+            "deploy/crd.yaml is stale: run `cargo run -p spur-operator -- crd > deploy/crd.yaml`"
+        );
+    }
+}
