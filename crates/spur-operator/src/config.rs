@@ -485,6 +485,12 @@ pub struct RunArgs {
     #[arg(long, env = "SPUR_OPERATOR_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
+    /// How often the state of every active job is read (one GetJobs for all of them) and
+    /// mirrored into SpurJob status. 2 s keeps status within seconds of the controller at
+    /// one call per interval whatever the number of jobs.
+    #[arg(long, env = "SPUR_OPERATOR_STATUS_POLL_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    pub status_poll_interval: Duration,
+
     /// At most one summary line of node sync failures per this interval.
     #[arg(long, env = "SPUR_OPERATOR_FAILURE_LOG_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub failure_log_interval: Duration,
@@ -503,6 +509,7 @@ pub struct OperatorConfig {
     pub heartbeat: HeartbeatConfig,
     pub lease: LeaseConfig,
     pub shutdown_grace: Duration,
+    pub status_poll_interval: Duration,
 }
 
 impl RunArgs {
@@ -533,6 +540,12 @@ impl RunArgs {
             return Err(ConfigError::Invalid {
                 flag: "--retry-initial",
                 reason: "must be above zero and at most --retry-max".into(),
+            });
+        }
+        if self.status_poll_interval.is_zero() {
+            return Err(ConfigError::Invalid {
+                flag: "--status-poll-interval",
+                reason: "must be above zero".into(),
             });
         }
         if self.heartbeat_interval.is_zero() {
@@ -590,6 +603,7 @@ impl RunArgs {
             },
             lease,
             shutdown_grace: self.shutdown_grace,
+            status_poll_interval: self.status_poll_interval,
         })
     }
 }

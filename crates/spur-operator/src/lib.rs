@@ -3,10 +3,12 @@
 //! All logic lives in this library; the `spur-operator` binary only wires it to the real
 //! world (see `../shared/DESIGN.md`, "The seams").
 
+pub mod agent;
 pub mod check;
 pub mod clock;
 pub mod config;
 pub mod controller;
+pub mod events;
 pub mod health;
 pub mod jobs;
 pub mod lease;

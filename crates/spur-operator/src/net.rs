@@ -51,7 +51,7 @@ pub trait Binder: Clone + Send + Sync + 'static {
 
 /// A bound listener.
 pub trait Listener: Send + 'static {
-    type Conn: AsyncRead + AsyncWrite + Send + Unpin + 'static;
+    type Conn: AsyncRead + AsyncWrite + Send + Sync + Unpin + 'static;
 
     /// The next connection and the peer's address.
     fn accept(&mut self) -> BoxFuture<'_, io::Result<(Self::Conn, SocketAddr)>>;

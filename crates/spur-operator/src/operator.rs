@@ -6,17 +6,26 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use futures::StreamExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::Node;
-use kube::Api;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, ListParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use crate::agent::Agent;
 use crate::clock::WallClock;
 use crate::config::OperatorConfig;
 use crate::controller::{ControllerClient, ControllerError};
+use crate::events::EventPublisher;
 use crate::health::{Health, Probe, serve_http};
+use crate::jobs::reconcile::{JobsContext, error_policy, reconcile};
+use crate::jobs::reports::{ReportContext, reconcile_pod};
+use crate::jobs::{LABEL_MANAGED_BY, LABEL_SPURJOB_UID, MANAGED_BY, SpurJob};
 use crate::lease::Elector;
 use crate::metrics::Metrics;
 use crate::net::Network;
@@ -106,6 +115,24 @@ pub async fn run_with_handles<N: Network>(
         wait_for(stopping.clone()),
     ));
 
+    let (jobs_tx, jobs_rx) = watch::channel::<Option<Store<SpurJob>>>(None);
+    let registered = Registered::default();
+    let agent_listener = world
+        .network
+        .bind(config.agent_listen)
+        .await
+        .map_err(|source| RunError::Listen {
+            what: "the agent",
+            addr: config.agent_listen,
+            source,
+        })?;
+    let agent = Agent::new(world.kube.clone(), jobs_rx, registered.clone());
+    let agent_task = tokio::spawn(crate::agent::serve(
+        agent,
+        agent_listener,
+        wait_for(stopping.clone()),
+    ));
+
     let (elector, mut leading) = Elector::new(
         world.kube.clone(),
         config.lease.clone(),
@@ -114,7 +141,11 @@ pub async fn run_with_handles<N: Network>(
     );
     let (release_tx, release) = watch::channel(false);
     let elector_task = tokio::spawn(elector.run(wait_for(release)));
-    let registered = Registered::default();
+    let events = EventPublisher::new(
+        world.kube.clone(),
+        world.clock.clone(),
+        config.lease.identity.clone(),
+    );
     let _ = started.send(Handles {
         metrics: metrics.clone(),
         controller: controller.clone(),
@@ -129,15 +160,15 @@ pub async fn run_with_handles<N: Network>(
             result = leading.wait_for(|l| *l) => if result.is_err() { break },
         }
         let (drain_tx, drain) = watch::channel(false);
-        let mut tasks = start_leader_tasks(
-            &world,
-            &config,
-            &controller,
-            &metrics,
-            &entropy,
-            &registered,
-            drain,
-        );
+        let parts = Parts {
+            controller: &controller,
+            metrics: &metrics,
+            entropy: &entropy,
+            registered: &registered,
+            events: &events,
+            jobs_tx: &jobs_tx,
+        };
+        let mut tasks = start_leader_tasks(&world, &config, &parts, drain);
         let shutting_down = tokio::select! {
             () = &mut shutdown => true,
             _ = leading.wait_for(|l| !*l) => false,
@@ -157,27 +188,120 @@ pub async fn run_with_handles<N: Network>(
             break;
         }
         // Lost the lease: stop at once, before another replica may start.
+        let _ = jobs_tx.send(None);
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
         tracing::info!("stopped acting: no longer the leader");
     }
     let _ = release_tx.send(true);
     let _ = elector_task.await;
+    let _ = jobs_tx.send(None);
     let _ = stopping_tx.send(true);
     let _ = health_task.await;
+    if let Ok(Err(e)) = agent_task.await {
+        tracing::warn!(error = %e, "the agent server ended with an error");
+    }
     Ok(())
+}
+
+/// What the leader's tasks share with the rest of the operator.
+struct Parts<'a> {
+    controller: &'a ControllerClient,
+    metrics: &'a Metrics,
+    entropy: &'a Entropy,
+    registered: &'a Registered,
+    events: &'a EventPublisher,
+    jobs_tx: &'a watch::Sender<Option<Store<SpurJob>>>,
 }
 
 fn start_leader_tasks<N: Network>(
     world: &World<N>,
     config: &OperatorConfig,
-    controller: &ControllerClient,
-    metrics: &Metrics,
-    entropy: &Entropy,
-    registered: &Registered,
+    parts: &Parts<'_>,
     drain: watch::Receiver<bool>,
 ) -> JoinSet<()> {
+    let Parts {
+        controller,
+        metrics,
+        entropy,
+        registered,
+        events,
+        jobs_tx,
+    } = *parts;
     let mut tasks = JoinSet::new();
+    let kube = &world.kube;
+
+    // SpurJobs: submit, record, cancel on deletion; then mirror state by polling.
+    let jobs = Controller::new(
+        Api::<SpurJob>::all(kube.clone()),
+        watcher::Config::default(),
+    )
+    .trigger_backoff(config.node_sync.retry.start(entropy.clone()));
+    let store = jobs.store();
+    let _ = jobs_tx.send(Some(store.clone()));
+    let jobs_ctx = Arc::new(JobsContext::new(
+        kube.clone(),
+        controller.clone(),
+        metrics.clone(),
+        events.clone(),
+        world.clock.clone(),
+        config.node_sync.retry,
+        entropy.clone(),
+    ));
+    let mut drain_jobs = drain.clone();
+    let jobs_run = jobs
+        .run(reconcile, error_policy, jobs_ctx)
+        .for_each(|_| async {});
+    tasks.spawn(async move {
+        tokio::select! {
+            () = jobs_run => {}
+            _ = drain_jobs.wait_for(|d| *d) => {}
+        }
+    });
+    tasks.spawn(crate::jobs::status::run_poller(
+        store.clone(),
+        kube.clone(),
+        controller.clone(),
+        config.status_poll_interval,
+        world.clock.clone(),
+        metrics.clone(),
+    ));
+    tasks.spawn(delete_orphans(kube.clone(), store));
+
+    // Pods: report each one's end.
+    let managed = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");
+    let report_ctx = Arc::new(ReportContext {
+        kube: kube.clone(),
+        controller: controller.clone(),
+        metrics: metrics.clone(),
+    });
+    let report_retry = config.node_sync.retry;
+    let report_entropy = entropy.clone();
+    let report_backoffs = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
+        String,
+        crate::retry::Backoff,
+    >::new()));
+    let pods = Controller::new(
+        Api::<Pod>::all(kube.clone()),
+        watcher::Config::default().labels(&managed),
+    )
+    .trigger_backoff(config.node_sync.retry.start(entropy.clone()))
+    .run(
+        reconcile_pod,
+        move |pod: Arc<Pod>, error, _ctx| {
+            let mut backoffs = report_backoffs.lock().expect("backoffs lock");
+            let delay = backoffs
+                .entry(pod.name_any())
+                .or_insert_with(|| report_retry.start(report_entropy.clone()))
+                .next_delay();
+            tracing::warn!(pod = %pod.name_any(), %error, ?delay, "could not report the pod's end; retrying");
+            Action::requeue(delay)
+        },
+        report_ctx,
+    )
+    .for_each(|_| async {});
+    tasks.spawn(pods);
+
     let (forgotten_tx, forgotten_rx) = mpsc::unbounded_channel();
     let nodes = Api::<Node>::all(world.kube.clone());
     let watch_backoff = config.node_sync.retry.start(entropy.clone());
@@ -239,6 +363,46 @@ fn readiness_probes(
         ("kube-apiserver", Box::new(api_server)),
         ("spurctld", Box::new(spurctld)),
     ]
+}
+
+/// Deletes the pods the operator made for SpurJobs that no longer exist (deleted while no
+/// replica was acting, so no finalizer ran). Runs once the SpurJob store is complete.
+async fn delete_orphans(kube: kube::Client, store: Store<SpurJob>) {
+    if store.wait_until_ready().await.is_err() {
+        return;
+    }
+    let live: std::collections::BTreeSet<String> =
+        store.state().iter().filter_map(|job| job.uid()).collect();
+    let pods: Api<Pod> = Api::all(kube.clone());
+    let selector = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");
+    let listed = match pods.list(&ListParams::default().labels(&selector)).await {
+        Ok(listed) => listed,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list pods to find orphans");
+            return;
+        }
+    };
+    for pod in listed {
+        let owner = pod
+            .labels()
+            .get(LABEL_SPURJOB_UID)
+            .cloned()
+            .unwrap_or_default();
+        if live.contains(&owner) {
+            continue;
+        }
+        let namespaced: Api<Pod> =
+            Api::namespaced(kube.clone(), &pod.namespace().unwrap_or_default());
+        match namespaced
+            .delete(&pod.name_any(), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => tracing::info!(pod = %pod.name_any(), "deleted an orphaned job pod"),
+            Err(e) => {
+                tracing::warn!(pod = %pod.name_any(), error = %e, "could not delete an orphaned pod")
+            }
+        }
+    }
 }
 
 /// Completes once the flag turns true (or its sender is gone).

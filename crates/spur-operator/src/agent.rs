@@ -1,0 +1,193 @@
+//! The virtual agent: serves `slurm.SlurmAgent` so spurctld can launch jobs on the nodes
+//! the operator registered, as it would on a node running spurd. A launch becomes a pod
+//! pinned to the target node.
+
+use std::future::Future;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use kube::api::PostParams;
+use kube::runtime::reflector::Store;
+use kube::{Api, ResourceExt};
+use spur_proto as pb;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use crate::jobs::convert::uid_in_comment;
+use crate::jobs::pods::{build_pod, build_service, rank};
+use crate::jobs::reconcile::delete_job_objects;
+use crate::jobs::{LABEL_JOB_ID, SpurJob};
+use crate::net::{Listener, incoming};
+use crate::nodes::Registered;
+
+/// GPU resource names, in the order they are looked for on a node.
+const GPU_RESOURCES: [&str; 2] = ["amd.com/gpu", "nvidia.com/gpu"];
+
+#[derive(Clone)]
+pub struct Agent {
+    kube: kube::Client,
+    /// The SpurJobs, while this replica leads; `None` on a standby.
+    jobs: watch::Receiver<Option<Store<SpurJob>>>,
+    registered: Registered,
+}
+
+impl Agent {
+    pub fn new(
+        kube: kube::Client,
+        jobs: watch::Receiver<Option<Store<SpurJob>>>,
+        registered: Registered,
+    ) -> Agent {
+        Agent {
+            kube,
+            jobs,
+            registered,
+        }
+    }
+
+    fn store(&self) -> Result<Store<SpurJob>, Status> {
+        self.jobs
+            .borrow()
+            .clone()
+            .ok_or_else(|| Status::unavailable("this operator replica is not the acting one"))
+    }
+
+    /// The SpurJob a launch belongs to: by the UID its comment carries, else by the id
+    /// its status records.
+    fn find_job(
+        &self,
+        store: &Store<SpurJob>,
+        launch: &pb::LaunchJobRequest,
+    ) -> Option<std::sync::Arc<SpurJob>> {
+        let uid = launch
+            .spec
+            .as_ref()
+            .and_then(|s| uid_in_comment(&s.comment))
+            .map(str::to_owned);
+        let mut matches: Vec<_> = store
+            .state()
+            .into_iter()
+            .filter(|job| match &uid {
+                Some(uid) => job.uid().as_deref() == Some(uid.as_str()),
+                None => job.status.as_ref().and_then(|s| s.spur_job_id) == Some(launch.job_id),
+            })
+            .collect();
+        matches.sort_by_key(|job| job.name_any());
+        matches.into_iter().next()
+    }
+
+    async fn gpu_resource(&self, node: &str) -> &'static str {
+        let nodes: Api<Node> = Api::all(self.kube.clone());
+        let allocatable = nodes
+            .get_opt(node)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|n| n.status)
+            .and_then(|s| s.allocatable)
+            .unwrap_or_default();
+        GPU_RESOURCES
+            .into_iter()
+            .find(|r| allocatable.contains_key(*r))
+            .unwrap_or(GPU_RESOURCES[0])
+    }
+}
+
+fn kube_status(what: &str, e: kube::Error) -> Status {
+    Status::unavailable(format!("{what}: Kubernetes API: {e}"))
+}
+
+#[tonic::async_trait]
+impl pb::SlurmAgent for Agent {
+    async fn launch_job(
+        &self,
+        request: Request<pb::LaunchJobRequest>,
+    ) -> Result<Response<pb::LaunchJobResponse>, Status> {
+        let launch = request.into_inner();
+        let store = self.store()?;
+        if !self.registered.contains(&launch.target_node) {
+            return Err(Status::permission_denied(format!(
+                "node {} is not one this operator registered",
+                launch.target_node
+            )));
+        }
+        let Some(job) = self.find_job(&store, &launch) else {
+            return Err(Status::not_found(format!(
+                "no SpurJob for job {}",
+                launch.job_id
+            )));
+        };
+        if rank(&launch).is_none() {
+            return Err(Status::permission_denied(format!(
+                "node {} is outside job {}'s allocation ({})",
+                launch.target_node,
+                launch.job_id,
+                launch.peer_nodes.join(",")
+            )));
+        }
+        let gpu_resource = self.gpu_resource(&launch.target_node).await;
+        let pod = build_pod(&job, &launch, gpu_resource).map_err(Status::invalid_argument)?;
+        let namespace = job.namespace().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(self.kube.clone(), &namespace);
+        let pod_name = pod.name_any();
+        match pods.create(&PostParams::default(), &pod).await {
+            Ok(_) => {
+                tracing::info!(job_id = launch.job_id, node = %launch.target_node, pod = %pod_name, "launched");
+            }
+            // A repeated LaunchJob: the pod is already there.
+            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+            Err(e) => return Err(kube_status("creating the pod", e)),
+        }
+        if launch.peer_nodes.len() > 1 {
+            let services: Api<Service> = Api::namespaced(self.kube.clone(), &namespace);
+            match services
+                .create(&PostParams::default(), &build_service(&job, launch.job_id))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+                Err(e) => return Err(kube_status("creating the job's Service", e)),
+            }
+        }
+        Ok(Response::new(pb::LaunchJobResponse {
+            success: true,
+            error: String::new(),
+            stdout_path: format!("pod/{namespace}/{pod_name}"),
+            stderr_path: format!("pod/{namespace}/{pod_name}"),
+        }))
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<pb::AgentCancelJobRequest>,
+    ) -> Result<Response<()>, Status> {
+        let job_id = request.into_inner().job_id;
+        self.store()?;
+        // The pods may be in any namespace: find them by label.
+        let pods: Api<Pod> = Api::all(self.kube.clone());
+        let listed = pods
+            .list(&kube::api::ListParams::default().labels(&format!("{LABEL_JOB_ID}={job_id}")))
+            .await
+            .map_err(|e| kube_status("listing the job's pods", e))?;
+        let mut namespaces: Vec<String> = listed.iter().filter_map(|p| p.namespace()).collect();
+        namespaces.sort();
+        namespaces.dedup();
+        for namespace in namespaces {
+            delete_job_objects(&self.kube, &namespace, job_id)
+                .await
+                .map_err(|e| kube_status("deleting the job's pods", e))?;
+        }
+        tracing::info!(job_id, "cancelled at the controller's request");
+        Ok(Response::new(()))
+    }
+}
+
+/// Serves the agent on `listener` until `shutdown` completes.
+pub async fn serve<L: Listener>(
+    agent: Agent,
+    listener: L,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_service(pb::SlurmAgentServer::new(agent))
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
+        .await
+}

@@ -1,0 +1,260 @@
+//! Reporting each job pod's end to spurctld with ReportJobStatus.
+//!
+//! A report is marked on the pod (annotation `spur.amd.com/reported`) only after the
+//! controller accepted it, so a restart or a leader change re-sends an unmarked report
+//! and never loses one. The window between acceptance and the mark can repeat a report;
+//! spurctld must (and the simulated one does) take a repeat for the same node and
+//! run attempt as a no-op.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use spur_proto as pb;
+use tonic::Code;
+
+use super::LABEL_JOB_ID;
+use super::pods::{ANNOTATION_REPORTED, ANNOTATION_RUN_ATTEMPT, CONTAINER};
+use crate::controller::ControllerClient;
+use crate::metrics::{Metrics, ReconcileLabels};
+
+/// How a pod ended, as the controller is told.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodEnd {
+    pub exit_code: i32,
+    pub message: String,
+}
+
+/// Container waiting reasons that mean the pod will never start.
+const NEVER_STARTS: [&str; 5] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+];
+
+/// The pod's end, or `None` while it may still run.
+pub fn pod_end(pod: &Pod) -> Option<PodEnd> {
+    let status = pod.status.as_ref()?;
+    let job_container = status
+        .container_statuses
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|c| c.name == CONTAINER);
+    match status.phase.as_deref() {
+        Some("Succeeded") => Some(PodEnd {
+            exit_code: 0,
+            message: String::new(),
+        }),
+        Some("Failed") => {
+            let terminated = job_container
+                .and_then(|c| c.state.as_ref())
+                .and_then(|s| s.terminated.as_ref());
+            match terminated {
+                Some(t) => Some(PodEnd {
+                    exit_code: if t.exit_code == 0 { 1 } else { t.exit_code },
+                    message: match t.reason.as_deref() {
+                        Some("OOMKilled") => "OOMKilled".to_owned(),
+                        Some(reason) => format!("{reason}: {}", t.message.as_deref().unwrap_or(""))
+                            .trim_end_matches([':', ' '])
+                            .to_owned(),
+                        None => String::new(),
+                    },
+                }),
+                // Rejected by the kubelet before any container ran (admission).
+                None => Some(PodEnd {
+                    exit_code: 1,
+                    message: format!(
+                        "rejected by the node: {}: {}",
+                        status.reason.as_deref().unwrap_or("Failed"),
+                        status.message.as_deref().unwrap_or("")
+                    ),
+                }),
+            }
+        }
+        _ => {
+            let waiting = job_container
+                .and_then(|c| c.state.as_ref())
+                .and_then(|s| s.waiting.as_ref())?;
+            let reason = waiting.reason.as_deref()?;
+            NEVER_STARTS.contains(&reason).then(|| PodEnd {
+                exit_code: 1,
+                message: format!("{reason}: {}", waiting.message.as_deref().unwrap_or("")),
+            })
+        }
+    }
+}
+
+pub struct ReportContext {
+    pub kube: kube::Client,
+    pub controller: ControllerClient,
+    pub metrics: Metrics,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("spurctld: {0}")]
+    Controller(#[from] crate::controller::ControllerError),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Action, ReportError> {
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    if annotations.contains_key(ANNOTATION_REPORTED) || pod.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let Some(end) = pod_end(&pod) else {
+        return Ok(Action::await_change());
+    };
+    let Some(job_id) = pod
+        .labels()
+        .get(LABEL_JOB_ID)
+        .and_then(|v| v.parse::<u32>().ok())
+    else {
+        return Ok(Action::await_change());
+    };
+    ctx.metrics
+        .reconciles
+        .get_or_create(&ReconcileLabels { kind: "pod" })
+        .inc();
+    let run_attempt = annotations
+        .get(ANNOTATION_RUN_ATTEMPT)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    let state = if end.exit_code == 0 {
+        pb::JobState::JobCompleted
+    } else {
+        pb::JobState::JobFailed
+    };
+    let request = pb::ReportJobStatusRequest {
+        job_id,
+        state: state as i32,
+        exit_code: end.exit_code,
+        message: end.message.clone(),
+        reporting_node: node.clone(),
+        run_attempt,
+        ..Default::default()
+    };
+    match ctx.controller.report_job_status(request).await {
+        Ok(()) => {}
+        // The job is gone or already over (cancelled): nothing left to tell.
+        Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
+            tracing::info!(pod = %pod.name_any(), job_id, error = %e, "controller no longer needs this report");
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.kube.clone(), &pod.namespace().unwrap_or_default());
+    let mark = json!({ "metadata": { "annotations": { ANNOTATION_REPORTED: "true" } } });
+    pods.patch(
+        &pod.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&mark),
+    )
+    .await?;
+    tracing::info!(pod = %pod.name_any(), job_id, node = %node, exit_code = end.exit_code, message = %end.message, "reported the pod's end");
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, PodStatus,
+    };
+
+    fn pod(phase: &str, state: Option<ContainerState>) -> Pod {
+        Pod {
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                container_statuses: state.map(|s| {
+                    vec![ContainerStatus {
+                        name: CONTAINER.into(),
+                        state: Some(s),
+                        ..Default::default()
+                    }]
+                }),
+                reason: Some("OutOfgpu".into()),
+                message: Some("insufficient amd.com/gpu".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn terminated(code: i32, reason: &str) -> Option<ContainerState> {
+        Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                reason: Some(reason.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn each_way_a_pod_ends() {
+        assert_eq!(pod_end(&pod("Running", None)), None);
+        assert_eq!(
+            pod_end(&pod("Succeeded", terminated(0, "Completed"))),
+            Some(PodEnd {
+                exit_code: 0,
+                message: String::new()
+            })
+        );
+        assert_eq!(
+            pod_end(&pod("Failed", terminated(137, "OOMKilled"))),
+            Some(PodEnd {
+                exit_code: 137,
+                message: "OOMKilled".into()
+            })
+        );
+        assert_eq!(
+            pod_end(&pod("Failed", terminated(3, "Error")))
+                .unwrap()
+                .exit_code,
+            3
+        );
+        let rejected = pod_end(&pod("Failed", None)).unwrap();
+        assert_eq!(rejected.exit_code, 1);
+        assert!(
+            rejected.message.contains("OutOfgpu"),
+            "{}",
+            rejected.message
+        );
+        let pull = pod_end(&pod(
+            "Pending",
+            Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ImagePullBackOff".into()),
+                    message: Some("no such image".into()),
+                }),
+                ..Default::default()
+            }),
+        ))
+        .unwrap();
+        assert_eq!(pull.message, "ImagePullBackOff: no such image");
+        let creating = pod(
+            "Pending",
+            Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ContainerCreating".into()),
+                    message: None,
+                }),
+                ..Default::default()
+            }),
+        );
+        assert_eq!(pod_end(&creating), None);
+    }
+}
