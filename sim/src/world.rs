@@ -228,6 +228,7 @@ impl World {
         let now = self.sim.elapsed();
         self.trace
             .record(now, "harness", format!("kill {name} ({mode:?})"));
+        self.net.mark_down(name);
         if mode == KillMode::Silent {
             self.net.black_hole(name);
             for other in &self.hosts {
@@ -242,6 +243,15 @@ impl World {
             self.net
                 .set_endpoint_ready(CONTROLLER_SERVICE, name, false, now);
         }
+    }
+
+    /// Restarts the software of host `name` in place (same name and address), as a
+    /// process restart does. Partitions made by a silent kill stay until repaired.
+    pub fn restart(&mut self, name: &str) {
+        self.trace
+            .record(self.sim.elapsed(), "harness", format!("restart {name}"));
+        self.net.revive(name);
+        self.sim.bounce(name);
     }
 
     /// Kills the current leader; returns its host, or `None` without a leader.

@@ -90,6 +90,10 @@ pub struct Network {
 struct NetState {
     /// Hosts whose packets vanish: a pod killed silently keeps its address unanswered.
     black_holes: BTreeSet<String>,
+    /// Hosts whose software is gone and whose connects are refused at once (a process
+    /// that died: its pod's address answers no more). turmoil itself would hold a SYN to
+    /// a crashed host forever, as it delivers nothing to a host that does not run.
+    down: BTreeSet<String>,
     /// Partitioned pairs, smaller name first.
     partitions: BTreeSet<(String, String)>,
     /// Services by name.
@@ -112,6 +116,7 @@ impl Network {
         Self {
             inner: Arc::new(Mutex::new(NetState {
                 black_holes: BTreeSet::new(),
+                down: BTreeSet::new(),
                 partitions: BTreeSet::new(),
                 services: BTreeMap::new(),
                 rng,
@@ -138,6 +143,23 @@ impl Network {
     /// Makes `host` a black hole: nothing sent to it is ever answered.
     pub fn black_hole(&self, host: &str) {
         self.state().black_holes.insert(host.to_owned());
+    }
+
+    /// Marks `host` down: connects to it are refused at once.
+    pub fn mark_down(&self, host: &str) {
+        self.state().down.insert(host.to_owned());
+    }
+
+    /// `host` runs again (restarted in place): neither down nor a black hole.
+    pub fn revive(&self, host: &str) {
+        let mut state = self.state();
+        state.down.remove(host);
+        state.black_holes.remove(host);
+    }
+
+    /// Whether `host` is down (refusing connects).
+    pub fn is_down(&self, host: &str) -> bool {
+        self.state().down.contains(host)
     }
 
     /// Records a partition between `a` and `b` (the world applies it to turmoil too).
@@ -286,6 +308,12 @@ impl Dialer for TurmoilDialer {
                 }
                 retries_left -= 1;
                 rto *= 2;
+            }
+            if net.is_down(&host) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    format!("connect to {host}:{port}: connection refused"),
+                ));
             }
             let stream = turmoil::net::TcpStream::connect((host.as_str(), port)).await?;
             Ok(SimStream::new(stream))
