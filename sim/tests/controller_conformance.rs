@@ -35,14 +35,26 @@ enum Target {
 }
 
 impl Target {
+    /// A channel to the controller, connecting again until it succeeds (the simulated
+    /// Service has no ready endpoint for the first second).
     async fn client(&self) -> SlurmControllerClient<Channel> {
+        for _ in 0..30 {
+            if let Some(client) = self.try_client().await {
+                return client;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        panic!("could not connect to the controller");
+    }
+
+    async fn try_client(&self) -> Option<SlurmControllerClient<Channel>> {
         match self {
             Target::Sim(dialer) => channel(dialer.clone(), "spurctld", |e| {
                 e.connect_timeout(Duration::from_secs(2))
                     .timeout(Duration::from_secs(10))
             })
             .await
-            .expect("connect to the simulated controller"),
+            .ok(),
             Target::Tcp(addr) => {
                 let channel = Endpoint::from_shared(format!("http://{addr}"))
                     .expect("address")
@@ -50,8 +62,8 @@ impl Target {
                     .timeout(Duration::from_secs(10))
                     .connect()
                     .await
-                    .expect("connect to SPUR_CONFORMANCE_ADDR");
-                SlurmControllerClient::new(channel)
+                    .ok()?;
+                Some(SlurmControllerClient::new(channel))
             }
         }
     }
