@@ -3,7 +3,10 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "spur-sim", about = "Deterministic simulation of spur-operator's world")]
+#[command(
+    name = "spur-sim",
+    about = "Deterministic simulation of spur-operator's world"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

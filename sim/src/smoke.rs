@@ -59,10 +59,10 @@ where
     Fut: Future<Output = Result<T, Status>>,
 {
     loop {
-        if let Ok(client) = connect_controller(dialer.clone()).await {
-            if let Ok(value) = call(client).await {
-                return value;
-            }
+        if let Ok(client) = connect_controller(dialer.clone()).await
+            && let Ok(value) = call(client).await
+        {
+            return value;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

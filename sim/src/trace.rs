@@ -36,7 +36,13 @@ pub struct TraceEvent {
 
 impl std::fmt::Display for TraceEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:>10.3}s {:<14} {}", self.at.as_secs_f64(), self.host, self.event)
+        write!(
+            f,
+            "{:>10.3}s {:<14} {}",
+            self.at.as_secs_f64(),
+            self.host,
+            self.event
+        )
     }
 }
 

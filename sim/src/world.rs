@@ -276,8 +276,11 @@ impl World {
 
     /// Cuts `a` off from `b` (both ways).
     pub fn partition(&mut self, a: &str, b: &str) {
-        self.trace
-            .record(self.sim.elapsed(), "harness", format!("partition {a} | {b}"));
+        self.trace.record(
+            self.sim.elapsed(),
+            "harness",
+            format!("partition {a} | {b}"),
+        );
         self.net.partition(a, b);
         self.sim.partition(a, b);
     }
@@ -293,7 +296,8 @@ impl World {
     /// Runs `action` on the world when simulated time reaches `at`.
     pub fn at(&mut self, at: Duration, action: impl FnOnce(&mut World) + 'static) {
         self.actions_added += 1;
-        self.actions.push((at, self.actions_added, Box::new(action)));
+        self.actions
+            .push((at, self.actions_added, Box::new(action)));
         self.actions.sort_by_key(|(at, order, _)| (*at, *order));
     }
 

@@ -156,7 +156,10 @@ fn a_node_registers_and_registers_again() {
         let first = client.register_agent(registration(&name, 4)).await.unwrap();
         assert!(first.get_ref().accepted, "{first:?}");
         let again = client.register_agent(registration(&name, 8)).await.unwrap();
-        assert!(again.get_ref().accepted, "re-registration is accepted: {again:?}");
+        assert!(
+            again.get_ref().accepted,
+            "re-registration is accepted: {again:?}"
+        );
     });
 }
 
@@ -235,7 +238,10 @@ fn a_job_is_submitted_read_back_by_id_and_by_name_with_its_comment_and_cancelled
             .unwrap()
             .into_inner()
             .jobs;
-        let found = by_name.iter().find(|j| j.job_id == id).expect("found by name");
+        let found = by_name
+            .iter()
+            .find(|j| j.job_id == id)
+            .expect("found by name");
         assert_eq!(found.comment, format!("spurjob-uid={name}"));
         assert!(by_name.iter().all(|j| j.name == name));
 
@@ -302,7 +308,11 @@ fn model_a_leader_kill_answers_unavailable_and_job_ids_keep_increasing() {
         let mut before = 0;
         for n in 0..3 {
             let mut client = target.client().await;
-            before = client.submit_job(submit(&format!("pre-{n}"))).await?.into_inner().job_id;
+            before = client
+                .submit_job(submit(&format!("pre-{n}")))
+                .await?
+                .into_inner()
+                .job_id;
         }
         switch.kill(&leader, KillMode::Graceful).await;
         let killed_at = now();

@@ -13,7 +13,11 @@ fn the_same_seed_gives_the_same_trace_hash_and_another_seed_another() {
 
     // The run did what it says: six jobs, ids strictly increasing across the leader kill.
     assert_eq!(first.job_ids.len(), 6);
-    assert!(first.job_ids.windows(2).all(|w| w[0] < w[1]), "{:?}", first.job_ids);
+    assert!(
+        first.job_ids.windows(2).all(|w| w[0] < w[1]),
+        "{:?}",
+        first.job_ids
+    );
 }
 
 #[test]

@@ -77,16 +77,21 @@ fn after_a_silent_leader_kill_a_write_through_a_follower_hangs_on_its_forward() 
         let follower = follower_of(&hosts, &leader);
         let mut client = channel(dialer.clone(), &follower, |e| e).await?;
         // The follower makes and caches its forwarding client to this leader.
-        let first = client.submit_job(submit("before")).await?.into_inner().job_id;
+        let first = client
+            .submit_job(submit("before"))
+            .await?
+            .into_inner()
+            .job_id;
 
         switch.kill(&leader, KillMode::Silent).await;
         let started = now();
-        let hung = tokio::time::timeout(
-            Duration::from_secs(60),
-            client.submit_job(submit("during")),
-        )
-        .await;
-        assert!(hung.is_err(), "the forward to the black-holed leader hangs: {hung:?}");
+        let hung =
+            tokio::time::timeout(Duration::from_secs(60), client.submit_job(submit("during")))
+                .await;
+        assert!(
+            hung.is_err(),
+            "the forward to the black-holed leader hangs: {hung:?}"
+        );
         assert!(now() - started >= Duration::from_secs(60));
         let new_leader = cluster.leader().expect("a new leader by now");
         assert_ne!(new_leader, leader);
@@ -94,7 +99,11 @@ fn after_a_silent_leader_kill_a_write_through_a_follower_hangs_on_its_forward() 
         // A new request through the same follower reaches the new leader (directly, or
         // through a new forwarding client), and job ids continue the sequence.
         let mut client = channel(dialer, &follower, |e| e).await?;
-        let next = client.submit_job(submit("after")).await?.into_inner().job_id;
+        let next = client
+            .submit_job(submit("after"))
+            .await?
+            .into_inner()
+            .job_id;
         assert!(next > first, "job id {next} after {first}");
         Ok(())
     });
@@ -143,7 +152,11 @@ fn during_an_election_writes_answer_unavailable_and_then_job_ids_keep_increasing
         let mut client = channel(dialer, &follower, |e| e).await?;
         let mut last = 0;
         for n in 0..3 {
-            last = client.submit_job(submit(&format!("pre-{n}"))).await?.into_inner().job_id;
+            last = client
+                .submit_job(submit(&format!("pre-{n}")))
+                .await?
+                .into_inner()
+                .job_id;
         }
 
         switch.kill(&leader, KillMode::Graceful).await;

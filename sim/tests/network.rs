@@ -109,13 +109,10 @@ fn axum_serves_and_a_hyper_client_connects_over_turmoil() {
     });
     let dialer = world.plain_dialer("client");
     world.client("client", async move {
-        let client = hyper_util::client::legacy::Client::builder(
-            hyper_util::rt::TokioExecutor::new(),
-        )
-        .build::<_, axum::body::Body>(DialerConnector::new(dialer));
-        let response = client
-            .get("http://web:8080/hello".parse()?)
-            .await?;
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build::<_, axum::body::Body>(DialerConnector::new(dialer));
+        let response = client.get("http://web:8080/hello".parse()?).await?;
         assert_eq!(response.status(), 200);
         let body = axum::body::to_bytes(axum::body::Body::new(response.into_body()), 1024).await?;
         assert_eq!(&body[..], b"hi");

@@ -187,7 +187,8 @@ impl Cluster {
         if let Some(me) = state.slots.iter_mut().find(|s| s.host == host) {
             me.alive = false;
             drop(state);
-            self.trace.record(now, "harness", format!("replica {host} died"));
+            self.trace
+                .record(now, "harness", format!("replica {host} died"));
         }
     }
 
@@ -331,7 +332,10 @@ impl Cluster {
         self.trace.record(
             now,
             &leader_host,
-            format!("commit #{index} t{term}: {} -> {outcome:?}", command.describe()),
+            format!(
+                "commit #{index} t{term}: {} -> {outcome:?}",
+                command.describe()
+            ),
         );
         state.log.push(LogEntry {
             index,
@@ -408,9 +412,7 @@ impl Cluster {
     /// with a new leader among the replicas that reach a majority.
     pub fn tick(&self, now: Duration) {
         let mut state = self.lock();
-        let healthy = state
-            .leader
-            .filter(|&slot| self.has_quorum(&state, slot));
+        let healthy = state.leader.filter(|&slot| self.has_quorum(&state, slot));
         match (healthy, state.election_due) {
             (Some(leader), _) => {
                 state.election_due = None;
@@ -473,4 +475,3 @@ impl Cluster {
         }
     }
 }
-

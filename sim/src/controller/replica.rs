@@ -16,13 +16,16 @@ use spur_proto::{FORWARDED_KEY, LEADER_HINT_KEY, SlurmControllerClient};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
+use super::Clock;
 use super::cluster::{Cluster, ProposeError, RefusalKind, Role};
 use super::scheduler;
 use super::state::{Command, Outcome, node_not_found};
-use super::Clock;
 use crate::net::DialerConnector;
 
 type Client = SlurmControllerClient<Channel>;
+
+/// How much of an answer the trace shows.
+const MAX_ANSWER_IN_TRACE: usize = 160;
 
 /// One replica's server. Cloning shares it.
 #[derive(Clone)]
@@ -136,7 +139,9 @@ impl<D: Dialer> Replica<D> {
     fn route(&self, forwarded: bool) -> Route {
         match self.inner.cluster.role(self.inner.slot) {
             Role::Leader => Route::Local,
-            Role::Follower { leader: Some(leader) } if !forwarded => Route::Forward(leader),
+            Role::Follower {
+                leader: Some(leader),
+            } if !forwarded => Route::Forward(leader),
             Role::Follower { leader } => Route::Refuse(leader),
         }
     }
@@ -144,10 +149,10 @@ impl<D: Dialer> Replica<D> {
     /// The cached forwarding client for `leader`, or a new one. Like spurctld's, it has
     /// no connect timeout, no keepalive and no request bound.
     async fn forward_client(&self, leader: &str) -> Result<Client, Status> {
-        if let Some((cached_for, client)) = &*self.inner.forward.lock().expect("forward lock") {
-            if cached_for == leader {
-                return Ok(client.clone());
-            }
+        if let Some((cached_for, client)) = &*self.inner.forward.lock().expect("forward lock")
+            && cached_for == leader
+        {
+            return Ok(client.clone());
         }
         let uri = format!("http://{leader}:{}", self.port());
         let endpoint = Endpoint::from_shared(uri).map_err(|e| Status::internal(e.to_string()))?;
@@ -271,9 +276,26 @@ impl<D: Dialer> Replica<D> {
         answer
     }
 
-    fn record_answer<T: std::fmt::Debug>(&self, method: &str, answer: &Result<Response<T>, Status>) {
+    fn record_answer<T: std::fmt::Debug>(
+        &self,
+        method: &str,
+        answer: &Result<Response<T>, Status>,
+    ) {
         let event = match answer {
-            Ok(response) => format!("{method} -> ok {:?}", response.get_ref()),
+            Ok(response) => {
+                // Long answers (GetJobs) are cut: the trace records what happened, the
+                // log holds the state.
+                let mut shown = format!("{:?}", response.get_ref());
+                if shown.len() > MAX_ANSWER_IN_TRACE {
+                    let cut = (0..=MAX_ANSWER_IN_TRACE)
+                        .rev()
+                        .find(|i| shown.is_char_boundary(*i))
+                        .unwrap_or(0);
+                    shown.truncate(cut);
+                    shown.push('…');
+                }
+                format!("{method} -> ok {shown}")
+            }
             Err(status) => format!("{method} -> {:?} {}", status.code(), status.message()),
         };
         self.record(event);
@@ -437,7 +459,13 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                     .spec
                     .ok_or_else(|| Status::invalid_argument("job spec is missing"))?;
                 let at = (this.inner.clock.wall)();
-                match this.commit(Command::SubmitJob { spec, at }).await? {
+                match this
+                    .commit(Command::SubmitJob {
+                        spec: Box::new(spec),
+                        at,
+                    })
+                    .await?
+                {
                     Outcome::JobId(job_id) => Ok(pb::SubmitJobResponse {
                         job_id,
                         warnings: Vec::new(),

@@ -29,7 +29,10 @@ pub enum Command {
         remove_labels: Vec<String>,
     },
     /// A job submitted; it gets the next job id.
-    SubmitJob { spec: pb::JobSpec, at: SystemTime },
+    SubmitJob {
+        spec: Box<pb::JobSpec>,
+        at: SystemTime,
+    },
     /// A job cancelled.
     CancelJob { job_id: u32, at: SystemTime },
     /// The scheduler placed a job on nodes (run attempt `attempt`).
@@ -136,7 +139,10 @@ pub struct Job {
 
 impl Job {
     fn is_terminal(&self) -> bool {
-        !matches!(self.state, pb::JobState::JobPending | pb::JobState::JobRunning)
+        !matches!(
+            self.state,
+            pb::JobState::JobPending | pb::JobState::JobRunning
+        )
     }
 
     /// The job as `GetJob` answers it.
@@ -262,7 +268,7 @@ impl StateMachine {
                     id,
                     Job {
                         id,
-                        spec: spec.clone(),
+                        spec: spec.as_ref().clone(),
                         state: pb::JobState::JobPending,
                         state_reason: "Priority".to_owned(),
                         submit_time: *at,
@@ -446,11 +452,11 @@ mod tests {
 
     fn submit(name: &str, nodes: u32) -> Command {
         Command::SubmitJob {
-            spec: pb::JobSpec {
+            spec: Box::new(pb::JobSpec {
                 name: name.to_owned(),
                 num_nodes: nodes,
                 ..Default::default()
-            },
+            }),
             at: at(),
         }
     }
@@ -469,7 +475,10 @@ mod tests {
         state.apply(&register("n2"));
         state.apply(&submit("j", 2));
         let placements = state.placements();
-        assert_eq!(placements, vec![(1, vec!["n1".to_owned(), "n2".to_owned()])]);
+        assert_eq!(
+            placements,
+            vec![(1, vec!["n1".to_owned(), "n2".to_owned()])]
+        );
         state.apply(&Command::StartJob {
             job_id: 1,
             nodes: placements[0].1.clone(),
@@ -501,8 +510,17 @@ mod tests {
             labels: BTreeMap::new(),
             remove_labels: Vec::new(),
         };
-        assert_eq!(state.check(&update).unwrap_err().code(), tonic::Code::NotFound);
-        let cancel = Command::CancelJob { job_id: 9, at: at() };
-        assert_eq!(state.check(&cancel).unwrap_err().code(), tonic::Code::NotFound);
+        assert_eq!(
+            state.check(&update).unwrap_err().code(),
+            tonic::Code::NotFound
+        );
+        let cancel = Command::CancelJob {
+            job_id: 9,
+            at: at(),
+        };
+        assert_eq!(
+            state.check(&cancel).unwrap_err().code(),
+            tonic::Code::NotFound
+        );
     }
 }

@@ -87,25 +87,29 @@ pub async fn run(args: ControllersArgs) -> Result<(), ControllersError> {
     let mut listeners = Vec::new();
     let mut addrs = BTreeMap::new();
     for slot in 0..config.replicas {
-        let listener = TcpListener::bind(loopback)
-            .await
+        let listener =
+            TcpListener::bind(loopback)
+                .await
+                .map_err(|source| ControllersError::Bind {
+                    addr: loopback,
+                    source,
+                })?;
+        let addr = listener
+            .local_addr()
             .map_err(|source| ControllersError::Bind {
                 addr: loopback,
                 source,
             })?;
-        let addr = listener.local_addr().map_err(|source| ControllersError::Bind {
-            addr: loopback,
-            source,
-        })?;
         addrs.insert(replica_host(slot, 0), addr);
         listeners.push(listener);
     }
-    let service = TcpListener::bind(args.listen)
-        .await
-        .map_err(|source| ControllersError::Bind {
-            addr: args.listen,
-            source,
-        })?;
+    let service =
+        TcpListener::bind(args.listen)
+            .await
+            .map_err(|source| ControllersError::Bind {
+                addr: args.listen,
+                source,
+            })?;
     let dialer = LoopbackDialer {
         replicas: Arc::new(addrs.clone()),
     };
@@ -161,7 +165,10 @@ pub async fn run(args: ControllersArgs) -> Result<(), ControllersError> {
             let Ok((mut inbound, _)) = service.accept().await else {
                 continue;
             };
-            let pick = rng.lock().expect("rng lock").random_range(0..backends.len());
+            let pick = rng
+                .lock()
+                .expect("rng lock")
+                .random_range(0..backends.len());
             let backend = backends[pick];
             tokio::spawn(async move {
                 if let Ok(mut outbound) = TcpStream::connect(backend).await {

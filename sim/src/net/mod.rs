@@ -25,7 +25,7 @@ use futures::future::BoxFuture;
 use rand_chacha::ChaCha8Rng;
 use spur_operator::net::Dialer;
 
-pub use connector::{ConnectError, DialerConnector, DialedIo};
+pub use connector::{ConnectError, DialedIo, DialerConnector};
 pub use io::{SimListener, SimStream};
 pub use service::ServiceDialer;
 use service::ServiceTable;
@@ -73,7 +73,9 @@ impl NetConfig {
     /// When the kernel gives up on a SYN that is never answered: the initial timeout
     /// doubled over every retry, 1 + 2 + … + 64 = 127 s by default.
     pub fn syn_timeout(&self) -> Duration {
-        (0..=self.syn_retries).map(|i| self.syn_initial_rto * (1 << i)).sum()
+        (0..=self.syn_retries)
+            .map(|i| self.syn_initial_rto * (1 << i))
+            .sum()
     }
 }
 
@@ -192,13 +194,13 @@ impl Network {
     pub fn set_endpoint_ready(&self, service: &str, host: &str, ready: bool, now: Duration) {
         let delay = self.config.endpoint_propagation;
         let mut state = self.state();
-        if let Some(table) = state.services.get_mut(service) {
-            if table.set_ready(host, ready, now, delay) {
-                drop(state);
-                let word = if ready { "ready" } else { "not ready" };
-                self.trace
-                    .record(now, "harness", format!("endpoint {service}/{host} {word}"));
-            }
+        if let Some(table) = state.services.get_mut(service)
+            && table.set_ready(host, ready, now, delay)
+        {
+            drop(state);
+            let word = if ready { "ready" } else { "not ready" };
+            self.trace
+                .record(now, "harness", format!("endpoint {service}/{host} {word}"));
         }
     }
 

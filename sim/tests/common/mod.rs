@@ -49,10 +49,7 @@ pub struct KillSwitch {
 impl KillSwitch {
     /// Asks the harness to kill `host`; it happens before the next tick.
     pub async fn kill(&self, host: &str, mode: KillMode) {
-        self.requests
-            .lock()
-            .unwrap()
-            .push((host.to_owned(), mode));
+        self.requests.lock().unwrap().push((host.to_owned(), mode));
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
