@@ -157,7 +157,14 @@ pub async fn run(args: ControllersArgs) -> Result<(), ControllersError> {
         }
     });
 
-    eprintln!("service spurctld on {}", args.listen);
+    let service_addr = service
+        .local_addr()
+        .map_err(|source| ControllersError::Bind {
+            addr: args.listen,
+            source,
+        })?;
+    // Printed with the bound port, so `--listen 127.0.0.1:0` can be used by tests.
+    eprintln!("service spurctld on {service_addr}");
     let rng = Arc::new(Mutex::new(rng_for(args.seed, "service")));
     let backends: Vec<SocketAddr> = addrs.values().copied().collect();
     tokio::spawn(async move {
