@@ -98,6 +98,7 @@ impl World {
 
     /// A world for `seed`: turmoil, the Service's picks and the elections all draw from it.
     pub fn with_config(seed: u64, config: WorldConfig) -> Self {
+        crate::determinism::seed_process(seed);
         let sim = turmoil::Builder::new()
             .rng_seed(seed)
             .epoch(epoch())
