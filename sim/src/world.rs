@@ -109,7 +109,7 @@ impl World {
             .build();
         let trace = Trace::new();
         let net = Network::new(config.net, rng_for(seed, "service"), trace.clone());
-        net.add_service(CONTROLLER_SERVICE, config.controller.port);
+        net.add_service(CONTROLLER_SERVICE);
         let cluster = Cluster::new(
             config.controller,
             rng_for(seed, "election"),

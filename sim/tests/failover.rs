@@ -189,3 +189,51 @@ fn during_an_election_writes_answer_unavailable_and_then_job_ids_keep_increasing
     });
     run_with_kills(&mut world, &kills);
 }
+
+#[test]
+fn a_leader_cut_off_from_the_majority_stalls_writes_while_the_majority_elects_another() {
+    let mut world = World::new(15);
+    world.start_controllers();
+    world.run_until(Duration::from_secs(10)).unwrap();
+    let old = world.leader().expect("a leader within 10 s");
+    let hosts = world.cluster().hosts();
+    for other in hosts.iter().filter(|h| **h != old) {
+        world.partition(&old, other);
+    }
+    let cut_at = world.elapsed();
+    let others: Vec<String> = hosts.iter().filter(|h| **h != old).cloned().collect();
+    let heal = old.clone();
+    world.at(cut_at + Duration::from_secs(30), move |w| {
+        for other in &others {
+            w.repair(&heal, other);
+        }
+    });
+    let cluster = world.cluster().clone();
+    let dialer = world.plain_dialer("operator");
+    world.client("operator", async move {
+        // The stale leader cannot commit: the write waits until the partition heals and
+        // it learns of the new leader, then answers UNAVAILABLE with the new leader's name.
+        let mut client = channel(dialer, &old, |e| e).await?;
+        let status = client.submit_job(submit("stalled")).await.unwrap_err();
+        assert!(
+            now() >= cut_at + Duration::from_secs(30),
+            "answered at {:?}",
+            now()
+        );
+        let new = cluster.leader().expect("the majority elected a leader");
+        assert_ne!(new, old);
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(status.message(), "not the Raft leader");
+        let hint = status.metadata().get(LEADER_HINT_KEY).expect("leader hint");
+        assert_eq!(hint.to_str()?, format!("{new}:6817"));
+        Ok(())
+    });
+    world.run().unwrap();
+    let elected = world.trace().find("elected leader, term 2");
+    assert_eq!(elected.len(), 1);
+    let took = elected[0].at - cut_at;
+    assert!(
+        took >= Duration::from_secs(3) && took <= Duration::from_secs(8),
+        "the majority elected a new leader after {took:?}"
+    );
+}

@@ -182,11 +182,12 @@ impl Network {
             && !state.partitions.contains(&pair(from, to))
     }
 
-    /// Declares a Service `name` listening on `port`, with no endpoints yet.
-    pub fn add_service(&self, name: &str, port: u16) {
+    /// Declares a Service `name`, with no endpoints yet. It forwards a connection to the
+    /// same port on the endpoint it picks.
+    pub fn add_service(&self, name: &str) {
         self.state()
             .services
-            .insert(name.to_owned(), ServiceTable::new(port));
+            .insert(name.to_owned(), ServiceTable::new());
     }
 
     /// Marks `host` ready or not behind Service `service`, as of simulated time `now`.

@@ -11,7 +11,6 @@ use super::{NoEndpoint, SimStream, TurmoilDialer, now, syn_timed_out};
 /// One Service's endpoints, with the propagation delay applied when read.
 #[derive(Debug)]
 pub(super) struct ServiceTable {
-    port: u16,
     endpoints: BTreeMap<String, EndpointState>,
 }
 
@@ -34,9 +33,8 @@ impl EndpointState {
 }
 
 impl ServiceTable {
-    pub(super) fn new(port: u16) -> Self {
+    pub(super) fn new() -> Self {
         Self {
-            port,
             endpoints: BTreeMap::new(),
         }
     }
@@ -78,11 +76,6 @@ impl ServiceTable {
             .filter(|(_, state)| state.visible(now, delay))
             .map(|(host, _)| host.clone())
             .collect()
-    }
-
-    #[allow(dead_code)]
-    pub(super) fn port(&self) -> u16 {
-        self.port
     }
 }
 
@@ -173,7 +166,7 @@ mod tests {
 
     #[test]
     fn readiness_reaches_the_service_after_the_propagation_delay() {
-        let mut table = ServiceTable::new(6817);
+        let mut table = ServiceTable::new();
         table.set_ready("a", true, secs(10), DELAY);
         assert!(table.visible_ready(secs(10), DELAY).is_empty());
         assert_eq!(table.visible_ready(secs(11), DELAY), ["a"]);
@@ -185,7 +178,7 @@ mod tests {
 
     #[test]
     fn repeating_the_same_readiness_does_not_restart_the_delay() {
-        let mut table = ServiceTable::new(6817);
+        let mut table = ServiceTable::new();
         assert!(table.set_ready("a", true, secs(0), DELAY));
         assert!(!table.set_ready("a", true, secs(5), DELAY));
         assert_eq!(table.visible_ready(secs(1), DELAY), ["a"]);
