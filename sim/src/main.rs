@@ -28,12 +28,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Controllers(args) => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(spur_sim::controller::tcp::run(args))?;
-        }
+        Command::Controllers(args) => spur_sim::controller::tcp::main(args)?,
         Command::WorldSmoke { seed } => {
             let report = spur_sim::smoke::run(seed)?;
             println!(

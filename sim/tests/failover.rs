@@ -237,3 +237,38 @@ fn a_leader_cut_off_from_the_majority_stalls_writes_while_the_majority_elects_an
         "the majority elected a new leader after {took:?}"
     );
 }
+
+#[test]
+fn a_forward_in_flight_when_the_leader_dies_answers_transport_error_then_tcp_connect_error() {
+    let mut world = World::new(31);
+    world.start_controllers();
+    let cluster = world.cluster().clone();
+    let hosts = cluster.hosts();
+    let dialer = world.plain_dialer("operator");
+    let kills = KillSwitch::default();
+    let switch = kills.clone();
+    world.client("operator", async move {
+        let leader = wait_for_leader(&cluster).await;
+        let follower = follower_of(&hosts, &leader);
+        let mut client = channel(dialer, &follower, |e| e).await?;
+        client.submit_job(submit("warm-up")).await?;
+
+        // The kill lands while the follower's forward is on its way (the latencies are
+        // drawn from the seed, so this timing is the same in every run).
+        let mut in_flight = client.clone();
+        let call = tokio::spawn(async move { in_flight.submit_job(submit("in-flight")).await });
+        tokio::time::sleep(Duration::from_micros(1500)).await;
+        switch.kill(&leader, KillMode::Graceful).await;
+        let status = call.await?.unwrap_err();
+        assert_eq!(status.code(), Code::Unknown, "{status:?}");
+        assert_eq!(status.message(), "transport error");
+
+        // Then, until the election ends, every write fails to reconnect to the dead leader.
+        let status = client.submit_job(submit("next")).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert_eq!(status.message(), "tcp connect error");
+        assert!(status.metadata().get(LEADER_HINT_KEY).is_none());
+        Ok(())
+    });
+    run_with_kills(&mut world, &kills);
+}

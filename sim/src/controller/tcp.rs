@@ -46,6 +46,18 @@ pub enum ControllersError {
     /// A replica's server failed.
     #[error("replica server: {0}")]
     Serve(#[from] tonic::transport::Error),
+    /// The tokio runtime could not be built.
+    #[error("tokio runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// `spur-sim controllers`: builds a multi-threaded runtime and runs [`run`] on it.
+pub fn main(args: ControllersArgs) -> Result<(), ControllersError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(ControllersError::Runtime)?
+        .block_on(run(args))
 }
 
 /// Dials replica names (`spurctld-1`) at their loopback ports, anything else over TCP.
