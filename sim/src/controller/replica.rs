@@ -124,6 +124,7 @@ impl<D: Dialer> Replica<D> {
         self.inner.clock
     }
 
+    /// Time since the start of the run, by this replica's clock.
     pub(super) fn now(&self) -> std::time::Duration {
         (self.inner.clock.elapsed)()
     }
@@ -132,8 +133,12 @@ impl<D: Dialer> Replica<D> {
         self.inner.cluster.config().port
     }
 
+    /// Records `event` on this replica in the trace.
     pub(super) fn record(&self, event: String) {
-        self.inner.cluster_trace(self.now(), event);
+        self.inner
+            .cluster
+            .trace()
+            .record(self.now(), &self.inner.host, event);
     }
 
     fn route(&self, forwarded: bool) -> Route {
@@ -309,12 +314,6 @@ impl<D: Dialer> Replica<D> {
                 scheduler::cancel_on_agent(&replica, job_id, &node, &address, port).await;
             });
         }
-    }
-}
-
-impl<D> ReplicaInner<D> {
-    fn cluster_trace(&self, now: std::time::Duration, event: String) {
-        self.cluster.trace().record(now, &self.host, event);
     }
 }
 

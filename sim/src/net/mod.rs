@@ -30,7 +30,6 @@ pub use io::{SimListener, SimStream};
 pub use service::ServiceDialer;
 use service::ServiceTable;
 
-use crate::determinism::sim_elapsed;
 use crate::trace::Trace;
 
 /// What the Service does with a connection when no replica is ready.
@@ -322,11 +321,6 @@ impl Dialer for TurmoilDialer {
             Ok(SimStream::new(stream))
         })
     }
-}
-
-/// Simulated time on the current host (zero outside a simulation).
-pub(crate) fn now() -> Duration {
-    sim_elapsed()
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use spur_operator::net::Dialer;
 
-use super::{NoEndpoint, SimStream, TurmoilDialer, now, syn_timed_out};
+use super::{NoEndpoint, SimStream, TurmoilDialer, syn_timed_out};
+use crate::determinism::sim_elapsed;
 
 /// One Service's endpoints, with the propagation delay applied when read.
 #[derive(Debug)]
@@ -111,7 +112,7 @@ impl Dialer for ServiceDialer {
             return self.plain.dial(host, port);
         };
         let local = self.plain.local().to_owned();
-        let at = now();
+        let at = sim_elapsed();
         match net.pick_endpoint(&service, at) {
             Some(endpoint) => {
                 net.trace()
