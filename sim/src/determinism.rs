@@ -128,6 +128,16 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(unexpected_cfgs, clippy::assertions_on_constants)]
+    fn built_with_tokio_unstable_so_turmoil_seeds_every_runtime() {
+        // `RUSTFLAGS` in the environment replaces `.cargo/config.toml`'s flags silently.
+        assert!(
+            cfg!(tokio_unstable),
+            "build with --cfg tokio_unstable (see .cargo/config.toml) or seeds do not replay"
+        );
+    }
+
+    #[test]
     fn purposes_draw_independent_streams() {
         let a: u64 = rng_for(7, "service").random();
         let b: u64 = rng_for(7, "election").random();
