@@ -255,6 +255,13 @@ impl World {
         self.sim.bounce(name);
     }
 
+    /// Kills the current pod of replica `slot`; returns its host.
+    pub fn kill_replica(&mut self, slot: usize, mode: KillMode) -> String {
+        let host = self.cluster.host_of(slot);
+        self.kill(&host, mode);
+        host
+    }
+
     /// Kills the current leader; returns its host, or `None` without a leader.
     pub fn kill_leader(&mut self, mode: KillMode) -> Option<String> {
         let leader = self.leader()?;

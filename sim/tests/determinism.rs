@@ -34,3 +34,59 @@ fn two_processes_print_the_same_hash_for_a_seed() {
     assert!(first.contains("trace_hash="), "{first}");
     assert_eq!(first, run());
 }
+
+/// A busier run: a silent leader kill, a replacement pod, a partition, clients with
+/// keepalive and timeouts through the Service. Returns the trace hash.
+fn faulty_run(seed: u64) -> String {
+    use std::time::Duration;
+
+    use spur_proto as pb;
+    use spur_sim::smoke::until_ok;
+    use spur_sim::world::{KillMode, World};
+
+    let mut world = World::new(seed);
+    world.start_controllers();
+    world.at(Duration::from_secs(15), |w| {
+        let leader = w.leader().expect("a leader by 15 s");
+        let slot = w.cluster().slot_of(&leader).unwrap();
+        w.kill(&leader, KillMode::Silent);
+        w.at(Duration::from_secs(25), move |w| {
+            w.replace_replica(slot);
+        });
+    });
+    world.at(Duration::from_secs(30), |w| {
+        w.partition("client-b", "spurctld-1")
+    });
+    for client in ["client-a", "client-b"] {
+        let dialer = world.dialer(client);
+        world.client(client, async move {
+            for n in 0..10 {
+                let spec = pb::JobSpec {
+                    name: format!("{n}"),
+                    ..Default::default()
+                };
+                until_ok(&dialer, |mut c| {
+                    let spec = spec.clone();
+                    async move {
+                        c.submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+                            .await
+                    }
+                })
+                .await;
+                tokio::time::sleep(Duration::from_secs(4)).await;
+            }
+            Ok(())
+        });
+    }
+    world.run().expect("the run ends");
+    let ids = world.cluster().job_ids();
+    // A submission whose answer was lost may have been applied and retried: at least 20.
+    assert!(ids.len() >= 20, "{ids:?}");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+    world.trace_hash()
+}
+
+#[test]
+fn a_run_with_silent_kills_partitions_and_replacements_replays_exactly() {
+    assert_eq!(faulty_run(41), faulty_run(41));
+}
