@@ -1,1 +1,15 @@
 //! The deterministic simulation of spur-operator's world (see shared/spec/sim.md).
+//!
+//! - [`net`]: turmoil glue for tonic, hyper and axum; the `spurctld` Service; the modelled
+//!   kernel (SYN timeout) and pod kills.
+//! - [`controller`]: three simulated spurctld replicas sharing one replicated log.
+//! - [`world`]: one turmoil simulation per seed, with the replicas, faults and the trace.
+//! - [`trace`] and [`determinism`]: what makes a seed replay exactly, and the proof.
+//! - [`smoke`]: `spur-sim world-smoke`, a fixed scenario printing its trace hash.
+
+pub mod controller;
+pub mod determinism;
+pub mod net;
+pub mod smoke;
+pub mod trace;
+pub mod world;

@@ -1,0 +1,583 @@
+//! One replica's `slurm.SlurmController` server.
+//!
+//! Answers as wire.md's last section records a real highly available spurctld answering:
+//! the leader applies writes; a follower forwards them over its own unbounded tonic client
+//! (one per leader, cached) with `x-spur-forwarded: true` and returns that client's answer
+//! or error as its own; with no forwarding client it answers UNAVAILABLE (`not the Raft
+//! leader` with `x-spur-leader`, or `no leader elected yet`). Reads are forwarded when
+//! possible and otherwise served from the replica's own, possibly stale, copy.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use spur_operator::net::Dialer;
+use spur_proto as pb;
+use spur_proto::{FORWARDED_KEY, LEADER_HINT_KEY, SlurmControllerClient};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Response, Status};
+
+use super::Clock;
+use super::cluster::{Cluster, ProposeError, RefusalKind, Role};
+use super::scheduler;
+use super::state::{Command, Outcome, node_not_found};
+use crate::net::DialerConnector;
+
+type Client = SlurmControllerClient<Channel>;
+
+/// How much of an answer the trace shows.
+const MAX_ANSWER_IN_TRACE: usize = 160;
+
+/// One replica's server. Cloning shares it.
+#[derive(Clone)]
+pub struct Replica<D: Dialer> {
+    inner: Arc<ReplicaInner<D>>,
+}
+
+struct ReplicaInner<D> {
+    slot: usize,
+    host: String,
+    cluster: Cluster,
+    dialer: D,
+    clock: Clock,
+    /// The forwarding client, for the leader it was made for.
+    forward: Mutex<Option<(String, Client)>>,
+}
+
+/// UNAVAILABLE from a replica that cannot reach a leader, as spurctld answers it.
+pub fn not_leader(leader: Option<&str>, port: u16) -> Status {
+    match leader {
+        Some(leader) => {
+            let mut status = Status::unavailable("not the Raft leader");
+            if let Ok(value) = format!("{leader}:{port}").parse() {
+                status.metadata_mut().insert(LEADER_HINT_KEY, value);
+            }
+            status
+        }
+        None => Status::unavailable("no leader elected yet"),
+    }
+}
+
+/// Whether a forward failed in the transport rather than being answered by the leader.
+fn is_transport_error(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded
+    )
+}
+
+/// The same code, message and leader hint, without the leader's response headers.
+fn relay(status: Status) -> Status {
+    let mut relayed = Status::new(status.code(), status.message());
+    if let Some(hint) = status.metadata().get(LEADER_HINT_KEY) {
+        relayed.metadata_mut().insert(LEADER_HINT_KEY, hint.clone());
+    }
+    relayed
+}
+
+fn forwarded<T>(request: &Request<T>) -> bool {
+    request.metadata().get(FORWARDED_KEY).is_some()
+}
+
+enum Route {
+    Local,
+    Forward(String),
+    Refuse(Option<String>),
+}
+
+impl<D: Dialer> Replica<D> {
+    /// The server of the pod `host` in replica slot `slot`.
+    pub fn new(slot: usize, host: &str, cluster: Cluster, dialer: D, clock: Clock) -> Self {
+        Self {
+            inner: Arc::new(ReplicaInner {
+                slot,
+                host: host.to_owned(),
+                cluster,
+                dialer,
+                clock,
+                forward: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Its slot.
+    pub fn slot(&self) -> usize {
+        self.inner.slot
+    }
+
+    /// Its host name.
+    pub fn host(&self) -> &str {
+        &self.inner.host
+    }
+
+    /// The shared cluster.
+    pub fn cluster(&self) -> &Cluster {
+        &self.inner.cluster
+    }
+
+    /// Its dialer (for forwards and agent calls).
+    pub fn dialer(&self) -> &D {
+        &self.inner.dialer
+    }
+
+    /// Its clock.
+    pub fn clock(&self) -> Clock {
+        self.inner.clock
+    }
+
+    /// Time since the start of the run, by this replica's clock.
+    pub(super) fn now(&self) -> std::time::Duration {
+        (self.inner.clock.elapsed)()
+    }
+
+    fn port(&self) -> u16 {
+        self.inner.cluster.config().port
+    }
+
+    /// Records `event` on this replica in the trace.
+    pub(super) fn record(&self, event: String) {
+        self.inner
+            .cluster
+            .trace()
+            .record(self.now(), &self.inner.host, event);
+    }
+
+    fn route(&self, forwarded: bool) -> Route {
+        match self.inner.cluster.role(self.inner.slot) {
+            Role::Leader => Route::Local,
+            Role::Follower {
+                leader: Some(leader),
+            } if !forwarded => Route::Forward(leader),
+            Role::Follower { leader } => Route::Refuse(leader),
+        }
+    }
+
+    /// The cached forwarding client for `leader`, or a new one. Like spurctld's, it has
+    /// no connect timeout, no keepalive and no request bound.
+    async fn forward_client(&self, leader: &str) -> Result<Client, Status> {
+        if let Some((cached_for, client)) = &*self.inner.forward.lock().expect("forward lock")
+            && cached_for == leader
+        {
+            return Ok(client.clone());
+        }
+        let uri = format!("http://{leader}:{}", self.port());
+        let endpoint = Endpoint::from_shared(uri).map_err(|e| Status::internal(e.to_string()))?;
+        let connector = DialerConnector::new(self.inner.dialer.clone());
+        match endpoint.connect_with_connector(connector).await {
+            Ok(channel) => {
+                let client = SlurmControllerClient::new(channel);
+                *self.inner.forward.lock().expect("forward lock") =
+                    Some((leader.to_owned(), client.clone()));
+                Ok(client)
+            }
+            Err(error) => {
+                self.record(format!("forward connect to {leader} failed: {error}"));
+                Err(not_leader(Some(leader), self.port()))
+            }
+        }
+    }
+
+    /// Sends `message` to `leader` through `call` and returns its answer as ours.
+    async fn forward<Req, Resp, F, Fut>(
+        &self,
+        method: &str,
+        leader: &str,
+        message: Req,
+        call: F,
+    ) -> Result<Response<Resp>, Status>
+    where
+        F: FnOnce(Client, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let client = self.forward_client(leader).await?;
+        let mut request = Request::new(message);
+        request
+            .metadata_mut()
+            .insert(FORWARDED_KEY, "true".parse().expect("ascii"));
+        match call(client, request).await {
+            Ok(response) => Ok(Response::new(response.into_inner())),
+            Err(status) => {
+                self.record(format!(
+                    "{method} forward to {leader}: {:?} {}",
+                    status.code(),
+                    status.message()
+                ));
+                Err(relay(status))
+            }
+        }
+    }
+
+    /// Commits `command` on this replica as leader, waiting while it lacks a majority.
+    pub(super) async fn commit(&self, command: Command) -> Result<Outcome, Status> {
+        loop {
+            match self
+                .inner
+                .cluster
+                .propose(self.inner.slot, command.clone(), self.now())
+            {
+                Ok(outcome) => return Ok(outcome),
+                Err(ProposeError::Refused(status)) => return Err(status),
+                Err(ProposeError::NotLeader { leader }) => {
+                    return Err(not_leader(leader.as_deref(), self.port()));
+                }
+                Err(ProposeError::NoQuorum) => {
+                    tokio::time::sleep(self.inner.cluster.config().commit_retry).await;
+                }
+            }
+        }
+    }
+
+    /// A write: applied here when leading, else forwarded.
+    async fn write<Req, Resp: std::fmt::Debug, F, Fut, L, LFut>(
+        &self,
+        method: &str,
+        request: Request<Req>,
+        local: L,
+        call: F,
+    ) -> Result<Response<Resp>, Status>
+    where
+        F: FnOnce(Client, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+        L: FnOnce(Req) -> LFut,
+        LFut: Future<Output = Result<Resp, Status>>,
+    {
+        let route = self.route(forwarded(&request));
+        let message = request.into_inner();
+        let answer = match route {
+            Route::Local => local(message).await.map(Response::new),
+            Route::Forward(leader) => self.forward(method, &leader, message, call).await,
+            Route::Refuse(leader) => Err(not_leader(leader.as_deref(), self.port())),
+        };
+        self.record_answer(method, &answer);
+        answer
+    }
+
+    /// A read: forwarded when possible, else served from this replica's copy.
+    async fn read<Req, Resp: std::fmt::Debug, F, Fut>(
+        &self,
+        method: &str,
+        request: Request<Req>,
+        local: impl FnOnce(&Req) -> Result<Resp, Status>,
+        call: F,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Req: Clone,
+        F: FnOnce(Client, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let route = self.route(forwarded(&request));
+        let message = request.into_inner();
+        let answer = match route {
+            Route::Forward(leader) => {
+                match self.forward(method, &leader, message.clone(), call).await {
+                    Err(status) if is_transport_error(&status) => {
+                        local(&message).map(Response::new)
+                    }
+                    answer => answer,
+                }
+            }
+            Route::Local | Route::Refuse(_) => local(&message).map(Response::new),
+        };
+        self.record_answer(method, &answer);
+        answer
+    }
+
+    fn record_answer<T: std::fmt::Debug>(
+        &self,
+        method: &str,
+        answer: &Result<Response<T>, Status>,
+    ) {
+        let event = match answer {
+            Ok(response) => {
+                // Long answers (GetJobs) are cut: the trace records what happened, the
+                // log holds the state.
+                let mut shown = format!("{:?}", response.get_ref());
+                if shown.len() > MAX_ANSWER_IN_TRACE {
+                    let cut = (0..=MAX_ANSWER_IN_TRACE)
+                        .rev()
+                        .find(|i| shown.is_char_boundary(*i))
+                        .unwrap_or(0);
+                    shown.truncate(cut);
+                    shown.push('…');
+                }
+                format!("{method} -> ok {shown}")
+            }
+            Err(status) => format!("{method} -> {:?} {}", status.code(), status.message()),
+        };
+        self.record(event);
+    }
+
+    /// Spawns `SlurmAgent.CancelJob` on the nodes a cancelled job held.
+    fn stop_on_agents(&self, job_id: u32, nodes: Vec<(String, String, u32)>) {
+        for (node, address, port) in nodes {
+            let replica = self.clone();
+            tokio::spawn(async move {
+                scheduler::cancel_on_agent(&replica, job_id, &node, &address, port).await;
+            });
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl<D: Dialer> pb::SlurmController for Replica<D> {
+    async fn ping(&self, request: Request<()>) -> Result<Response<pb::PingResponse>, Status> {
+        let host = self.inner.host.clone();
+        let version = self.inner.cluster.config().version.clone();
+        let wall = self.inner.clock.wall;
+        self.read(
+            "Ping",
+            request,
+            move |_| {
+                Ok(pb::PingResponse {
+                    hostname: host,
+                    server_time: Some(wall().into()),
+                    version,
+                })
+            },
+            |mut client, request| async move { client.ping(request).await },
+        )
+        .await
+    }
+
+    async fn register_agent(
+        &self,
+        request: Request<pb::RegisterAgentRequest>,
+    ) -> Result<Response<pb::RegisterAgentResponse>, Status> {
+        let this = self.clone();
+        self.write(
+            "RegisterAgent",
+            request,
+            |req| async move {
+                match this.inner.cluster.registration_refusal(this.now()) {
+                    Some(RefusalKind::PermissionDenied) => {
+                        return Err(Status::permission_denied("registration refused"));
+                    }
+                    Some(RefusalKind::NotAccepted) => {
+                        return Ok(pb::RegisterAgentResponse {
+                            accepted: false,
+                            message: "registration refused for now".to_owned(),
+                            node_token: String::new(),
+                        });
+                    }
+                    None => {}
+                }
+                let name = req.hostname.clone();
+                this.commit(Command::RegisterNode {
+                    name: req.hostname,
+                    address: req.address,
+                    port: req.port,
+                    resources: req.resources.unwrap_or_default(),
+                    labels: req.labels,
+                })
+                .await?;
+                Ok(pb::RegisterAgentResponse {
+                    accepted: true,
+                    message: String::new(),
+                    node_token: format!("token-{name}"),
+                })
+            },
+            |mut client, request| async move { client.register_agent(request).await },
+        )
+        .await
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let this = self.clone();
+        self.write(
+            "Heartbeat",
+            request,
+            |req| async move {
+                loop {
+                    let known = this.inner.cluster.leader_check(this.inner.slot, |state| {
+                        if state.nodes.contains_key(&req.hostname) {
+                            Ok(())
+                        } else {
+                            Err(node_not_found(&req.hostname))
+                        }
+                    });
+                    match known {
+                        Ok(()) => return Ok(pb::HeartbeatResponse {}),
+                        Err(ProposeError::Refused(status)) => return Err(status),
+                        Err(ProposeError::NotLeader { leader }) => {
+                            return Err(not_leader(leader.as_deref(), this.port()));
+                        }
+                        Err(ProposeError::NoQuorum) => {
+                            tokio::time::sleep(this.inner.cluster.config().commit_retry).await;
+                        }
+                    }
+                }
+            },
+            |mut client, request| async move { client.heartbeat(request).await },
+        )
+        .await
+    }
+
+    async fn update_node(
+        &self,
+        request: Request<pb::UpdateNodeRequest>,
+    ) -> Result<Response<()>, Status> {
+        let this = self.clone();
+        self.write(
+            "UpdateNode",
+            request,
+            |req| async move {
+                let state = match req.state {
+                    Some(value) => Some(
+                        pb::NodeState::try_from(value)
+                            .map_err(|_| Status::invalid_argument("unknown node state"))?,
+                    ),
+                    None => None,
+                };
+                this.commit(Command::UpdateNode {
+                    name: req.name,
+                    state,
+                    reason: req.reason,
+                    labels: req.labels,
+                    remove_labels: req.remove_labels,
+                })
+                .await?;
+                Ok(())
+            },
+            |mut client, request| async move { client.update_node(request).await },
+        )
+        .await
+    }
+
+    async fn submit_job(
+        &self,
+        request: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::SubmitJobResponse>, Status> {
+        let this = self.clone();
+        self.write(
+            "SubmitJob",
+            request,
+            |req| async move {
+                let spec = req
+                    .spec
+                    .ok_or_else(|| Status::invalid_argument("job spec is missing"))?;
+                let at = (this.inner.clock.wall)();
+                match this
+                    .commit(Command::SubmitJob {
+                        spec: Box::new(spec),
+                        at,
+                    })
+                    .await?
+                {
+                    Outcome::JobId(job_id) => Ok(pb::SubmitJobResponse {
+                        job_id,
+                        warnings: Vec::new(),
+                    }),
+                    other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+                }
+            },
+            |mut client, request| async move { client.submit_job(request).await },
+        )
+        .await
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::JobInfo>, Status> {
+        let cluster = self.inner.cluster.clone();
+        let slot = self.inner.slot;
+        self.read(
+            "GetJob",
+            request,
+            move |req| {
+                cluster.read(slot, |state| {
+                    state
+                        .jobs
+                        .get(&req.job_id)
+                        .map(|job| job.info())
+                        .ok_or_else(|| Status::not_found(format!("job {} not found", req.job_id)))
+                })
+            },
+            |mut client, request| async move { client.get_job(request).await },
+        )
+        .await
+    }
+
+    async fn get_jobs(
+        &self,
+        request: Request<pb::GetJobsRequest>,
+    ) -> Result<Response<pb::GetJobsResponse>, Status> {
+        let cluster = self.inner.cluster.clone();
+        let slot = self.inner.slot;
+        self.read(
+            "GetJobs",
+            request,
+            move |req| {
+                Ok(pb::GetJobsResponse {
+                    jobs: cluster.read(slot, |state| state.query(req)),
+                })
+            },
+            |mut client, request| async move { client.get_jobs(request).await },
+        )
+        .await
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<()>, Status> {
+        let this = self.clone();
+        self.write(
+            "CancelJob",
+            request,
+            |req| async move {
+                let at = (this.inner.clock.wall)();
+                let outcome = this
+                    .commit(Command::CancelJob {
+                        job_id: req.job_id,
+                        at,
+                    })
+                    .await?;
+                if let Outcome::Cancelled(nodes) = outcome {
+                    this.stop_on_agents(req.job_id, nodes);
+                }
+                Ok(())
+            },
+            |mut client, request| async move { client.cancel_job(request).await },
+        )
+        .await
+    }
+
+    async fn report_job_status(
+        &self,
+        request: Request<pb::ReportJobStatusRequest>,
+    ) -> Result<Response<()>, Status> {
+        let this = self.clone();
+        self.write(
+            "ReportJobStatus",
+            request,
+            |req| async move {
+                let expected = if req.exit_code == 0 {
+                    pb::JobState::JobCompleted
+                } else {
+                    pb::JobState::JobFailed
+                };
+                if req.state != expected as i32 {
+                    return Err(Status::invalid_argument(format!(
+                        "state must be {} for exit code {}",
+                        expected.as_str_name(),
+                        req.exit_code
+                    )));
+                }
+                let at = (this.inner.clock.wall)();
+                this.commit(Command::ReportJobStatus {
+                    job_id: req.job_id,
+                    node: req.reporting_node,
+                    exit_code: req.exit_code,
+                    at,
+                })
+                .await?;
+                Ok(())
+            },
+            |mut client, request| async move { client.report_job_status(request).await },
+        )
+        .await
+    }
+}

@@ -1,0 +1,187 @@
+//! The `spurctld` Service: a kube-proxy-like connector owned by the harness.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use spur_operator::net::Dialer;
+
+use super::{NoEndpoint, SimStream, TurmoilDialer, syn_timed_out};
+use crate::determinism::sim_elapsed;
+
+/// One Service's endpoints, with the propagation delay applied when read.
+#[derive(Debug)]
+pub(super) struct ServiceTable {
+    endpoints: BTreeMap<String, EndpointState>,
+}
+
+#[derive(Debug)]
+struct EndpointState {
+    ready: bool,
+    /// What the Service saw before the last change, until the change propagates.
+    previously_ready: bool,
+    changed_at: Duration,
+}
+
+impl EndpointState {
+    fn visible(&self, now: Duration, delay: Duration) -> bool {
+        if now >= self.changed_at + delay {
+            self.ready
+        } else {
+            self.previously_ready
+        }
+    }
+}
+
+impl ServiceTable {
+    pub(super) fn new() -> Self {
+        Self {
+            endpoints: BTreeMap::new(),
+        }
+    }
+
+    /// Records a readiness change; returns whether anything changed.
+    pub(super) fn set_ready(
+        &mut self,
+        host: &str,
+        ready: bool,
+        now: Duration,
+        delay: Duration,
+    ) -> bool {
+        match self.endpoints.get_mut(host) {
+            Some(state) if state.ready == ready => false,
+            Some(state) => {
+                state.previously_ready = state.visible(now, delay);
+                state.ready = ready;
+                state.changed_at = now;
+                true
+            }
+            None => {
+                self.endpoints.insert(
+                    host.to_owned(),
+                    EndpointState {
+                        ready,
+                        previously_ready: false,
+                        changed_at: now,
+                    },
+                );
+                true
+            }
+        }
+    }
+
+    /// The endpoints the Service routes to at `now`, in name order.
+    pub(super) fn visible_ready(&self, now: Duration, delay: Duration) -> Vec<String> {
+        self.endpoints
+            .iter()
+            .filter(|(_, state)| state.visible(now, delay))
+            .map(|(host, _)| host.clone())
+            .collect()
+    }
+}
+
+/// A dialer that routes Service names (`spurctld:6817`) to a ready endpoint picked with the
+/// seeded RNG, and every other name straight through [`TurmoilDialer`].
+///
+/// With no ready endpoint the SYN is dropped: the connect fails after the kernel's SYN
+/// timeout even if an endpoint becomes ready meanwhile (conntrack keeps the first
+/// decision, which is what stalled the seed's operator for 133 s), unless the caller's own
+/// connect timeout fires first. In the `Reject` variant it is refused at once.
+#[derive(Clone, Debug)]
+pub struct ServiceDialer {
+    plain: TurmoilDialer,
+}
+
+impl ServiceDialer {
+    pub(super) fn new(plain: TurmoilDialer) -> Self {
+        Self { plain }
+    }
+
+    /// The dialer used for names that are not Services.
+    pub fn plain(&self) -> &TurmoilDialer {
+        &self.plain
+    }
+}
+
+impl Dialer for ServiceDialer {
+    type Stream = SimStream;
+
+    fn dial(&self, host: &str, port: u16) -> BoxFuture<'static, std::io::Result<SimStream>> {
+        let net = self.plain.network();
+        let Some(service) = net.service_for(host) else {
+            return self.plain.dial(host, port);
+        };
+        let local = self.plain.local().to_owned();
+        let at = sim_elapsed();
+        match net.pick_endpoint(&service, at) {
+            Some(endpoint) => {
+                net.trace()
+                    .record(at, &local, format!("service {service} -> {endpoint}"));
+                self.plain.dial(&endpoint, port)
+            }
+            None => {
+                let net = net.clone();
+                let host = host.to_owned();
+                Box::pin(async move {
+                    match net.config().no_endpoint {
+                        NoEndpoint::Reject => {
+                            net.trace().record(
+                                at,
+                                &local,
+                                format!("service {service}: no endpoint, refused"),
+                            );
+                            Err(std::io::Error::new(
+                                std::io::ErrorKind::ConnectionRefused,
+                                format!("connect to {host}:{port}: connection refused"),
+                            ))
+                        }
+                        NoEndpoint::Drop => {
+                            net.trace().record(
+                                at,
+                                &local,
+                                format!("service {service}: no endpoint, SYN dropped"),
+                            );
+                            tokio::time::sleep(net.config().syn_timeout()).await;
+                            net.trace().record_here(
+                                &local,
+                                format!("connect to {host}:{port} timed out (kernel)"),
+                            );
+                            Err(syn_timed_out(&host, port))
+                        }
+                    }
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DELAY: Duration = Duration::from_secs(1);
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    #[test]
+    fn readiness_reaches_the_service_after_the_propagation_delay() {
+        let mut table = ServiceTable::new();
+        table.set_ready("a", true, secs(10), DELAY);
+        assert!(table.visible_ready(secs(10), DELAY).is_empty());
+        assert_eq!(table.visible_ready(secs(11), DELAY), ["a"]);
+
+        table.set_ready("a", false, secs(20), DELAY);
+        assert_eq!(table.visible_ready(secs(20), DELAY), ["a"]);
+        assert!(table.visible_ready(secs(21), DELAY).is_empty());
+    }
+
+    #[test]
+    fn repeating_the_same_readiness_does_not_restart_the_delay() {
+        let mut table = ServiceTable::new();
+        assert!(table.set_ready("a", true, secs(0), DELAY));
+        assert!(!table.set_ready("a", true, secs(5), DELAY));
+        assert_eq!(table.visible_ready(secs(1), DELAY), ["a"]);
+    }
+}

@@ -1,0 +1,362 @@
+//! One turmoil simulation per seed: the network, the controller replicas, the faults, the
+//! trace. The rest of the simulation (the API server, the operator, the scenarios) adds its
+//! hosts to a [`World`] and drives it.
+//!
+//! ```no_run
+//! # use spur_sim::world::{World, KillMode};
+//! # use std::time::Duration;
+//! let mut world = World::new(42);
+//! world.start_controllers();
+//! let dialer = world.dialer("operator"); // routes `spurctld:6817` like kube-proxy
+//! world.client("operator", async move { /* real tonic over `dialer` */ Ok(()) });
+//! world.at(Duration::from_secs(30), |w| {
+//!     let leader = w.leader().expect("a leader");
+//!     w.kill(&leader, KillMode::Silent);
+//! });
+//! world.run().unwrap();
+//! println!("{}", world.trace_hash());
+//! ```
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::time::Duration;
+
+use spur_proto::SlurmControllerServer;
+
+use crate::controller::state::LogEntry;
+use crate::controller::{Clock, Cluster, ControllerConfig, Replica, scheduler};
+use crate::determinism::{epoch, rng_for, sim_elapsed};
+use crate::net::{NetConfig, Network, ServiceDialer, SimListener, TurmoilDialer};
+use crate::trace::Trace;
+
+/// The name of the controller's client Service.
+pub const CONTROLLER_SERVICE: &str = "spurctld";
+
+/// Everything a world is built from, besides the seed.
+#[derive(Clone, Debug)]
+pub struct WorldConfig {
+    /// The network's tunables.
+    pub net: NetConfig,
+    /// The controller replicas' tunables.
+    pub controller: ControllerConfig,
+    /// turmoil's step: 1 ms resolves every timeout the operator uses.
+    pub tick: Duration,
+    /// A run longer than this (simulated) is an error: a stuck scenario fails instead of
+    /// running forever.
+    pub max_duration: Duration,
+    /// Shortest one-way latency of a message: pods in one cluster.
+    pub min_latency: Duration,
+    /// Longest one-way latency of a message (turmoil draws between the two).
+    pub max_latency: Duration,
+}
+
+impl Default for WorldConfig {
+    fn default() -> Self {
+        Self {
+            net: NetConfig::default(),
+            controller: ControllerConfig::default(),
+            tick: Duration::from_millis(1),
+            max_duration: Duration::from_secs(3600),
+            min_latency: Duration::from_micros(200),
+            max_latency: Duration::from_millis(5),
+        }
+    }
+}
+
+/// How a pod dies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KillMode {
+    /// Partitioned from everyone, then crashed: its address stops answering, open
+    /// connections to it hang and new connects time out (a killed pod's IP, or a frozen
+    /// process).
+    Silent,
+    /// Crashed: its connections close with FIN or reset, connects are refused.
+    Graceful,
+}
+
+type Action = Box<dyn FnOnce(&mut World)>;
+
+/// One simulated world for one seed.
+pub struct World {
+    sim: turmoil::Sim<'static>,
+    seed: u64,
+    net: Network,
+    cluster: Cluster,
+    trace: Trace,
+    /// Registered hosts, to cut a silently killed one off from all of them.
+    hosts: BTreeSet<String>,
+    /// Actions due at a simulated time, in (time, order added).
+    actions: Vec<(Duration, u64, Action)>,
+    actions_added: u64,
+}
+
+impl World {
+    /// A world with the default configuration.
+    pub fn new(seed: u64) -> Self {
+        Self::with_config(seed, WorldConfig::default())
+    }
+
+    /// A world for `seed`: turmoil, the Service's picks and the elections all draw from it.
+    pub fn with_config(seed: u64, config: WorldConfig) -> Self {
+        crate::determinism::seed_process(seed);
+        let sim = turmoil::Builder::new()
+            .rng_seed(seed)
+            .epoch(epoch())
+            .tick_duration(config.tick)
+            .simulation_duration(config.max_duration)
+            .min_message_latency(config.min_latency)
+            .max_message_latency(config.max_latency)
+            .build();
+        let trace = Trace::new();
+        let net = Network::new(config.net, rng_for(seed, "service"), trace.clone());
+        net.add_service(CONTROLLER_SERVICE);
+        let cluster = Cluster::new(
+            config.controller,
+            rng_for(seed, "election"),
+            Some(net.clone()),
+            trace.clone(),
+        );
+        trace.record(Duration::ZERO, "harness", format!("world seed={seed}"));
+        Self {
+            sim,
+            seed,
+            net,
+            cluster,
+            trace,
+            hosts: BTreeSet::new(),
+            actions: Vec::new(),
+            actions_added: 0,
+        }
+    }
+
+    /// The seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The network record (partitions, black holes, Services).
+    pub fn net(&self) -> &Network {
+        &self.net
+    }
+
+    /// The controller replicas' shared state: leader, term, the log.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// The trace.
+    pub fn trace(&self) -> &Trace {
+        &self.trace
+    }
+
+    /// The trace's hash so far.
+    pub fn trace_hash(&self) -> String {
+        self.trace.hash_hex()
+    }
+
+    /// Simulated time since the start.
+    pub fn elapsed(&self) -> Duration {
+        self.sim.elapsed()
+    }
+
+    /// The current leader's host, if a leader is elected and alive.
+    pub fn leader(&self) -> Option<String> {
+        self.cluster.leader()
+    }
+
+    /// A copy of the replicated log, for checks.
+    pub fn log(&self) -> Vec<LogEntry> {
+        self.cluster.log()
+    }
+
+    /// A dialer for software on `local` that routes `spurctld` like kube-proxy.
+    pub fn dialer(&self, local: &str) -> ServiceDialer {
+        self.net.dialer(local)
+    }
+
+    /// A dialer for software on `local` without Services.
+    pub fn plain_dialer(&self, local: &str) -> TurmoilDialer {
+        self.net.plain_dialer(local)
+    }
+
+    fn register(&mut self, name: &str) {
+        self.hosts.insert(name.to_owned());
+        self.trace
+            .record(self.sim.elapsed(), "harness", format!("host {name} added"));
+    }
+
+    /// Adds test code as a turmoil client: the run ends when every client finished.
+    pub fn client(
+        &mut self,
+        name: &str,
+        software: impl Future<Output = turmoil::Result> + 'static,
+    ) {
+        self.register(name);
+        self.sim.client(name, software);
+    }
+
+    /// Adds a host whose software `software` builds (again after a restart).
+    pub fn host<F, Fut>(&mut self, name: &str, software: F)
+    where
+        F: Fn() -> Fut + 'static,
+        Fut: Future<Output = turmoil::Result> + 'static,
+    {
+        self.register(name);
+        self.sim.host(name, software);
+    }
+
+    /// Starts every controller replica's current pod.
+    pub fn start_controllers(&mut self) {
+        for slot in 0..self.cluster.config().replicas {
+            self.start_replica(slot);
+        }
+    }
+
+    /// Starts the current pod of replica `slot` as a host serving `slurm.SlurmController`.
+    pub fn start_replica(&mut self, slot: usize) {
+        let host = self.cluster.host_of(slot);
+        let cluster = self.cluster.clone();
+        let net = self.net.clone();
+        let name = host.clone();
+        self.host(&host, move || {
+            serve_replica(slot, name.clone(), cluster.clone(), net.clone())
+        });
+    }
+
+    /// Kills the host `name`. A controller replica leaves its Service after the
+    /// propagation delay and its slot stays empty until [`World::replace_replica`].
+    pub fn kill(&mut self, name: &str, mode: KillMode) {
+        let now = self.sim.elapsed();
+        self.trace
+            .record(now, "harness", format!("kill {name} ({mode:?})"));
+        self.net.mark_down(name);
+        if mode == KillMode::Silent {
+            self.net.black_hole(name);
+            for other in &self.hosts {
+                if other != name {
+                    self.sim.partition(name, other.as_str());
+                }
+            }
+        }
+        self.sim.crash(name);
+        if self.cluster.slot_of(name).is_some() {
+            self.cluster.died(name, now);
+            self.net
+                .set_endpoint_ready(CONTROLLER_SERVICE, name, false, now);
+        }
+    }
+
+    /// Restarts the software of host `name` in place (same name and address), as a
+    /// process restart does. Partitions made by a silent kill stay until repaired.
+    pub fn restart(&mut self, name: &str) {
+        self.trace
+            .record(self.sim.elapsed(), "harness", format!("restart {name}"));
+        self.net.revive(name);
+        self.sim.bounce(name);
+    }
+
+    /// Kills the current pod of replica `slot`; returns its host.
+    pub fn kill_replica(&mut self, slot: usize, mode: KillMode) -> String {
+        let host = self.cluster.host_of(slot);
+        self.kill(&host, mode);
+        host
+    }
+
+    /// Kills the current leader; returns its host, or `None` without a leader.
+    pub fn kill_leader(&mut self, mode: KillMode) -> Option<String> {
+        let leader = self.leader()?;
+        self.kill(&leader, mode);
+        Some(leader)
+    }
+
+    /// Starts a replacement pod for replica `slot` (a new host with a new address, as a
+    /// StatefulSet does); returns its host name.
+    pub fn replace_replica(&mut self, slot: usize) -> String {
+        let host = self.cluster.replace(slot);
+        self.trace.record(
+            self.sim.elapsed(),
+            "harness",
+            format!("replace replica {slot} with {host}"),
+        );
+        self.start_replica(slot);
+        host
+    }
+
+    /// Cuts `a` off from `b` (both ways).
+    pub fn partition(&mut self, a: &str, b: &str) {
+        self.trace.record(
+            self.sim.elapsed(),
+            "harness",
+            format!("partition {a} | {b}"),
+        );
+        self.net.partition(a, b);
+        self.sim.partition(a, b);
+    }
+
+    /// Heals a partition between `a` and `b`.
+    pub fn repair(&mut self, a: &str, b: &str) {
+        self.trace
+            .record(self.sim.elapsed(), "harness", format!("repair {a} | {b}"));
+        self.net.repair(a, b);
+        self.sim.repair(a, b);
+    }
+
+    /// Runs `action` on the world when simulated time reaches `at`.
+    pub fn at(&mut self, at: Duration, action: impl FnOnce(&mut World) + 'static) {
+        self.actions_added += 1;
+        self.actions
+            .push((at, self.actions_added, Box::new(action)));
+        self.actions.sort_by_key(|(at, order, _)| (*at, *order));
+    }
+
+    /// One step: due actions, elections, then every host for one tick. Returns whether
+    /// every client finished.
+    pub fn step(&mut self) -> turmoil::Result<bool> {
+        let now = self.sim.elapsed();
+        while self.actions.first().is_some_and(|(at, _, _)| *at <= now) {
+            let (_, _, action) = self.actions.remove(0);
+            action(self);
+        }
+        self.cluster.tick(now);
+        self.sim.step()
+    }
+
+    /// Runs until every client finished (an error if one failed or time ran out).
+    pub fn run(&mut self) -> turmoil::Result {
+        while !self.step()? {}
+        Ok(())
+    }
+
+    /// Runs until simulated time `until` (clients may still run).
+    pub fn run_until(&mut self, until: Duration) -> turmoil::Result {
+        while self.sim.elapsed() < until {
+            self.step()?;
+        }
+        Ok(())
+    }
+}
+
+/// The software of one replica pod: listen, become ready, schedule, serve.
+async fn serve_replica(
+    slot: usize,
+    host: String,
+    cluster: Cluster,
+    net: Network,
+) -> turmoil::Result {
+    let listener = SimListener::bind(cluster.config().port).await?;
+    cluster.started(slot, &host, sim_elapsed());
+    net.set_endpoint_ready(CONTROLLER_SERVICE, &host, true, sim_elapsed());
+    let replica = Replica::new(
+        slot,
+        &host,
+        cluster,
+        net.plain_dialer(&host),
+        Clock::simulated(),
+    );
+    tokio::spawn(scheduler::run(replica.clone()));
+    tonic::transport::Server::builder()
+        .add_service(SlurmControllerServer::new(replica))
+        .serve_with_incoming(listener.incoming())
+        .await?;
+    Ok(())
+}

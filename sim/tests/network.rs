@@ -1,0 +1,122 @@
+//! The simulated network: the Service with no ready replica, the kernel's SYN timeout,
+//! tonic, hyper and axum over turmoil.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{channel, now};
+use spur_sim::net::{DialerConnector, NetConfig, NoEndpoint, SimListener};
+use spur_sim::world::{World, WorldConfig};
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+#[test]
+fn a_connect_through_a_service_with_no_ready_replica_fails_at_the_clients_connect_timeout() {
+    let mut world = World::new(1);
+    // No replica started: the Service has no endpoint, so the SYN is dropped.
+    let dialer = world.dialer("operator");
+    world.client("operator", async move {
+        let started = now();
+        let result = channel(dialer, "spurctld", |e| {
+            e.connect_timeout(Duration::from_secs(2))
+        })
+        .await;
+        let took = now() - started;
+        assert!(result.is_err(), "no replica is ready");
+        assert!(
+            (2.0..2.05).contains(&secs(took)),
+            "the connect hung until the 2 s connect timeout, took {took:?}"
+        );
+        Ok(())
+    });
+    world.run().unwrap();
+}
+
+#[test]
+fn without_a_client_timeout_the_connect_fails_at_the_kernels_127_seconds() {
+    let mut world = World::new(2);
+    // A replica that becomes ready meanwhile does not help: the dropped SYN's fate is
+    // sealed, as conntrack kept it on the seed's cluster.
+    world.at(Duration::from_secs(10), |w| w.start_replica(0));
+    let dialer = world.dialer("operator");
+    world.client("operator", async move {
+        let started = now();
+        let error = channel(dialer, "spurctld", |e| e).await.unwrap_err();
+        let took = now() - started;
+        assert!(
+            (127.0..127.05).contains(&secs(took)),
+            "the connect hung for the kernel's SYN retries, took {took:?}"
+        );
+        let status = tonic::Status::from_error(Box::new(error));
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        Ok(())
+    });
+    world.run().unwrap();
+}
+
+#[test]
+fn the_reject_variant_refuses_at_once() {
+    let config = WorldConfig {
+        net: NetConfig {
+            no_endpoint: NoEndpoint::Reject,
+            ..NetConfig::default()
+        },
+        ..WorldConfig::default()
+    };
+    let mut world = World::with_config(3, config);
+    let dialer = world.dialer("operator");
+    world.client("operator", async move {
+        let started = now();
+        assert!(channel(dialer, "spurctld", |e| e).await.is_err());
+        assert!(now() - started < Duration::from_millis(10));
+        Ok(())
+    });
+    world.run().unwrap();
+}
+
+#[test]
+fn a_ready_replica_is_routed_only_after_the_propagation_delay() {
+    let mut world = World::new(4);
+    world.start_replica(0);
+    let dialer = world.dialer("operator");
+    world.client("operator", async move {
+        // The replica is ready within the first milliseconds; the Service learns it 1 s
+        // later. A connect before that is dropped (bounded here by a short timeout).
+        let early = channel(dialer.clone(), "spurctld", |e| {
+            e.connect_timeout(Duration::from_millis(500))
+        })
+        .await;
+        assert!(early.is_err(), "routed before the endpoint propagated");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut client = channel(dialer, "spurctld", |e| e).await.expect("routed");
+        let ping = client.ping(()).await.expect("ping").into_inner();
+        assert_eq!(ping.hostname, "spurctld-0");
+        Ok(())
+    });
+    world.run().unwrap();
+}
+
+#[test]
+fn axum_serves_and_a_hyper_client_connects_over_turmoil() {
+    let mut world = World::new(5);
+    world.host("web", || async {
+        let router = axum::Router::new().route("/hello", axum::routing::get(|| async { "hi" }));
+        axum::serve(SimListener::bind(8080).await?, router).await?;
+        Ok(())
+    });
+    let dialer = world.plain_dialer("client");
+    world.client("client", async move {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build::<_, axum::body::Body>(DialerConnector::new(dialer));
+        let response = client.get("http://web:8080/hello".parse()?).await?;
+        assert_eq!(response.status(), 200);
+        let body = axum::body::to_bytes(axum::body::Body::new(response.into_body()), 1024).await?;
+        assert_eq!(&body[..], b"hi");
+        Ok(())
+    });
+    world.run().unwrap();
+}
