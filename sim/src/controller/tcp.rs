@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::future::BoxFuture;
 use rand::RngExt;
-use spur_operator::net::{Dialer, TcpDialer};
+use spur_operator::net::{Dialer, TcpNetwork};
 use spur_proto::SlurmControllerServer;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -75,7 +75,7 @@ impl Dialer for LoopbackDialer {
                 let addr = *addr;
                 Box::pin(async move { TcpStream::connect(addr).await })
             }
-            None => TcpDialer.dial(host, port),
+            None => TcpNetwork.dial(host, port),
         }
     }
 }
