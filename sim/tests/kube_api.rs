@@ -10,7 +10,7 @@ use k8s_openapi::api::{
 use kube::{
     Api, Client, CustomResource, CustomResourceExt, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams},
-    core::{ErrorResponse, ObjectMeta},
+    core::{ObjectMeta, PartialObjectMeta, Status},
     runtime::{
         Controller,
         controller::Action,
@@ -58,14 +58,9 @@ fn job(name: &str) -> SpurJob {
     SpurJob::new(name, SpurJobSpec { script: "echo hi".into() })
 }
 
-fn api_error(err: kube::Error) -> ErrorResponse {
+fn api_error(err: kube::Error) -> Status {
     match err {
-        kube::Error::Api(status) => ErrorResponse {
-            status: status.status.map(|s| format!("{s:?}")).unwrap_or_default(),
-            message: status.message,
-            reason: status.reason,
-            code: status.code,
-        },
+        kube::Error::Api(status) => *status,
         other => panic!("expected an API error, got {other:?}"),
     }
 }
@@ -133,14 +128,6 @@ fn pod(name: &str) -> Pod {
         .unwrap()
 }
 
-trait IntoClient {
-    fn into_client(self) -> Client;
-}
-impl<K> IntoClient for Api<K> {
-    fn into_client(self) -> Client {
-        self.into()
-    }
-}
 
 #[tokio::test(start_paused = true)]
 async fn watch_from_a_resource_version_sees_every_change_in_order() {
@@ -182,10 +169,11 @@ async fn watcher_relists_after_an_in_stream_410() {
     let jobs: Api<SpurJob> = Api::namespaced(client, "default");
     jobs.create(&PostParams::default(), &job("first")).await.unwrap();
     let mut events = watcher(jobs.clone(), watcher::Config::default()).boxed();
-    let next = |events: &mut futures::stream::BoxStream<'static, Result<watcher::Event<SpurJob>, watcher::Error>>| {
-        let fut = events.next();
-        async move { timeout(Duration::from_secs(60), fut).await.expect("the watcher goes on").expect("not ended") }
-    };
+    async fn next(
+        events: &mut futures::stream::BoxStream<'static, Result<watcher::Event<SpurJob>, watcher::Error>>,
+    ) -> Result<watcher::Event<SpurJob>, watcher::Error> {
+        timeout(Duration::from_secs(60), events.next()).await.expect("the watcher goes on").expect("not ended")
+    }
     assert!(matches!(next(&mut events).await, Ok(watcher::Event::Init)));
     assert!(matches!(next(&mut events).await, Ok(watcher::Event::InitApply(j)) if j.name_any() == "first"));
     assert!(matches!(next(&mut events).await, Ok(watcher::Event::InitDone)));
@@ -417,7 +405,9 @@ async fn metadata_only_list_and_watch() {
     assert_eq!(list.items.len(), 1);
     assert_eq!(list.items[0].metadata.name.as_deref(), Some("m"));
 
-    let mut events = kube::runtime::metadata_watcher(jobs.clone(), watcher::Config::default()).boxed();
+    // Api<PartialObjectMeta<K>> makes kube-runtime's watcher ask for metadata only.
+    let metas: Api<PartialObjectMeta<SpurJob>> = Api::namespaced(jobs.clone().into_client(), "default");
+    let mut events = watcher(metas, watcher::Config::default()).boxed();
     let mut names = Vec::new();
     while names.len() < 2 {
         match timeout(Duration::from_secs(30), events.try_next()).await.unwrap().unwrap().unwrap() {

@@ -58,8 +58,18 @@ pub fn apply_patch(kind: PatchKind, target: &Value, patch: &Value) -> ApiResult<
         PatchKind::Json => {
             let ops: json_patch::Patch = serde_json::from_value(patch.clone())
                 .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
-            json_patch::patch(&mut result, &ops)
-                .map_err(|e| ApiError::invalid(format!("the JSON patch could not be applied: {e}")))?;
+            for op in ops.0 {
+                // Kubernetes' JSON patch (evanphx/json-patch) lets `test` of `null` pass on a
+                // missing path; kube-rs' finalizer helper relies on it.
+                if let json_patch::PatchOperation::Test(test) = &op
+                    && test.value.is_null()
+                    && result.pointer(test.path.as_str()).is_none()
+                {
+                    continue;
+                }
+                json_patch::patch(&mut result, &[op])
+                    .map_err(|e| ApiError::invalid(format!("the JSON patch could not be applied: {e}")))?;
+            }
         }
         PatchKind::Merge | PatchKind::StrategicMerge | PatchKind::Apply => json_patch::merge(&mut result, patch),
     }
@@ -87,6 +97,9 @@ mod tests {
         assert_eq!(patched, json!({"metadata": {"finalizers": []}}));
         let failing = json!([{"op": "test", "path": "/metadata/finalizers/0", "value": "b"}]);
         assert_eq!(apply_patch(PatchKind::Json, &obj, &failing).unwrap_err().code, 422);
+        let absent = json!([{"op": "test", "path": "/metadata/labels", "value": null},
+                            {"op": "add", "path": "/metadata/labels", "value": {}}]);
+        assert_eq!(apply_patch(PatchKind::Json, &obj, &absent).unwrap()["metadata"]["labels"], json!({}));
         let garbage = json!([{"op": "frobnicate"}]);
         assert_eq!(apply_patch(PatchKind::Json, &obj, &garbage).unwrap_err().code, 400);
         assert_eq!(parse_patch_body(PatchKind::Merge, b"not json").unwrap_err().code, 400);

@@ -180,10 +180,15 @@ impl Store {
         self.types.values().find(|t| t.api_version() == api_version && t.kind == kind).cloned()
     }
 
-    /// Drops all history: every watch from an earlier resourceVersion now gets 410.
+    /// Drops all history: every watch from a resourceVersion before now gets 410.
+    ///
+    /// The resourceVersion moves on by one (with no change attached), so a list made after
+    /// the compaction reports a version that can be watched again.
     pub fn compact(&mut self) {
+        self.rv += 1;
         self.history.clear();
         self.compacted_rv = self.rv;
+        self.notify.send_replace(self.rv);
     }
 
     /// One object.
