@@ -553,3 +553,97 @@ fn a_client_on_another_turmoil_host_talks_to_the_server() {
     });
     sim.run().unwrap();
 }
+
+/// `spur-sim kube-api` over real TCP, driven by kubectl and by kube-rs from the kubeconfig it
+/// writes. Skipped (with a message) when no kubectl is installed; `KUBECTL` picks a binary.
+#[tokio::test]
+async fn kubectl_against_the_tcp_mode() {
+    use std::{io::BufRead, process::{Command, Stdio}};
+    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+    if Command::new(&kubectl).args(["version", "--client"]).output().is_err() {
+        println!("skipping kubectl_against_the_tcp_mode: no {kubectl} on PATH");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("spur-sim-kubectl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    /// Kills the server however the test ends.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut server = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_spur-sim"))
+            .args(["kube-api", "--listen", "127.0.0.1:0", "--seed-nodes", "2", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // The server prints its address once the kubeconfig is in place.
+    let mut line = String::new();
+    std::io::BufReader::new(server.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.contains("serving on http://127.0.0.1:"), "{line}");
+
+    let run = |args: &[&str], stdin: Option<&str>| {
+        let mut child = Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        std::io::Write::write_all(&mut input, stdin.unwrap_or("").as_bytes()).unwrap();
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "kubectl {args:?} failed: {text}");
+        text
+    };
+    // Without validation: the server serves no OpenAPI document. The CRD goes first, so
+    // that kubectl finds SpurJob in discovery for the second call.
+    let crd = serde_json::to_string(&SpurJob::crd()).unwrap();
+    run(&["create", "--validate=false", "-f", "-"], Some(&crd));
+    let manifests = serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob", "metadata": {"name": "hello"}, "spec": {"script": "true"}},
+        {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "spur-operator"}, "spec": {"holderIdentity": "a"}},
+    ]}))
+    .unwrap();
+    let created = run(&["create", "--validate=false", "-f", "-"], Some(&manifests));
+    assert!(created.contains("spurjob.spur.amd.com/hello created"), "{created}");
+
+    let names = run(&["get", "nodes,pods,leases,spurjobs", "-o", "name"], None);
+    for want in ["node/node-0", "node/node-1", "lease.coordination.k8s.io/spur-operator", "spurjob.spur.amd.com/hello"] {
+        assert!(names.contains(want), "{want} missing from {names}");
+    }
+    let table = run(&["get", "nodes", "-l", "spur.amd.com/managed=true"], None);
+    assert!(table.contains("NAME") && table.contains("node-1"), "{table}");
+
+    // kube-rs from the same kubeconfig sees kubectl's objects, and kubectl sees its writes.
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let jobs: Api<SpurJob> = Api::default_namespaced(Client::try_from(config).unwrap());
+    let status = Patch::Merge(json!({"status": {"spurJobId": 42}}));
+    jobs.patch_status("hello", &PatchParams::default(), &status).await.unwrap();
+    let id = run(&["get", "spurjob", "hello", "-o", "jsonpath={.status.spurJobId}"], None);
+    assert_eq!(id.trim(), "42");
+
+    run(&["delete", "spurjob", "hello"], None);
+    let left = run(&["get", "spurjobs"], None);
+    assert!(left.contains("No resources found"), "{left}");
+    assert_eq!(api_error(jobs.get("hello").await.unwrap_err()).code, 404);
+
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
