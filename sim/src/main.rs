@@ -3,7 +3,10 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "spur-sim", about = "The deterministic simulation of spur-operator's world")]
+#[command(
+    name = "spur-sim",
+    about = "The deterministic simulation of spur-operator's world"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -17,7 +20,9 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     match cli.command {
         Command::KubeApi(args) => runtime.block_on(spur_sim::kube_api::cli::run(args))?,
     }

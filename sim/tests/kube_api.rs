@@ -50,12 +50,19 @@ async fn setup() -> (ApiServer, Client) {
     let client = server.in_memory_client();
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(client.clone());
-    crds.create(&PostParams::default(), &SpurJob::crd()).await.expect("the CRD is accepted");
+    crds.create(&PostParams::default(), &SpurJob::crd())
+        .await
+        .expect("the CRD is accepted");
     (server, client)
 }
 
 fn job(name: &str) -> SpurJob {
-    SpurJob::new(name, SpurJobSpec { script: "echo hi".into() })
+    SpurJob::new(
+        name,
+        SpurJobSpec {
+            script: "echo hi".into(),
+        },
+    )
 }
 
 fn api_error(err: kube::Error) -> Status {
@@ -66,7 +73,10 @@ fn api_error(err: kube::Error) -> Status {
 }
 
 fn names<K: Resource>(items: &[K]) -> Vec<String> {
-    items.iter().map(|o| o.meta().name.clone().unwrap_or_default()).collect()
+    items
+        .iter()
+        .map(|o| o.meta().name.clone().unwrap_or_default())
+        .collect()
 }
 
 #[tokio::test(start_paused = true)]
@@ -78,23 +88,39 @@ async fn list_with_label_and_field_selectors_and_paging() {
         .unwrap();
     let nodes: Api<Node> = Api::all(server.in_memory_client());
 
-    let managed = nodes.list(&ListParams::default().labels("spur.amd.com/managed=true")).await.unwrap();
+    let managed = nodes
+        .list(&ListParams::default().labels("spur.amd.com/managed=true"))
+        .await
+        .unwrap();
     assert_eq!(managed.items.len(), 7);
-    assert_eq!(managed.metadata.resource_version, Some(server.resource_version().to_string()));
+    assert_eq!(
+        managed.metadata.resource_version,
+        Some(server.resource_version().to_string())
+    );
     let check = |sel: &'static str, want: &'static [&'static str]| {
         let nodes = nodes.clone();
         async move {
-            let got = nodes.list(&ListParams::default().labels(sel)).await.unwrap();
+            let got = nodes
+                .list(&ListParams::default().labels(sel))
+                .await
+                .unwrap();
             assert_eq!(names(&got.items), want, "labelSelector {sel}");
         }
     };
     check("pool==cpu", &["other"]).await;
     check("spur.amd.com/managed!=true", &["other"]).await;
     check("pool in (gpu,cpu)", &["other"]).await;
-    check("kubernetes.io/hostname notin (node-0,node-1,node-2,node-3,node-4,node-5)", &["node-6", "other"]).await;
+    check(
+        "kubernetes.io/hostname notin (node-0,node-1,node-2,node-3,node-4,node-5)",
+        &["node-6", "other"],
+    )
+    .await;
     check("pool", &["other"]).await;
     check("!pool,kubernetes.io/hostname in (node-3)", &["node-3"]).await;
-    let by_name = nodes.list(&ListParams::default().fields("metadata.name=node-2")).await.unwrap();
+    let by_name = nodes
+        .list(&ListParams::default().fields("metadata.name=node-2"))
+        .await
+        .unwrap();
     assert_eq!(names(&by_name.items), ["node-2"]);
 
     // Paging: three pages of three, each page's continue token leads to the next.
@@ -111,44 +137,88 @@ async fn list_with_label_and_field_selectors_and_paging() {
         }
     }
     assert_eq!(pages, 3);
-    assert_eq!(seen, ["node-0", "node-1", "node-2", "node-3", "node-4", "node-5", "node-6", "other"]);
+    assert_eq!(
+        seen,
+        [
+            "node-0", "node-1", "node-2", "node-3", "node-4", "node-5", "node-6", "other"
+        ]
+    );
 
     // Namespaced: a namespace's list sees only its own.
     let pods_a: Api<Pod> = Api::namespaced(nodes.clone().into_client(), "a");
     let pods_b: Api<Pod> = Api::namespaced(nodes.into_client(), "b");
-    pods_a.create(&PostParams::default(), &pod("p1")).await.unwrap();
-    pods_b.create(&PostParams::default(), &pod("p2")).await.unwrap();
-    assert_eq!(names(&pods_a.list(&ListParams::default()).await.unwrap().items), ["p1"]);
+    pods_a
+        .create(&PostParams::default(), &pod("p1"))
+        .await
+        .unwrap();
+    pods_b
+        .create(&PostParams::default(), &pod("p2"))
+        .await
+        .unwrap();
+    assert_eq!(
+        names(&pods_a.list(&ListParams::default()).await.unwrap().items),
+        ["p1"]
+    );
     let all: Api<Pod> = Api::all(pods_a.into_client());
-    assert_eq!(names(&all.list(&ListParams::default()).await.unwrap().items), ["p1", "p2"]);
+    assert_eq!(
+        names(&all.list(&ListParams::default()).await.unwrap().items),
+        ["p1", "p2"]
+    );
 }
 
 fn pod(name: &str) -> Pod {
-    serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "x"}]}}))
-        .unwrap()
+    serde_json::from_value(
+        json!({"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "x"}]}}),
+    )
+    .unwrap()
 }
-
 
 #[tokio::test(start_paused = true)]
 async fn watch_from_a_resource_version_sees_every_change_in_order() {
     let (_server, client) = setup().await;
     let cms: Api<ConfigMap> = Api::namespaced(client, "default");
-    let mut before = ConfigMap { metadata: ObjectMeta { name: Some("before".into()), ..Default::default() }, ..Default::default() };
+    let mut before = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("before".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
     cms.create(&PostParams::default(), &before).await.unwrap();
-    let rv = cms.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
+    let rv = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
 
-    let mut stream = cms.watch(&WatchParams::default().timeout(60), &rv).await.unwrap().boxed();
+    let mut stream = cms
+        .watch(&WatchParams::default().timeout(60), &rv)
+        .await
+        .unwrap()
+        .boxed();
     before.metadata.name = Some("cm".into());
     cms.create(&PostParams::default(), &before).await.unwrap();
     for i in 0..3 {
-        cms.patch("cm", &PatchParams::default(), &Patch::Merge(json!({"data": {"i": i.to_string()}}))).await.unwrap();
+        cms.patch(
+            "cm",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"i": i.to_string()}})),
+        )
+        .await
+        .unwrap();
     }
     cms.delete("cm", &DeleteParams::default()).await.unwrap();
 
     let mut seen = Vec::new();
     let mut last_rv = rv.parse::<u64>().unwrap();
     while seen.len() < 5 {
-        let event = timeout(Duration::from_secs(30), stream.try_next()).await.expect("an event").unwrap().unwrap();
+        let event = timeout(Duration::from_secs(30), stream.try_next())
+            .await
+            .expect("an event")
+            .unwrap()
+            .unwrap();
         let (kind, obj) = match event {
             WatchEvent::Added(o) => ("ADDED", o),
             WatchEvent::Modified(o) => ("MODIFIED", o),
@@ -158,30 +228,61 @@ async fn watch_from_a_resource_version_sees_every_change_in_order() {
         let obj_rv: u64 = obj.resource_version().unwrap().parse().unwrap();
         assert!(obj_rv > last_rv, "resourceVersions increase");
         last_rv = obj_rv;
-        seen.push(format!("{kind} {}", obj.data.as_ref().and_then(|d| d.get("i")).cloned().unwrap_or_default()));
+        seen.push(format!(
+            "{kind} {}",
+            obj.data
+                .as_ref()
+                .and_then(|d| d.get("i"))
+                .cloned()
+                .unwrap_or_default()
+        ));
     }
-    assert_eq!(seen, ["ADDED ", "MODIFIED 0", "MODIFIED 1", "MODIFIED 2", "DELETED 2"]);
+    assert_eq!(
+        seen,
+        [
+            "ADDED ",
+            "MODIFIED 0",
+            "MODIFIED 1",
+            "MODIFIED 2",
+            "DELETED 2"
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn watcher_relists_after_an_in_stream_410() {
     let (server, client) = setup().await;
     let jobs: Api<SpurJob> = Api::namespaced(client, "default");
-    jobs.create(&PostParams::default(), &job("first")).await.unwrap();
+    jobs.create(&PostParams::default(), &job("first"))
+        .await
+        .unwrap();
     let mut events = watcher(jobs.clone(), watcher::Config::default()).boxed();
     async fn next(
-        events: &mut futures::stream::BoxStream<'static, Result<watcher::Event<SpurJob>, watcher::Error>>,
+        events: &mut futures::stream::BoxStream<
+            'static,
+            Result<watcher::Event<SpurJob>, watcher::Error>,
+        >,
     ) -> Result<watcher::Event<SpurJob>, watcher::Error> {
-        timeout(Duration::from_secs(60), events.next()).await.expect("the watcher goes on").expect("not ended")
+        timeout(Duration::from_secs(60), events.next())
+            .await
+            .expect("the watcher goes on")
+            .expect("not ended")
     }
     assert!(matches!(next(&mut events).await, Ok(watcher::Event::Init)));
-    assert!(matches!(next(&mut events).await, Ok(watcher::Event::InitApply(j)) if j.name_any() == "first"));
-    assert!(matches!(next(&mut events).await, Ok(watcher::Event::InitDone)));
+    assert!(
+        matches!(next(&mut events).await, Ok(watcher::Event::InitApply(j)) if j.name_any() == "first")
+    );
+    assert!(matches!(
+        next(&mut events).await,
+        Ok(watcher::Event::InitDone)
+    ));
 
     server.expire_resource_versions();
     let err = next(&mut events).await.expect_err("the 410 surfaces");
     assert!(format!("{err:?}").contains("410"), "{err:?}");
-    jobs.create(&PostParams::default(), &job("second")).await.unwrap();
+    jobs.create(&PostParams::default(), &job("second"))
+        .await
+        .unwrap();
 
     // The watcher lists again and sees both, then follows changes.
     assert!(matches!(next(&mut events).await, Ok(watcher::Event::Init)));
@@ -194,8 +295,12 @@ async fn watcher_relists_after_an_in_stream_410() {
         }
     }
     assert_eq!(relisted, ["first", "second"]);
-    jobs.create(&PostParams::default(), &job("third")).await.unwrap();
-    assert!(matches!(next(&mut events).await, Ok(watcher::Event::Apply(j)) if j.name_any() == "third"));
+    jobs.create(&PostParams::default(), &job("third"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(next(&mut events).await, Ok(watcher::Event::Apply(j)) if j.name_any() == "third")
+    );
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -207,7 +312,9 @@ async fn finalizer_helper_adds_and_removes_its_finalizer() {
     const FINALIZER: &str = "spur.amd.com/cancel-job";
     let (_server, client) = setup().await;
     let jobs: Api<SpurJob> = Api::namespaced(client, "default");
-    jobs.create(&PostParams::default(), &job("j")).await.unwrap();
+    jobs.create(&PostParams::default(), &job("j"))
+        .await
+        .unwrap();
     let cleaned = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let run = |obj: SpurJob| {
         let jobs = jobs.clone();
@@ -232,47 +339,84 @@ async fn finalizer_helper_adds_and_removes_its_finalizer() {
 
     jobs.delete("j", &DeleteParams::default()).await.unwrap();
     let deleting = jobs.get("j").await.unwrap();
-    assert!(deleting.metadata.deletion_timestamp.is_some(), "the finalizer holds the object");
+    assert!(
+        deleting.metadata.deletion_timestamp.is_some(),
+        "the finalizer holds the object"
+    );
     run(deleting).await.unwrap();
     assert!(cleaned.load(std::sync::atomic::Ordering::SeqCst));
-    assert_eq!(api_error(jobs.get("j").await.unwrap_err()).code, 404, "gone once the finalizer is removed");
+    assert_eq!(
+        api_error(jobs.get("j").await.unwrap_err()).code,
+        404,
+        "gone once the finalizer is removed"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn status_patch_does_not_bump_generation_and_status_conflicts_on_demand() {
     let (server, client) = setup().await;
     let jobs: Api<SpurJob> = Api::namespaced(client, "default");
-    let created = jobs.create(&PostParams::default(), &job("j")).await.unwrap();
+    let created = jobs
+        .create(&PostParams::default(), &job("j"))
+        .await
+        .unwrap();
     assert_eq!(created.metadata.generation, Some(1));
 
     let status = Patch::Merge(json!({"status": {"spurJobId": 7}}));
-    let patched = jobs.patch_status("j", &PatchParams::default(), &status).await.unwrap();
-    assert_eq!(patched.status, Some(SpurJobStatus { spur_job_id: Some(7) }));
+    let patched = jobs
+        .patch_status("j", &PatchParams::default(), &status)
+        .await
+        .unwrap();
+    assert_eq!(
+        patched.status,
+        Some(SpurJobStatus {
+            spur_job_id: Some(7)
+        })
+    );
     assert_eq!(patched.metadata.generation, Some(1));
     assert_ne!(patched.resource_version(), created.resource_version());
 
     // Status through the main resource is ignored; a spec change bumps generation.
     let main = Patch::Merge(json!({"spec": {"script": "true"}, "status": {"spurJobId": 9}}));
-    let patched = jobs.patch("j", &PatchParams::default(), &main).await.unwrap();
+    let patched = jobs
+        .patch("j", &PatchParams::default(), &main)
+        .await
+        .unwrap();
     assert_eq!(patched.metadata.generation, Some(2));
-    assert_eq!(patched.status, Some(SpurJobStatus { spur_job_id: Some(7) }));
+    assert_eq!(
+        patched.status,
+        Some(SpurJobStatus {
+            spur_job_id: Some(7)
+        })
+    );
 
     // A status subresource write changes nothing but status.
     let sneaky = Patch::Merge(json!({"spec": {"script": "rm"}, "status": {"spurJobId": 8}}));
-    let patched = jobs.patch_status("j", &PatchParams::default(), &sneaky).await.unwrap();
+    let patched = jobs
+        .patch_status("j", &PatchParams::default(), &sneaky)
+        .await
+        .unwrap();
     assert_eq!(patched.spec.script, "true");
     assert_eq!(patched.metadata.generation, Some(2));
 
     server.faults().conflict_next_status_writes(1);
-    let err = jobs.patch_status("j", &PatchParams::default(), &status).await.unwrap_err();
+    let err = jobs
+        .patch_status("j", &PatchParams::default(), &status)
+        .await
+        .unwrap_err();
     assert_eq!(api_error(err).code, 409);
-    jobs.patch_status("j", &PatchParams::default(), &status).await.expect("only the next write conflicts");
+    jobs.patch_status("j", &PatchParams::default(), &status)
+        .await
+        .expect("only the next write conflicts");
 
     // Server-side apply: a forced merge that creates when missing.
     let apply = PatchParams::apply("spur-operator").force();
     let mut applied = job("applied");
     applied.metadata.labels = Some([("a".to_owned(), "b".to_owned())].into());
-    let out = jobs.patch("applied", &apply, &Patch::Apply(&applied)).await.unwrap();
+    let out = jobs
+        .patch("applied", &apply, &Patch::Apply(&applied))
+        .await
+        .unwrap();
     assert_eq!(out.labels().get("a").map(String::as_str), Some("b"));
 }
 
@@ -280,22 +424,42 @@ async fn status_patch_does_not_bump_generation_and_status_conflicts_on_demand() 
 async fn stale_resource_version_gets_409() {
     let (_server, client) = setup().await;
     let jobs: Api<SpurJob> = Api::namespaced(client, "default");
-    let old = jobs.create(&PostParams::default(), &job("j")).await.unwrap();
+    let old = jobs
+        .create(&PostParams::default(), &job("j"))
+        .await
+        .unwrap();
     let mut fresh = old.clone();
     fresh.spec.script = "one".into();
-    jobs.replace("j", &PostParams::default(), &fresh).await.unwrap();
+    jobs.replace("j", &PostParams::default(), &fresh)
+        .await
+        .unwrap();
     let mut stale = old;
     stale.spec.script = "two".into();
-    let err = api_error(jobs.replace("j", &PostParams::default(), &stale).await.unwrap_err());
+    let err = api_error(
+        jobs.replace("j", &PostParams::default(), &stale)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
-    let err = api_error(jobs.create(&PostParams::default(), &job("j")).await.unwrap_err());
+    let err = api_error(
+        jobs.create(&PostParams::default(), &job("j"))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((err.code, err.reason.as_str()), (409, "AlreadyExists"));
     // A JSON patch whose `test` fails is refused and changes nothing.
-    let test = Patch::<()>::Json(serde_json::from_value(json!([
-        {"op": "test", "path": "/spec/script", "value": "two"},
-        {"op": "replace", "path": "/spec/script", "value": "three"}
-    ])).unwrap());
-    let err = api_error(jobs.patch("j", &PatchParams::default(), &test).await.unwrap_err());
+    let test = Patch::<()>::Json(
+        serde_json::from_value(json!([
+            {"op": "test", "path": "/spec/script", "value": "two"},
+            {"op": "replace", "path": "/spec/script", "value": "three"}
+        ]))
+        .unwrap(),
+    );
+    let err = api_error(
+        jobs.patch("j", &PatchParams::default(), &test)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(err.code, 422);
     assert_eq!(jobs.get("j").await.unwrap().spec.script, "one");
 }
@@ -305,29 +469,65 @@ async fn lease_is_created_renewed_with_a_precondition_and_taken_over() {
     let (_server, client) = setup().await;
     let leases: Api<Lease> = Api::namespaced(client, "default");
     let lease = |holder: &str| Lease {
-        metadata: ObjectMeta { name: Some("spur-operator".into()), ..Default::default() },
-        spec: Some(LeaseSpec { holder_identity: Some(holder.into()), lease_duration_seconds: Some(15), ..Default::default() }),
+        metadata: ObjectMeta {
+            name: Some("spur-operator".into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(15),
+            ..Default::default()
+        }),
     };
-    let held = leases.create(&PostParams::default(), &lease("a")).await.unwrap();
+    let held = leases
+        .create(&PostParams::default(), &lease("a"))
+        .await
+        .unwrap();
 
     // a renews with its resourceVersion as a precondition.
     let mut renew = held.clone();
     renew.spec.as_mut().unwrap().renew_time =
-        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-    let renewed = leases.replace("spur-operator", &PostParams::default(), &renew).await.unwrap();
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+    let renewed = leases
+        .replace("spur-operator", &PostParams::default(), &renew)
+        .await
+        .unwrap();
     assert_ne!(renewed.resource_version(), held.resource_version());
 
     // b, holding the old version, cannot take it...
     let mut grab = held.clone();
     grab.spec.as_mut().unwrap().holder_identity = Some("b".into());
-    assert_eq!(api_error(leases.replace("spur-operator", &PostParams::default(), &grab).await.unwrap_err()).code, 409);
+    assert_eq!(
+        api_error(
+            leases
+                .replace("spur-operator", &PostParams::default(), &grab)
+                .await
+                .unwrap_err()
+        )
+        .code,
+        409
+    );
     // ...until it reads the current one.
     let mut grab = leases.get("spur-operator").await.unwrap();
     grab.spec.as_mut().unwrap().holder_identity = Some("b".into());
-    let taken = leases.replace("spur-operator", &PostParams::default(), &grab).await.unwrap();
+    let taken = leases
+        .replace("spur-operator", &PostParams::default(), &grab)
+        .await
+        .unwrap();
     assert_eq!(taken.spec.unwrap().holder_identity.as_deref(), Some("b"));
     // a's renewal from before the takeover now fails.
-    assert_eq!(api_error(leases.replace("spur-operator", &PostParams::default(), &renewed).await.unwrap_err()).code, 409);
+    assert_eq!(
+        api_error(
+            leases
+                .replace("spur-operator", &PostParams::default(), &renewed)
+                .await
+                .unwrap_err()
+        )
+        .code,
+        409
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -337,7 +537,14 @@ async fn object_with_a_finalizer_is_deleted_in_two_steps() {
     let mut p = pod("p");
     p.metadata.finalizers = Some(vec!["example.com/hold".into()]);
     let created = pods.create(&PostParams::default(), &p).await.unwrap();
-    let mut stream = pods.watch(&WatchParams::default(), &created.resource_version().unwrap()).await.unwrap().boxed();
+    let mut stream = pods
+        .watch(
+            &WatchParams::default(),
+            &created.resource_version().unwrap(),
+        )
+        .await
+        .unwrap()
+        .boxed();
 
     let first = pods.delete("p", &DeleteParams::default()).await.unwrap();
     let held = first.left().expect("the object, still there");
@@ -346,17 +553,30 @@ async fn object_with_a_finalizer_is_deleted_in_two_steps() {
     // Deleting again changes nothing.
     pods.delete("p", &DeleteParams::default()).await.unwrap();
 
-    let remove = Patch::<()>::Json(serde_json::from_value(json!([
-        {"op": "test", "path": "/metadata/finalizers/0", "value": "example.com/hold"},
-        {"op": "remove", "path": "/metadata/finalizers/0"}
-    ])).unwrap());
-    pods.patch("p", &PatchParams::default(), &remove).await.unwrap();
+    let remove = Patch::<()>::Json(
+        serde_json::from_value(json!([
+            {"op": "test", "path": "/metadata/finalizers/0", "value": "example.com/hold"},
+            {"op": "remove", "path": "/metadata/finalizers/0"}
+        ]))
+        .unwrap(),
+    );
+    pods.patch("p", &PatchParams::default(), &remove)
+        .await
+        .unwrap();
     assert_eq!(api_error(pods.get("p").await.unwrap_err()).code, 404);
 
     let mut kinds = Vec::new();
     while kinds.len() < 2 {
-        match timeout(Duration::from_secs(30), stream.try_next()).await.unwrap().unwrap().unwrap() {
-            WatchEvent::Modified(p) => kinds.push(format!("MODIFIED deleting={}", p.metadata.deletion_timestamp.is_some())),
+        match timeout(Duration::from_secs(30), stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
+            WatchEvent::Modified(p) => kinds.push(format!(
+                "MODIFIED deleting={}",
+                p.metadata.deletion_timestamp.is_some()
+            )),
             WatchEvent::Deleted(_) => kinds.push("DELETED".into()),
             other => panic!("unexpected {other:?}"),
         }
@@ -376,44 +596,71 @@ async fn controller_reconciles_an_object_created_after_it_started() {
     }
     async fn reconcile(job: Arc<SpurJob>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
         let status = Patch::Merge(json!({"status": {"spurJobId": 1}}));
-        ctx.jobs.patch_status(&job.name_any(), &PatchParams::default(), &status).await?;
+        ctx.jobs
+            .patch_status(&job.name_any(), &PatchParams::default(), &status)
+            .await?;
         let _ = ctx.tx.send(job.name_any());
         Ok(Action::await_change())
     }
     fn error_policy(_: Arc<SpurJob>, _: &kube::Error, _: Arc<Ctx>) -> Action {
         Action::requeue(Duration::from_secs(1))
     }
-    let ctx = Arc::new(Ctx { jobs: jobs.clone(), tx });
+    let ctx = Arc::new(Ctx {
+        jobs: jobs.clone(),
+        tx,
+    });
     tokio::spawn(
         Controller::new(jobs.clone(), watcher::Config::default())
             .run(reconcile, error_policy, ctx)
             .for_each(|_| async {}),
     );
     tokio::time::sleep(Duration::from_secs(5)).await;
-    jobs.create(&PostParams::default(), &job("late")).await.unwrap();
-    let name = timeout(Duration::from_secs(30), rx.recv()).await.expect("reconciled in time").unwrap();
+    jobs.create(&PostParams::default(), &job("late"))
+        .await
+        .unwrap();
+    let name = timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("reconciled in time")
+        .unwrap();
     assert_eq!(name, "late");
-    assert_eq!(jobs.get("late").await.unwrap().status, Some(SpurJobStatus { spur_job_id: Some(1) }));
+    assert_eq!(
+        jobs.get("late").await.unwrap().status,
+        Some(SpurJobStatus {
+            spur_job_id: Some(1)
+        })
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn metadata_only_list_and_watch() {
     let (_server, client) = setup().await;
     let jobs: Api<SpurJob> = Api::namespaced(client, "default");
-    jobs.create(&PostParams::default(), &job("m")).await.unwrap();
+    jobs.create(&PostParams::default(), &job("m"))
+        .await
+        .unwrap();
     let list = jobs.list_metadata(&ListParams::default()).await.unwrap();
     assert_eq!(list.items.len(), 1);
     assert_eq!(list.items[0].metadata.name.as_deref(), Some("m"));
 
     // Api<PartialObjectMeta<K>> makes kube-runtime's watcher ask for metadata only.
-    let metas: Api<PartialObjectMeta<SpurJob>> = Api::namespaced(jobs.clone().into_client(), "default");
+    let metas: Api<PartialObjectMeta<SpurJob>> =
+        Api::namespaced(jobs.clone().into_client(), "default");
     let mut events = watcher(metas, watcher::Config::default()).boxed();
     let mut names = Vec::new();
     while names.len() < 2 {
-        match timeout(Duration::from_secs(30), events.try_next()).await.unwrap().unwrap().unwrap() {
-            watcher::Event::InitApply(m) | watcher::Event::Apply(m) => names.push(m.metadata.name.unwrap()),
+        match timeout(Duration::from_secs(30), events.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
+            watcher::Event::InitApply(m) | watcher::Event::Apply(m) => {
+                names.push(m.metadata.name.unwrap())
+            }
             watcher::Event::InitDone => {
-                jobs.create(&PostParams::default(), &job("n")).await.unwrap();
+                jobs.create(&PostParams::default(), &job("n"))
+                    .await
+                    .unwrap();
             }
             _ => {}
         }
@@ -425,7 +672,9 @@ async fn metadata_only_list_and_watch() {
 async fn bad_input_gets_a_status_and_the_server_goes_on() {
     let (_server, client) = setup().await;
     let jobs: Api<SpurJob> = Api::namespaced(client.clone(), "default");
-    jobs.create(&PostParams::default(), &job("j")).await.unwrap();
+    jobs.create(&PostParams::default(), &job("j"))
+        .await
+        .unwrap();
     let send = |method: &str, uri: &str, content_type: &str, body: &str| {
         let req = http::Request::builder()
             .method(method)
@@ -435,26 +684,62 @@ async fn bad_input_gets_a_status_and_the_server_goes_on() {
             .unwrap();
         let client = client.clone();
         async move {
-            let err = client.request::<serde_json::Value>(req).await.expect_err("refused");
+            let err = client
+                .request::<serde_json::Value>(req)
+                .await
+                .expect_err("refused");
             api_error(err)
         }
     };
     let base = "/apis/spur.amd.com/v1alpha1/namespaces/default/spurjobs";
-    let err = send("PATCH", &format!("{base}/j"), "application/merge-patch+json", "{not json").await;
+    let err = send(
+        "PATCH",
+        &format!("{base}/j"),
+        "application/merge-patch+json",
+        "{not json",
+    )
+    .await;
     assert_eq!((err.code, err.reason.as_str()), (400, "BadRequest"));
-    let err = send("PATCH", &format!("{base}/j"), "application/json-patch+json", "[{\"op\":\"jump\"}]").await;
+    let err = send(
+        "PATCH",
+        &format!("{base}/j"),
+        "application/json-patch+json",
+        "[{\"op\":\"jump\"}]",
+    )
+    .await;
     assert_eq!(err.code, 400);
     let err = send("PATCH", &format!("{base}/j"), "text/plain", "{}").await;
-    assert_eq!((err.code, err.reason.as_str()), (415, "UnsupportedMediaType"));
+    assert_eq!(
+        (err.code, err.reason.as_str()),
+        (415, "UnsupportedMediaType")
+    );
     let err = send("POST", base, "application/yaml", "metadata: {name: y}").await;
     assert_eq!(err.code, 415);
     let err = send("POST", base, "application/json", "metadata: {name: y}").await;
     assert_eq!(err.code, 400);
-    let err = send("GET", "/apis/spur.amd.com/v1alpha1/namespaces/default/widgets", "application/json", "").await;
+    let err = send(
+        "GET",
+        "/apis/spur.amd.com/v1alpha1/namespaces/default/widgets",
+        "application/json",
+        "",
+    )
+    .await;
     assert_eq!((err.code, err.reason.as_str()), (404, "NotFound"));
-    let err = send("GET", "/apis/nope.example.com/v1/things", "application/json", "").await;
+    let err = send(
+        "GET",
+        "/apis/nope.example.com/v1/things",
+        "application/json",
+        "",
+    )
+    .await;
     assert_eq!(err.code, 404);
-    let err = send("GET", &format!("{base}?labelSelector=a%20in%20b"), "application/json", "").await;
+    let err = send(
+        "GET",
+        &format!("{base}?labelSelector=a%20in%20b"),
+        "application/json",
+        "",
+    )
+    .await;
     assert_eq!(err.code, 400);
     // Still serving.
     assert_eq!(jobs.get("j").await.unwrap().name_any(), "j");
@@ -464,15 +749,24 @@ async fn bad_input_gets_a_status_and_the_server_goes_on() {
 async fn faults_outage_latency_and_cut_watches() {
     let (server, client) = setup().await;
     let jobs: Api<SpurJob> = Api::namespaced(client, "default");
-    jobs.create(&PostParams::default(), &job("j")).await.unwrap();
+    jobs.create(&PostParams::default(), &job("j"))
+        .await
+        .unwrap();
 
     server.faults().start_outage(OutageMode::Unavailable);
     assert_eq!(api_error(jobs.get("j").await.unwrap_err()).code, 503);
     server.faults().end_outage();
 
     server.faults().start_outage(OutageMode::Hang);
-    assert!(timeout(Duration::from_secs(10), jobs.get("j")).await.is_err(), "a hung server never answers");
-    server.faults().outage_for(OutageMode::Hang, Duration::from_secs(20));
+    assert!(
+        timeout(Duration::from_secs(10), jobs.get("j"))
+            .await
+            .is_err(),
+        "a hung server never answers"
+    );
+    server
+        .faults()
+        .outage_for(OutageMode::Hang, Duration::from_secs(20));
     let start = tokio::time::Instant::now();
     jobs.get("j").await.expect("answers once the outage ends");
     assert!(start.elapsed() >= Duration::from_secs(20));
@@ -484,14 +778,28 @@ async fn faults_outage_latency_and_cut_watches() {
     server.faults().set_latency(Duration::ZERO);
 
     let rv = jobs.get("j").await.unwrap().resource_version().unwrap();
-    let mut stream = jobs.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
+    let mut stream = jobs
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
     server.faults().cut_watches(CutKind::Abort);
-    let end = timeout(Duration::from_secs(10), stream.next()).await.expect("the cut is seen");
+    let end = timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("the cut is seen");
     assert!(matches!(end, Some(Err(_)) | None), "{end:?}");
     // A watch from an expired version gets an in-stream 410.
     server.expire_resource_versions();
-    let mut stream = jobs.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
-    match timeout(Duration::from_secs(10), stream.try_next()).await.unwrap().unwrap() {
+    let mut stream = jobs
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    match timeout(Duration::from_secs(10), stream.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+    {
         Some(WatchEvent::Error(e)) => assert_eq!(e.code, 410),
         other => panic!("expected a 410 event, got {other:?}"),
     }
@@ -515,14 +823,24 @@ async fn same_seed_same_objects() {
     let a = run().await;
     let b = run().await;
     assert_eq!(a, b);
-    assert!(a[3]["metadata"]["name"].as_str().unwrap().starts_with("worker-"));
-    assert_eq!(a[3]["metadata"]["creationTimestamp"], "2026-01-01T00:00:42Z");
+    assert!(
+        a[3]["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("worker-")
+    );
+    assert_eq!(
+        a[3]["metadata"]["creationTimestamp"],
+        "2026-01-01T00:00:42Z"
+    );
 }
 
 #[test]
 fn a_client_on_another_turmoil_host_talks_to_the_server() {
     use spur_sim::kube_api::{client_over, transport::TurmoilDialer};
-    let mut sim = turmoil::Builder::new().simulation_duration(Duration::from_secs(120)).build();
+    let mut sim = turmoil::Builder::new()
+        .simulation_duration(Duration::from_secs(120))
+        .build();
     sim.host("kube-api", || async {
         let server = ApiServer::new(ApiServerConfig::default());
         server.seed_nodes(2).unwrap();
@@ -533,13 +851,27 @@ fn a_client_on_another_turmoil_host_talks_to_the_server() {
     sim.client("operator", async {
         let client = client_over(TurmoilDialer, "kube-api", 6443);
         let nodes: Api<Node> = Api::all(client.clone());
-        let list = nodes.list(&ListParams::default().labels("spur.amd.com/managed=true")).await?;
+        let list = nodes
+            .list(&ListParams::default().labels("spur.amd.com/managed=true"))
+            .await?;
         assert_eq!(names(&list.items), ["node-0", "node-1"]);
         let cms: Api<ConfigMap> = Api::namespaced(client, "default");
         let mut events = watcher(cms.clone(), watcher::Config::default()).boxed();
-        assert!(matches!(events.try_next().await?, Some(watcher::Event::Init)));
-        assert!(matches!(events.try_next().await?, Some(watcher::Event::InitDone)));
-        let cm = ConfigMap { metadata: ObjectMeta { name: Some("over-turmoil".into()), ..Default::default() }, ..Default::default() };
+        assert!(matches!(
+            events.try_next().await?,
+            Some(watcher::Event::Init)
+        ));
+        assert!(matches!(
+            events.try_next().await?,
+            Some(watcher::Event::InitDone)
+        ));
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("over-turmoil".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
         cms.create(&PostParams::default(), &cm).await?;
         match events.try_next().await? {
             Some(watcher::Event::Apply(cm)) => assert_eq!(cm.name_any(), "over-turmoil"),
@@ -558,9 +890,16 @@ fn a_client_on_another_turmoil_host_talks_to_the_server() {
 /// writes. Skipped (with a message) when no kubectl is installed; `KUBECTL` picks a binary.
 #[tokio::test]
 async fn kubectl_against_the_tcp_mode() {
-    use std::{io::BufRead, process::{Command, Stdio}};
+    use std::{
+        io::BufRead,
+        process::{Command, Stdio},
+    };
     let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
-    if Command::new(&kubectl).args(["version", "--client"]).output().is_err() {
+    if Command::new(&kubectl)
+        .args(["version", "--client"])
+        .output()
+        .is_err()
+    {
         println!("skipping kubectl_against_the_tcp_mode: no {kubectl} on PATH");
         return;
     }
@@ -577,7 +916,14 @@ async fn kubectl_against_the_tcp_mode() {
     }
     let mut server = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_spur-sim"))
-            .args(["kube-api", "--listen", "127.0.0.1:0", "--seed-nodes", "2", "--kubeconfig"])
+            .args([
+                "kube-api",
+                "--listen",
+                "127.0.0.1:0",
+                "--seed-nodes",
+                "2",
+                "--kubeconfig",
+            ])
             .arg(&kubeconfig)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -586,7 +932,9 @@ async fn kubectl_against_the_tcp_mode() {
     );
     // The server prints its address once the kubeconfig is in place.
     let mut line = String::new();
-    std::io::BufReader::new(server.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    std::io::BufReader::new(server.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     assert!(line.contains("serving on http://127.0.0.1:"), "{line}");
 
     let run = |args: &[&str], stdin: Option<&str>| {
@@ -603,7 +951,11 @@ async fn kubectl_against_the_tcp_mode() {
         std::io::Write::write_all(&mut input, stdin.unwrap_or("").as_bytes()).unwrap();
         drop(input);
         let out = child.wait_with_output().unwrap();
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(out.status.success(), "kubectl {args:?} failed: {text}");
         text
     };
@@ -617,14 +969,25 @@ async fn kubectl_against_the_tcp_mode() {
     ]}))
     .unwrap();
     let created = run(&["create", "--validate=false", "-f", "-"], Some(&manifests));
-    assert!(created.contains("spurjob.spur.amd.com/hello created"), "{created}");
+    assert!(
+        created.contains("spurjob.spur.amd.com/hello created"),
+        "{created}"
+    );
 
     let names = run(&["get", "nodes,pods,leases,spurjobs", "-o", "name"], None);
-    for want in ["node/node-0", "node/node-1", "lease.coordination.k8s.io/spur-operator", "spurjob.spur.amd.com/hello"] {
+    for want in [
+        "node/node-0",
+        "node/node-1",
+        "lease.coordination.k8s.io/spur-operator",
+        "spurjob.spur.amd.com/hello",
+    ] {
         assert!(names.contains(want), "{want} missing from {names}");
     }
     let table = run(&["get", "nodes", "-l", "spur.amd.com/managed=true"], None);
-    assert!(table.contains("NAME") && table.contains("node-1"), "{table}");
+    assert!(
+        table.contains("NAME") && table.contains("node-1"),
+        "{table}"
+    );
 
     // kube-rs from the same kubeconfig sees kubectl's objects, and kubectl sees its writes.
     let config = kube::Config::from_custom_kubeconfig(
@@ -635,8 +998,19 @@ async fn kubectl_against_the_tcp_mode() {
     .unwrap();
     let jobs: Api<SpurJob> = Api::default_namespaced(Client::try_from(config).unwrap());
     let status = Patch::Merge(json!({"status": {"spurJobId": 42}}));
-    jobs.patch_status("hello", &PatchParams::default(), &status).await.unwrap();
-    let id = run(&["get", "spurjob", "hello", "-o", "jsonpath={.status.spurJobId}"], None);
+    jobs.patch_status("hello", &PatchParams::default(), &status)
+        .await
+        .unwrap();
+    let id = run(
+        &[
+            "get",
+            "spurjob",
+            "hello",
+            "-o",
+            "jsonpath={.status.spurJobId}",
+        ],
+        None,
+    );
     assert_eq!(id.trim(), "42");
 
     run(&["delete", "spurjob", "hello"], None);

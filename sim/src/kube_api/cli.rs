@@ -1,6 +1,10 @@
 //! `spur-sim kube-api`: the API server over real TCP, with a kubeconfig for kube-rs and kubectl.
 
-use std::{io, net::SocketAddr, path::{Path, PathBuf}};
+use std::{
+    io,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
 
 use super::server::{ApiServer, ApiServerConfig};
 use super::store::StoreConfig;
@@ -24,12 +28,23 @@ pub struct KubeApiArgs {
 
 /// Runs `spur-sim kube-api` (returns only on an I/O error).
 pub async fn run(args: KubeApiArgs) -> io::Result<()> {
-    let server = ApiServer::new(ApiServerConfig { store: StoreConfig { seed: args.seed, ..StoreConfig::default() }, clock: None });
-    server.seed_nodes(args.seed_nodes).map_err(io::Error::other)?;
+    let server = ApiServer::new(ApiServerConfig {
+        store: StoreConfig {
+            seed: args.seed,
+            ..StoreConfig::default()
+        },
+        clock: None,
+    });
+    server
+        .seed_nodes(args.seed_nodes)
+        .map_err(io::Error::other)?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
     write_kubeconfig(&args.kubeconfig, &format!("http://{addr}"))?;
-    println!("spur-sim kube-api serving on http://{addr}; kubeconfig at {}", args.kubeconfig.display());
+    println!(
+        "spur-sim kube-api serving on http://{addr}; kubeconfig at {}",
+        args.kubeconfig.display()
+    );
     server.serve(listener).await
 }
 

@@ -8,7 +8,16 @@ use serde_json::{Value, json};
 
 use super::{clock::parse_time, resources::ResourceType, store::Store, watch::partial_metadata};
 
-const VERBS: [&str; 8] = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+const VERBS: [&str; 8] = [
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
 
 /// `/version`.
 pub fn version() -> Value {
@@ -45,7 +54,10 @@ fn group_doc(name: &str, versions: &[String]) -> Value {
 
 /// `/apis`: every named group.
 pub fn group_list(store: &Store) -> Value {
-    let groups: Vec<Value> = groups(store).iter().map(|(name, versions)| group_doc(name, versions)).collect();
+    let groups: Vec<Value> = groups(store)
+        .iter()
+        .map(|(name, versions)| group_doc(name, versions))
+        .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
@@ -61,7 +73,10 @@ pub fn group(store: &Store, name: &str) -> Option<Value> {
 
 /// `/api/v1` or `/apis/{group}/{version}`: the resources served there, `None` when none.
 pub fn resource_list(store: &Store, group: &str, version: &str) -> Option<Value> {
-    let types: Vec<&ResourceType> = store.resources().filter(|t| t.group == group && t.version == version).collect();
+    let types: Vec<&ResourceType> = store
+        .resources()
+        .filter(|t| t.group == group && t.version == version)
+        .collect();
     if types.is_empty() {
         return None;
     }
@@ -78,20 +93,34 @@ pub fn resource_list(store: &Store, group: &str, version: &str) -> Option<Value>
             }));
         }
     }
-    let group_version = if group.is_empty() { version.to_owned() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}))
+    let group_version = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}),
+    )
 }
 
 /// A `meta.k8s.io/v1` Table of objects, with the columns kubectl prints by default.
-pub fn table(rt: &ResourceType, objects: &[&Value], resource_version: &str, now: Timestamp) -> Value {
+pub fn table(
+    rt: &ResourceType,
+    objects: &[&Value],
+    resource_version: &str,
+    now: Timestamp,
+) -> Value {
     let rows: Vec<Value> = objects
         .iter()
         .map(|o| {
             let meta = &o["metadata"];
-            let age = meta["creationTimestamp"].as_str().and_then(parse_time).map_or_else(
-                || "<unknown>".to_owned(),
-                |created| human_age(now.as_second().saturating_sub(created.as_second())),
-            );
+            let age = meta["creationTimestamp"]
+                .as_str()
+                .and_then(parse_time)
+                .map_or_else(
+                    || "<unknown>".to_owned(),
+                    |created| human_age(now.as_second().saturating_sub(created.as_second())),
+                );
             json!({"cells": [meta["name"].clone(), age], "object": partial_metadata(o)})
         })
         .collect();

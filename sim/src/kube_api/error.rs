@@ -18,7 +18,12 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { code, reason, message: message.into(), details: None }
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
 
     fn with_details(mut self, name: &str, group: &str, plural: &str) -> Self {
@@ -34,13 +39,21 @@ impl ApiError {
 
     /// 404 for a path that names no served resource.
     pub fn unknown_path(path: &str) -> Self {
-        Self::new(404, "NotFound", format!("the server could not find the requested resource ({path})"))
+        Self::new(
+            404,
+            "NotFound",
+            format!("the server could not find the requested resource ({path})"),
+        )
     }
 
     /// 409 on create of an existing name.
     pub fn already_exists(resource: &str, group: &str, plural: &str, name: &str) -> Self {
-        Self::new(409, "AlreadyExists", format!("{resource} \"{name}\" already exists"))
-            .with_details(name, group, plural)
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{resource} \"{name}\" already exists"),
+        )
+        .with_details(name, group, plural)
     }
 
     /// 409 on a failed resourceVersion or uid precondition.
@@ -68,12 +81,20 @@ impl ApiError {
 
     /// 415 for a body in a content type the verb does not take.
     pub fn unsupported_media_type(content_type: &str) -> Self {
-        Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format ({content_type:?})"))
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!("the body of the request was in an unknown format ({content_type:?})"),
+        )
     }
 
     /// 405 for a verb a path does not serve.
     pub fn method_not_allowed(method: &str) -> Self {
-        Self::new(405, "MethodNotAllowed", format!("the server does not allow this method on the requested resource ({method})"))
+        Self::new(
+            405,
+            "MethodNotAllowed",
+            format!("the server does not allow this method on the requested resource ({method})"),
+        )
     }
 
     /// 410 for a resourceVersion older than the kept history.
@@ -83,7 +104,11 @@ impl ApiError {
 
     /// 503 while an outage fault is on.
     pub fn unavailable() -> Self {
-        Self::new(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+        Self::new(
+            503,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        )
     }
 
     /// The `Status` object a real API server sends for this error.

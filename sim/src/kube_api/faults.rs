@@ -52,7 +52,9 @@ pub struct Faults {
 
 impl Default for Faults {
     fn default() -> Self {
-        Self { state: Arc::new(watch::Sender::new(FaultState::default())) }
+        Self {
+            state: Arc::new(watch::Sender::new(FaultState::default())),
+        }
     }
 }
 

@@ -22,7 +22,12 @@ pub enum PatchKind {
 impl PatchKind {
     /// The patch kind a `Content-Type` names; 415 for anything else.
     pub fn from_content_type(content_type: &str) -> ApiResult<Self> {
-        let media = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        let media = content_type
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
         match media.as_str() {
             "application/json-patch+json" => Ok(Self::Json),
             "application/merge-patch+json" => Ok(Self::Merge),
@@ -38,11 +43,13 @@ pub fn parse_patch_body(kind: PatchKind, body: &[u8]) -> ApiResult<Value> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the patch body is not valid JSON: {e}")))?;
     match kind {
-        PatchKind::Json if !value.is_array() => {
-            Err(ApiError::bad_request("a JSON patch must be an array of operations"))
-        }
+        PatchKind::Json if !value.is_array() => Err(ApiError::bad_request(
+            "a JSON patch must be an array of operations",
+        )),
         PatchKind::Merge | PatchKind::StrategicMerge | PatchKind::Apply if !value.is_object() => {
-            Err(ApiError::bad_request("a merge or apply patch must be a JSON object"))
+            Err(ApiError::bad_request(
+                "a merge or apply patch must be a JSON object",
+            ))
         }
         _ => Ok(value),
     }
@@ -67,11 +74,14 @@ pub fn apply_patch(kind: PatchKind, target: &Value, patch: &Value) -> ApiResult<
                 {
                     continue;
                 }
-                json_patch::patch(&mut result, &[op])
-                    .map_err(|e| ApiError::invalid(format!("the JSON patch could not be applied: {e}")))?;
+                json_patch::patch(&mut result, &[op]).map_err(|e| {
+                    ApiError::invalid(format!("the JSON patch could not be applied: {e}"))
+                })?;
             }
         }
-        PatchKind::Merge | PatchKind::StrategicMerge | PatchKind::Apply => json_patch::merge(&mut result, patch),
+        PatchKind::Merge | PatchKind::StrategicMerge | PatchKind::Apply => {
+            json_patch::merge(&mut result, patch)
+        }
     }
     Ok(result)
 }
@@ -83,9 +93,18 @@ mod tests {
 
     #[test]
     fn content_types() {
-        assert_eq!(PatchKind::from_content_type("application/merge-patch+json").unwrap(), PatchKind::Merge);
-        assert_eq!(PatchKind::from_content_type("application/apply-patch+yaml").unwrap(), PatchKind::Apply);
-        assert_eq!(PatchKind::from_content_type("text/plain").unwrap_err().code, 415);
+        assert_eq!(
+            PatchKind::from_content_type("application/merge-patch+json").unwrap(),
+            PatchKind::Merge
+        );
+        assert_eq!(
+            PatchKind::from_content_type("application/apply-patch+yaml").unwrap(),
+            PatchKind::Apply
+        );
+        assert_eq!(
+            PatchKind::from_content_type("text/plain").unwrap_err().code,
+            415
+        );
     }
 
     #[test]
@@ -96,20 +115,46 @@ mod tests {
         let patched = apply_patch(PatchKind::Json, &obj, &ok).unwrap();
         assert_eq!(patched, json!({"metadata": {"finalizers": []}}));
         let failing = json!([{"op": "test", "path": "/metadata/finalizers/0", "value": "b"}]);
-        assert_eq!(apply_patch(PatchKind::Json, &obj, &failing).unwrap_err().code, 422);
+        assert_eq!(
+            apply_patch(PatchKind::Json, &obj, &failing)
+                .unwrap_err()
+                .code,
+            422
+        );
         let absent = json!([{"op": "test", "path": "/metadata/labels", "value": null},
                             {"op": "add", "path": "/metadata/labels", "value": {}}]);
-        assert_eq!(apply_patch(PatchKind::Json, &obj, &absent).unwrap()["metadata"]["labels"], json!({}));
+        assert_eq!(
+            apply_patch(PatchKind::Json, &obj, &absent).unwrap()["metadata"]["labels"],
+            json!({})
+        );
         let garbage = json!([{"op": "frobnicate"}]);
-        assert_eq!(apply_patch(PatchKind::Json, &obj, &garbage).unwrap_err().code, 400);
-        assert_eq!(parse_patch_body(PatchKind::Merge, b"not json").unwrap_err().code, 400);
-        assert_eq!(parse_patch_body(PatchKind::Json, b"{}").unwrap_err().code, 400);
+        assert_eq!(
+            apply_patch(PatchKind::Json, &obj, &garbage)
+                .unwrap_err()
+                .code,
+            400
+        );
+        assert_eq!(
+            parse_patch_body(PatchKind::Merge, b"not json")
+                .unwrap_err()
+                .code,
+            400
+        );
+        assert_eq!(
+            parse_patch_body(PatchKind::Json, b"{}").unwrap_err().code,
+            400
+        );
     }
 
     #[test]
     fn merge_patch_removes_nulls() {
         let obj = json!({"spec": {"a": 1, "b": 2}});
-        let patched = apply_patch(PatchKind::Merge, &obj, &json!({"spec": {"a": null, "c": 3}})).unwrap();
+        let patched = apply_patch(
+            PatchKind::Merge,
+            &obj,
+            &json!({"spec": {"a": null, "c": 3}}),
+        )
+        .unwrap();
         assert_eq!(patched, json!({"spec": {"b": 2, "c": 3}}));
     }
 }

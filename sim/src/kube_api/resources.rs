@@ -40,7 +40,15 @@ pub struct ResourceType {
 }
 
 impl ResourceType {
-    fn builtin(group: &str, version: &str, kind: &str, plural: &str, short: &[&str], namespaced: bool, status: bool) -> Self {
+    fn builtin(
+        group: &str,
+        version: &str,
+        kind: &str,
+        plural: &str,
+        short: &[&str],
+        namespaced: bool,
+        status: bool,
+    ) -> Self {
         Self {
             group: group.to_owned(),
             version: version.to_owned(),
@@ -56,17 +64,29 @@ impl ResourceType {
 
     /// Key under which the store keeps this resource's objects.
     pub fn key(&self) -> ResourceKey {
-        ResourceKey { group: self.group.clone(), version: self.version.clone(), plural: self.plural.clone() }
+        ResourceKey {
+            group: self.group.clone(),
+            version: self.version.clone(),
+            plural: self.plural.clone(),
+        }
     }
 
     /// `apiVersion` of the objects: `v1` or `group/version`.
     pub fn api_version(&self) -> String {
-        if self.group.is_empty() { self.version.clone() } else { format!("{}/{}", self.group, self.version) }
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
     }
 
     /// Group-qualified plural, as error messages name it (`leases.coordination.k8s.io`).
     pub fn qualified(&self) -> String {
-        if self.group.is_empty() { self.plural.clone() } else { format!("{}.{}", self.plural, self.group) }
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
     }
 }
 
@@ -80,9 +100,33 @@ pub fn builtin_types() -> Vec<ResourceType> {
         R::builtin("", "v1", "Service", "services", &["svc"], true, true),
         R::builtin("", "v1", "ConfigMap", "configmaps", &["cm"], true, false),
         R::builtin("", "v1", "Event", "events", &["ev"], true, false),
-        R::builtin("events.k8s.io", "v1", "Event", "events", &["ev"], true, false),
-        R::builtin("coordination.k8s.io", "v1", "Lease", "leases", &[], true, false),
-        R::builtin("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", &["crd", "crds"], false, true),
+        R::builtin(
+            "events.k8s.io",
+            "v1",
+            "Event",
+            "events",
+            &["ev"],
+            true,
+            false,
+        ),
+        R::builtin(
+            "coordination.k8s.io",
+            "v1",
+            "Lease",
+            "leases",
+            &[],
+            true,
+            false,
+        ),
+        R::builtin(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+            "customresourcedefinitions",
+            &["crd", "crds"],
+            false,
+            true,
+        ),
     ]
 }
 
@@ -93,29 +137,48 @@ pub fn types_from_crd(crd: &Value) -> ApiResult<Vec<ResourceType>> {
         v.as_str()
             .filter(|s| !s.is_empty())
             .map(str::to_owned)
-            .ok_or_else(|| ApiError::invalid(format!("CustomResourceDefinition: {what} is required")))
+            .ok_or_else(|| {
+                ApiError::invalid(format!("CustomResourceDefinition: {what} is required"))
+            })
     };
     let group = text(&spec["group"], "spec.group")?;
     let names = &spec["names"];
     let kind = text(&names["kind"], "spec.names.kind")?;
     let plural = text(&names["plural"], "spec.names.plural")?;
-    let singular = names["singular"].as_str().map_or_else(|| kind.to_lowercase(), str::to_owned);
+    let singular = names["singular"]
+        .as_str()
+        .map_or_else(|| kind.to_lowercase(), str::to_owned);
     let short_names: Vec<String> = names["shortNames"]
         .as_array()
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_owned)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default();
     let namespaced = match spec["scope"].as_str() {
         Some("Namespaced") => true,
         Some("Cluster") => false,
-        other => return Err(ApiError::invalid(format!("CustomResourceDefinition: spec.scope {other:?} is not Namespaced or Cluster"))),
+        other => {
+            return Err(ApiError::invalid(format!(
+                "CustomResourceDefinition: spec.scope {other:?} is not Namespaced or Cluster"
+            )));
+        }
     };
     let expected_name = format!("{plural}.{group}");
     if crd["metadata"]["name"].as_str() != Some(expected_name.as_str()) {
-        return Err(ApiError::invalid(format!("CustomResourceDefinition: metadata.name must be {expected_name}")));
+        return Err(ApiError::invalid(format!(
+            "CustomResourceDefinition: metadata.name must be {expected_name}"
+        )));
     }
-    let versions = spec["versions"].as_array().filter(|v| !v.is_empty()).ok_or_else(|| {
-        ApiError::invalid("CustomResourceDefinition: spec.versions must list at least one version")
-    })?;
+    let versions = spec["versions"]
+        .as_array()
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "CustomResourceDefinition: spec.versions must list at least one version",
+            )
+        })?;
     let mut types = Vec::new();
     for version in versions {
         if version["served"].as_bool() == Some(false) {

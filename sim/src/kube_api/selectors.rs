@@ -24,7 +24,11 @@ pub struct LabelSelector(Vec<LabelReq>);
 impl LabelSelector {
     /// Parses `a=b,c!=d,e in (f,g),h notin (i),j,!k`.
     pub fn parse(text: &str) -> ApiResult<Self> {
-        let bad = |why: &str| ApiError::bad_request(format!("unable to parse requirement: {why} in labelSelector {text:?}"));
+        let bad = |why: &str| {
+            ApiError::bad_request(format!(
+                "unable to parse requirement: {why} in labelSelector {text:?}"
+            ))
+        };
         let mut reqs = Vec::new();
         for term in split_terms(text) {
             let term = term.trim();
@@ -34,13 +38,27 @@ impl LabelSelector {
             let req = if let Some(key) = term.strip_prefix('!') {
                 LabelReq::NotExists(valid_key(key.trim()).ok_or_else(|| bad("bad key"))?)
             } else if let Some((key, value)) = term.split_once("!=") {
-                LabelReq::NotEquals(valid_key(key.trim()).ok_or_else(|| bad("bad key"))?, value.trim().to_owned())
-            } else if let Some((key, value)) = term.split_once("==").or_else(|| term.split_once('=')) {
-                LabelReq::Equals(valid_key(key.trim()).ok_or_else(|| bad("bad key"))?, value.trim().to_owned())
+                LabelReq::NotEquals(
+                    valid_key(key.trim()).ok_or_else(|| bad("bad key"))?,
+                    value.trim().to_owned(),
+                )
+            } else if let Some((key, value)) =
+                term.split_once("==").or_else(|| term.split_once('='))
+            {
+                LabelReq::Equals(
+                    valid_key(key.trim()).ok_or_else(|| bad("bad key"))?,
+                    value.trim().to_owned(),
+                )
             } else if let Some((key, set)) = set_term(term, " notin ") {
-                LabelReq::NotIn(valid_key(key).ok_or_else(|| bad("bad key"))?, set.ok_or_else(|| bad("bad set"))?)
+                LabelReq::NotIn(
+                    valid_key(key).ok_or_else(|| bad("bad key"))?,
+                    set.ok_or_else(|| bad("bad set"))?,
+                )
             } else if let Some((key, set)) = set_term(term, " in ") {
-                LabelReq::In(valid_key(key).ok_or_else(|| bad("bad key"))?, set.ok_or_else(|| bad("bad set"))?)
+                LabelReq::In(
+                    valid_key(key).ok_or_else(|| bad("bad key"))?,
+                    set.ok_or_else(|| bad("bad set"))?,
+                )
             } else {
                 LabelReq::Exists(valid_key(term).ok_or_else(|| bad("bad key"))?)
             };
@@ -90,13 +108,21 @@ fn set_term<'a>(term: &'a str, op: &str) -> Option<(&'a str, Option<BTreeSet<Str
         .trim()
         .strip_prefix('(')
         .and_then(|r| r.strip_suffix(')'))
-        .map(|inner| inner.split(',').map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()).collect());
+        .map(|inner| {
+            inner
+                .split(',')
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+                .collect()
+        });
     Some((key.trim(), set))
 }
 
 fn valid_key(key: &str) -> Option<String> {
     let ok = !key.is_empty()
-        && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
     ok.then(|| key.to_owned())
 }
 
@@ -115,11 +141,15 @@ impl FieldSelector {
             } else if let Some((p, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
                 (p, true, v)
             } else {
-                return Err(ApiError::bad_request(format!("invalid field selector term {term:?}: expected an operator")));
+                return Err(ApiError::bad_request(format!(
+                    "invalid field selector term {term:?}: expected an operator"
+                )));
             };
             let path: Vec<String> = path.trim().split('.').map(str::to_owned).collect();
             if path.iter().any(String::is_empty) {
-                return Err(ApiError::bad_request(format!("invalid field selector term {term:?}")));
+                return Err(ApiError::bad_request(format!(
+                    "invalid field selector term {term:?}"
+                )));
             }
             terms.push((path, equal, value.trim().to_owned()));
         }
@@ -154,7 +184,9 @@ pub struct Filter {
 impl Filter {
     /// Whether an object passes the filter.
     pub fn matches(&self, object: &Value) -> bool {
-        self.namespace.as_deref().is_none_or(|ns| object["metadata"]["namespace"].as_str() == Some(ns))
+        self.namespace
+            .as_deref()
+            .is_none_or(|ns| object["metadata"]["namespace"].as_str() == Some(ns))
             && self.labels.matches(object)
             && self.fields.matches(object)
     }

@@ -67,7 +67,9 @@ pub struct ApiServer {
 
 impl std::fmt::Debug for ApiServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiServer").field("resource_version", &self.resource_version()).finish()
+        f.debug_struct("ApiServer")
+            .field("resource_version", &self.resource_version())
+            .finish()
     }
 }
 
@@ -76,7 +78,12 @@ impl ApiServer {
     pub fn new(config: ApiServerConfig) -> Self {
         let clock = config.clock.unwrap_or_else(Clock::simulated);
         let store = Store::new(clock, config.store);
-        Self { shared: Arc::new(Shared { store: Mutex::new(store), faults: Faults::default() }) }
+        Self {
+            shared: Arc::new(Shared {
+                store: Mutex::new(store),
+                faults: Faults::default(),
+            }),
+        }
     }
 
     /// The fault switches.
@@ -98,7 +105,9 @@ impl ApiServer {
 
     /// The axum router serving the API (for embedding; [`ApiServer::serve`] uses it).
     pub fn router(&self) -> Router {
-        Router::new().fallback(handle).with_state(self.shared.clone())
+        Router::new()
+            .fallback(handle)
+            .with_state(self.shared.clone())
     }
 
     /// Serves every connection `listener` accepts, each on its own task, until accepting fails.
@@ -118,7 +127,10 @@ impl ApiServer {
         async move {
             let mut builder = auto::Builder::new(TokioExecutor::new());
             // No header-read timeout: idle pooled client connections must stay open.
-            builder.http1().timer(TokioTimer::new()).header_read_timeout(None);
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(None);
             if let Err(error) = builder.serve_connection(TokioIo::new(io), service).await {
                 tracing::debug!(%error, "API server connection ended with an error");
             }
@@ -154,7 +166,13 @@ impl ApiServer {
     }
 
     /// Reads an object directly.
-    pub fn get(&self, api_version: &str, kind: &str, namespace: Option<&str>, name: &str) -> ApiResult<Value> {
+    pub fn get(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> ApiResult<Value> {
         let store = self.store();
         let rt = known_type(&store, api_version, kind)?;
         Ok((*store.get(&rt, namespace, name)?).clone())
@@ -164,18 +182,37 @@ impl ApiServer {
     pub fn list(&self, api_version: &str, kind: &str) -> ApiResult<Vec<Value>> {
         let store = self.store();
         let rt = known_type(&store, api_version, kind)?;
-        Ok(store.list(&rt, &Filter::default(), None, None)?.items.iter().map(|o| (**o).clone()).collect())
+        Ok(store
+            .list(&rt, &Filter::default(), None, None)?
+            .items
+            .iter()
+            .map(|o| (**o).clone())
+            .collect())
     }
 
     /// Merge-patches an object (or only its status) directly.
-    pub fn merge_patch(&self, api_version: &str, kind: &str, namespace: Option<&str>, name: &str, patch: &Value, status: bool) -> ApiResult<Value> {
+    pub fn merge_patch(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        patch: &Value,
+        status: bool,
+    ) -> ApiResult<Value> {
         let mut store = self.store();
         let rt = known_type(&store, api_version, kind)?;
         Ok((*store.patch(&rt, namespace, name, PatchKind::Merge, patch, status)?).clone())
     }
 
     /// Deletes an object directly (finalizers hold it, as over HTTP).
-    pub fn delete(&self, api_version: &str, kind: &str, namespace: Option<&str>, name: &str) -> ApiResult<Value> {
+    pub fn delete(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> ApiResult<Value> {
         let mut store = self.store();
         let rt = known_type(&store, api_version, kind)?;
         Ok((*store.delete(&rt, namespace, name, &Preconditions::default())?).clone())
@@ -187,9 +224,11 @@ impl ApiServer {
 }
 
 fn known_type(store: &Store, api_version: &str, kind: &str) -> ApiResult<ResourceType> {
-    store
-        .type_for(api_version, kind)
-        .ok_or_else(|| ApiError::unknown_path(&format!("no kind {kind:?} is registered for version {api_version:?}")))
+    store.type_for(api_version, kind).ok_or_else(|| {
+        ApiError::unknown_path(&format!(
+            "no kind {kind:?} is registered for version {api_version:?}"
+        ))
+    })
 }
 
 fn type_of(store: &Store, obj: &Value) -> ApiResult<ResourceType> {
@@ -230,7 +269,10 @@ enum Shape {
 }
 
 fn shape(headers: &HeaderMap) -> Shape {
-    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     if accept.contains("as=Table") {
         Shape::Table
     } else if accept.contains("as=PartialObjectMetadata") {
@@ -262,11 +304,23 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
         .await
         .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
     if query.contains_key("dryRun") {
-        return Err(ApiError::bad_request("dryRun is not supported by spur-sim's API server"));
+        return Err(ApiError::bad_request(
+            "dryRun is not supported by spur-sim's API server",
+        ));
     }
     let shape = shape(&parts.headers);
-    let content_type = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    let Target { rt, namespace, name, status } = target;
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let Target {
+        rt,
+        namespace,
+        name,
+        status,
+    } = target;
     let ns = namespace.as_deref();
 
     match (&parts.method, name) {
@@ -276,11 +330,19 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
                 return watch_response(shared, rt, filter, &query, shape == Shape::Metadata);
             }
             let limit = match query.get("limit").filter(|l| !l.is_empty()) {
-                Some(l) => Some(l.parse::<usize>().map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?),
+                Some(l) => Some(
+                    l.parse::<usize>()
+                        .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
+                ),
                 None => None,
             };
             let store = shared.store.lock().expect("store lock");
-            let page = store.list(&rt, &filter, limit, query.get("continue").map(String::as_str))?;
+            let page = store.list(
+                &rt,
+                &filter,
+                limit,
+                query.get("continue").map(String::as_str),
+            )?;
             let rv = page.resource_version.to_string();
             let mut meta = json!({"resourceVersion": rv});
             if let Some(token) = &page.continue_token {
@@ -312,7 +374,10 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
             let obj = store.get(&rt, ns, &name)?;
             let out = match shape {
                 Shape::Table => {
-                    let rv = obj["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
+                    let rv = obj["metadata"]["resourceVersion"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
                     discovery::table(&rt, &[&obj], &rv, store.clock().now())
                 }
                 Shape::Metadata => partial_metadata(&obj),
@@ -325,29 +390,55 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
                 return Err(ApiError::method_not_allowed("POST"));
             }
             let obj = json_body(&content_type, &body)?;
-            let created = shared.store.lock().expect("store lock").create(&rt, ns, obj)?;
+            let created = shared
+                .store
+                .lock()
+                .expect("store lock")
+                .create(&rt, ns, obj)?;
             Ok((StatusCode::CREATED, Json((*created).clone())).into_response())
         }
         (&Method::PUT, Some(name)) => {
             let obj = json_body(&content_type, &body)?;
             if status && shared.faults.take_status_conflict() {
-                return Err(ApiError::conflict(&rt.qualified(), &rt.group, &rt.plural, &name));
+                return Err(ApiError::conflict(
+                    &rt.qualified(),
+                    &rt.group,
+                    &rt.plural,
+                    &name,
+                ));
             }
-            let updated = shared.store.lock().expect("store lock").update(&rt, ns, &name, obj, status)?;
+            let updated = shared
+                .store
+                .lock()
+                .expect("store lock")
+                .update(&rt, ns, &name, obj, status)?;
             Ok(Json((*updated).clone()).into_response())
         }
         (&Method::PATCH, Some(name)) => {
             let kind = PatchKind::from_content_type(&content_type)?;
             let patch = parse_patch_body(kind, &body)?;
             if status && shared.faults.take_status_conflict() {
-                return Err(ApiError::conflict(&rt.qualified(), &rt.group, &rt.plural, &name));
+                return Err(ApiError::conflict(
+                    &rt.qualified(),
+                    &rt.group,
+                    &rt.plural,
+                    &name,
+                ));
             }
-            let patched = shared.store.lock().expect("store lock").patch(&rt, ns, &name, kind, &patch, status)?;
+            let patched = shared
+                .store
+                .lock()
+                .expect("store lock")
+                .patch(&rt, ns, &name, kind, &patch, status)?;
             Ok(Json((*patched).clone()).into_response())
         }
         (&Method::DELETE, Some(name)) => {
             let pre = preconditions(&body)?;
-            let deleted = shared.store.lock().expect("store lock").delete(&rt, ns, &name, &pre)?;
+            let deleted = shared
+                .store
+                .lock()
+                .expect("store lock")
+                .delete(&rt, ns, &name, &pre)?;
             Ok(Json((*deleted).clone()).into_response())
         }
         (&Method::DELETE, None) => {
@@ -359,16 +450,26 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
                 .iter()
                 .map(|o| {
                     let ns = o["metadata"]["namespace"].as_str().map(str::to_owned);
-                    (ns, o["metadata"]["name"].as_str().unwrap_or_default().to_owned())
+                    (
+                        ns,
+                        o["metadata"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
+                    )
                 })
                 .collect();
             let mut items = Vec::new();
             for (ns, name) in names {
-                items.push((*store.delete(&rt, ns.as_deref(), &name, &Preconditions::default())?).clone());
+                items.push(
+                    (*store.delete(&rt, ns.as_deref(), &name, &Preconditions::default())?).clone(),
+                );
             }
             let rv = store.resource_version().to_string();
-            Ok(Json(json!({"kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(),
-                "metadata": {"resourceVersion": rv}, "items": items}))
+            Ok(Json(
+                json!({"kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(),
+                "metadata": {"resourceVersion": rv}, "items": items}),
+            )
             .into_response())
         }
         (method, _) => Err(ApiError::method_not_allowed(method.as_str())),
@@ -378,7 +479,13 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
 /// Resolves `{plural}[/{name}[/status]]` or `namespaces/{ns}/{plural}[/{name}[/status]]`.
 fn resolve(store: &Store, group: &str, version: &str, rest: &[&str]) -> Option<Target> {
     let lookup = |plural: &str| {
-        store.resource(&ResourceKey { group: group.to_owned(), version: version.to_owned(), plural: plural.to_owned() }).cloned()
+        store
+            .resource(&ResourceKey {
+                group: group.to_owned(),
+                version: version.to_owned(),
+                plural: plural.to_owned(),
+            })
+            .cloned()
     };
     let (rt, namespace, tail) = match rest {
         ["namespaces", ns, plural, tail @ ..] if lookup(plural).is_some_and(|t| t.namespaced) => {
@@ -397,40 +504,74 @@ fn resolve(store: &Store, group: &str, version: &str, rest: &[&str]) -> Option<T
     if rt.namespaced && namespace.is_none() && name.is_some() {
         return None;
     }
-    Some(Target { rt, namespace, name, status })
+    Some(Target {
+        rt,
+        namespace,
+        name,
+        status,
+    })
 }
 
 fn discovery_response(shared: &Shared, segments: &[&str], path: &str) -> ApiResult<Response> {
     let store = shared.store.lock().expect("store lock");
     let doc = match segments {
-        [] => json!({"paths": ["/api", "/api/v1", "/apis", "/healthz", "/livez", "/readyz", "/version"]}),
+        [] => {
+            json!({"paths": ["/api", "/api/v1", "/apis", "/healthz", "/livez", "/readyz", "/version"]})
+        }
         ["version"] => discovery::version(),
         ["healthz" | "livez" | "readyz"] => return Ok("ok".into_response()),
         ["api"] => discovery::core_versions(),
-        ["api", "v1"] => discovery::resource_list(&store, "", "v1").expect("the core group is built in"),
-        ["apis"] => discovery::group_list(&store),
-        ["apis", group] => discovery::group(&store, group).ok_or_else(|| ApiError::unknown_path(path))?,
-        ["apis", group, version] => {
-            discovery::resource_list(&store, group, version).ok_or_else(|| ApiError::unknown_path(path))?
+        ["api", "v1"] => {
+            discovery::resource_list(&store, "", "v1").expect("the core group is built in")
         }
+        ["apis"] => discovery::group_list(&store),
+        ["apis", group] => {
+            discovery::group(&store, group).ok_or_else(|| ApiError::unknown_path(path))?
+        }
+        ["apis", group, version] => discovery::resource_list(&store, group, version)
+            .ok_or_else(|| ApiError::unknown_path(path))?,
         _ => return Err(ApiError::unknown_path(path)),
     };
     Ok(Json(doc).into_response())
 }
 
 fn filter_from(query: &BTreeMap<String, String>, namespace: Option<String>) -> ApiResult<Filter> {
-    let labels = query.get("labelSelector").map(|s| LabelSelector::parse(s)).transpose()?.unwrap_or_default();
-    let fields = query.get("fieldSelector").map(|s| FieldSelector::parse(s)).transpose()?.unwrap_or_default();
-    Ok(Filter { namespace, labels, fields })
+    let labels = query
+        .get("labelSelector")
+        .map(|s| LabelSelector::parse(s))
+        .transpose()?
+        .unwrap_or_default();
+    let fields = query
+        .get("fieldSelector")
+        .map(|s| FieldSelector::parse(s))
+        .transpose()?
+        .unwrap_or_default();
+    Ok(Filter {
+        namespace,
+        labels,
+        fields,
+    })
 }
 
-fn watch_response(shared: Arc<Shared>, rt: ResourceType, filter: Filter, query: &BTreeMap<String, String>, metadata_only: bool) -> ApiResult<Response> {
+fn watch_response(
+    shared: Arc<Shared>,
+    rt: ResourceType,
+    filter: Filter,
+    query: &BTreeMap<String, String>,
+    metadata_only: bool,
+) -> ApiResult<Response> {
     let from = match query.get("resourceVersion").map(String::as_str) {
         None | Some("" | "0") => None,
-        Some(rv) => Some(rv.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))?),
+        Some(rv) => Some(
+            rv.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))?,
+        ),
     };
     let timeout = match query.get("timeoutSeconds").filter(|t| !t.is_empty()) {
-        Some(t) => Duration::from_secs(t.parse().map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?),
+        Some(t) => Duration::from_secs(
+            t.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds {t:?}")))?,
+        ),
         None => DEFAULT_WATCH_TIMEOUT,
     };
     let flag = |name: &str| query.get(name).is_some_and(|v| v == "true" || v == "1");
@@ -453,10 +594,12 @@ fn json_body(content_type: &str, body: &Bytes) -> ApiResult<Value> {
     if !media.eq_ignore_ascii_case("application/json") {
         return Err(ApiError::unsupported_media_type(content_type));
     }
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
     if !value.is_object() {
-        return Err(ApiError::bad_request("the request body must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
     }
     Ok(value)
 }
@@ -466,8 +609,9 @@ fn preconditions(body: &Bytes) -> ApiResult<Preconditions> {
     if body.is_empty() {
         return Ok(Preconditions::default());
     }
-    let options: Value =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the delete options are not valid JSON: {e}")))?;
+    let options: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("the delete options are not valid JSON: {e}"))
+    })?;
     let pre = &options["preconditions"];
     Ok(Preconditions {
         uid: pre["uid"].as_str().map(str::to_owned),

@@ -94,7 +94,10 @@ pub struct StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         // Ten thousand changes cover hours of a simulated cluster's churn.
-        Self { history_limit: 10_000, seed: 0 }
+        Self {
+            history_limit: 10_000,
+            seed: 0,
+        }
     }
 }
 
@@ -114,7 +117,10 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("rv", &self.rv).field("compacted_rv", &self.compacted_rv).finish_non_exhaustive()
+        f.debug_struct("Store")
+            .field("rv", &self.rv)
+            .field("compacted_rv", &self.compacted_rv)
+            .finish_non_exhaustive()
     }
 }
 
@@ -136,7 +142,9 @@ impl Store {
         for t in builtin_types() {
             store.types.insert(t.key(), t);
         }
-        let ns = store.type_for("v1", "Namespace").expect("Namespace is built in");
+        let ns = store
+            .type_for("v1", "Namespace")
+            .expect("Namespace is built in");
         for name in ["default", "kube-system"] {
             store
                 .create(&ns, None, json!({"metadata": {"name": name}}))
@@ -177,7 +185,10 @@ impl Store {
 
     /// The resource serving `apiVersion`/`kind`.
     pub fn type_for(&self, api_version: &str, kind: &str) -> Option<ResourceType> {
-        self.types.values().find(|t| t.api_version() == api_version && t.kind == kind).cloned()
+        self.types
+            .values()
+            .find(|t| t.api_version() == api_version && t.kind == kind)
+            .cloned()
     }
 
     /// Drops all history: every watch from a resourceVersion before now gets 410.
@@ -192,7 +203,12 @@ impl Store {
     }
 
     /// One object.
-    pub fn get(&self, rt: &ResourceType, namespace: Option<&str>, name: &str) -> ApiResult<Arc<Value>> {
+    pub fn get(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> ApiResult<Arc<Value>> {
         self.objects
             .get(&rt.key())
             .and_then(|objs| objs.get(&object_key(rt, namespace, name)))
@@ -201,11 +217,18 @@ impl Store {
     }
 
     /// A page of the objects passing `filter`, after the `continue` token if any.
-    pub fn list(&self, rt: &ResourceType, filter: &Filter, limit: Option<usize>, continue_token: Option<&str>) -> ApiResult<ListPage> {
+    pub fn list(
+        &self,
+        rt: &ResourceType,
+        filter: &Filter,
+        limit: Option<usize>,
+        continue_token: Option<&str>,
+    ) -> ApiResult<ListPage> {
         let (list_rv, start) = match continue_token.filter(|t| !t.is_empty()) {
             Some(token) => {
-                let (rv, key) = decode_continue(token)
-                    .ok_or_else(|| ApiError::bad_request(format!("invalid continue token {token:?}")))?;
+                let (rv, key) = decode_continue(token).ok_or_else(|| {
+                    ApiError::bad_request(format!("invalid continue token {token:?}"))
+                })?;
                 if rv < self.compacted_rv {
                     return Err(ApiError::expired(
                         "The provided continue parameter is too old to display a consistent list result. \
@@ -218,7 +241,9 @@ impl Store {
         };
         let empty = BTreeMap::new();
         let objects = self.objects.get(&rt.key()).unwrap_or(&empty);
-        let mut matching = objects.range((start, Bound::Unbounded)).filter(|(_, o)| filter.matches(o));
+        let mut matching = objects
+            .range((start, Bound::Unbounded))
+            .filter(|(_, o)| filter.matches(o));
         let limit = limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
         let mut items = Vec::new();
         let mut last_key = None;
@@ -227,23 +252,49 @@ impl Store {
                 // There is at least one more: count the rest and hand out a token.
                 let remaining = 1 + matching.count() as u64;
                 let token = encode_continue(list_rv, last_key.expect("a full page has a last key"));
-                return Ok(ListPage { items, resource_version: list_rv, continue_token: Some(token), remaining: Some(remaining) });
+                return Ok(ListPage {
+                    items,
+                    resource_version: list_rv,
+                    continue_token: Some(token),
+                    remaining: Some(remaining),
+                });
             }
             items.push(obj.clone());
             last_key = Some(key);
         }
-        Ok(ListPage { items, resource_version: list_rv, continue_token: None, remaining: None })
+        Ok(ListPage {
+            items,
+            resource_version: list_rv,
+            continue_token: None,
+            remaining: None,
+        })
     }
 
     /// Creates an object; 409 AlreadyExists when the name is taken.
-    pub fn create(&mut self, rt: &ResourceType, namespace: Option<&str>, mut obj: Value) -> ApiResult<Arc<Value>> {
+    pub fn create(
+        &mut self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        mut obj: Value,
+    ) -> ApiResult<Arc<Value>> {
         check_type_fields(rt, &mut obj)?;
         let meta = metadata_mut(&mut obj)?;
         set_namespace(rt, meta, namespace)?;
-        if meta.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
-            let prefix = meta.get("generateName").and_then(Value::as_str).unwrap_or("").to_owned();
+        if meta
+            .get("name")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            let prefix = meta
+                .get("generateName")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
             if prefix.is_empty() {
-                return Err(ApiError::invalid(format!("{} is invalid: metadata.name: Required value", rt.kind)));
+                return Err(ApiError::invalid(format!(
+                    "{} is invalid: metadata.name: Required value",
+                    rt.kind
+                )));
             }
             self.counter += 1;
             let suffix = generated_suffix(self.config.seed, self.counter);
@@ -252,25 +303,51 @@ impl Store {
         let name = meta["name"].as_str().unwrap_or_default().to_owned();
         validate_name(rt, &name)?;
         let key = object_key(rt, namespace, &name);
-        if self.objects.get(&rt.key()).is_some_and(|o| o.contains_key(&key)) {
-            return Err(ApiError::already_exists(&rt.qualified(), &rt.group, &rt.plural, &name));
+        if self
+            .objects
+            .get(&rt.key())
+            .is_some_and(|o| o.contains_key(&key))
+        {
+            return Err(ApiError::already_exists(
+                &rt.qualified(),
+                &rt.group,
+                &rt.plural,
+                &name,
+            ));
         }
         self.counter += 1;
-        meta.insert("uid".into(), Value::String(uid(self.config.seed, self.counter)));
-        meta.insert("creationTimestamp".into(), Value::String(self.clock.now_rfc3339()));
+        meta.insert(
+            "uid".into(),
+            Value::String(uid(self.config.seed, self.counter)),
+        );
+        meta.insert(
+            "creationTimestamp".into(),
+            Value::String(self.clock.now_rfc3339()),
+        );
         meta.insert("generation".into(), json!(1));
-        for server_owned in ["deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
+        for server_owned in [
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+        ] {
             meta.remove(server_owned);
         }
         if rt.custom && rt.status_subresource {
             // Custom resources with a status subresource ignore status on create.
             obj.as_object_mut().expect("checked above").remove("status");
         }
-        let new_types = if is_crd(rt) { Some(self.prepare_crd(&mut obj)?) } else { None };
+        let new_types = if is_crd(rt) {
+            Some(self.prepare_crd(&mut obj)?)
+        } else {
+            None
+        };
         self.rv += 1;
         obj["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());
         let obj = Arc::new(obj);
-        self.objects.entry(rt.key()).or_default().insert(key, obj.clone());
+        self.objects
+            .entry(rt.key())
+            .or_default()
+            .insert(key, obj.clone());
         if let Some(types) = new_types {
             self.register(types);
         }
@@ -280,7 +357,14 @@ impl Store {
 
     /// Replaces an object (or, with `status_only`, only its status), honouring the
     /// resourceVersion and uid in `obj` as preconditions.
-    pub fn update(&mut self, rt: &ResourceType, namespace: Option<&str>, name: &str, mut obj: Value, status_only: bool) -> ApiResult<Arc<Value>> {
+    pub fn update(
+        &mut self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+        mut obj: Value,
+        status_only: bool,
+    ) -> ApiResult<Arc<Value>> {
         let key = object_key(rt, namespace, name);
         let existing = self.get(rt, namespace, name)?;
         check_type_fields(rt, &mut obj)?;
@@ -294,14 +378,25 @@ impl Store {
             _ => {}
         }
         set_namespace(rt, meta, namespace)?;
-        let current_rv = existing["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
-        let stale_rv = meta.get("resourceVersion").and_then(Value::as_str).is_some_and(|rv| !rv.is_empty() && rv != current_rv);
+        let current_rv = existing["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let stale_rv = meta
+            .get("resourceVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|rv| !rv.is_empty() && rv != current_rv);
         let other_uid = meta
             .get("uid")
             .and_then(Value::as_str)
             .is_some_and(|u| !u.is_empty() && Some(u) != existing["metadata"]["uid"].as_str());
         if stale_rv || other_uid {
-            return Err(ApiError::conflict(&rt.qualified(), &rt.group, &rt.plural, name));
+            return Err(ApiError::conflict(
+                &rt.qualified(),
+                &rt.group,
+                &rt.plural,
+                name,
+            ));
         }
 
         let mut next = if status_only {
@@ -309,7 +404,9 @@ impl Store {
             match obj.get("status") {
                 Some(status) => next["status"] = status.clone(),
                 None => {
-                    next.as_object_mut().expect("stored objects are objects").remove("status");
+                    next.as_object_mut()
+                        .expect("stored objects are objects")
+                        .remove("status");
                 }
             }
             next
@@ -317,7 +414,13 @@ impl Store {
             let old_meta = &existing["metadata"];
             let meta = metadata_mut(&mut obj)?;
             meta.insert("name".into(), Value::String(name.to_owned()));
-            for server_owned in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+            for server_owned in [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+            ] {
                 match old_meta.get(server_owned) {
                     Some(v) => meta.insert(server_owned.into(), v.clone()),
                     None => meta.remove(server_owned),
@@ -343,26 +446,42 @@ impl Store {
             let generation = existing["metadata"]["generation"].as_i64().unwrap_or(0);
             next["metadata"]["generation"] = json!(generation + 1);
         }
-        let new_types = if is_crd(rt) { Some(self.prepare_crd(&mut next)?) } else { None };
+        let new_types = if is_crd(rt) {
+            Some(self.prepare_crd(&mut next)?)
+        } else {
+            None
+        };
         self.rv += 1;
         next["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());
         let next = Arc::new(next);
         if let Some(types) = new_types {
             self.register(types);
         }
-        let finalized = next["metadata"].get("deletionTimestamp").is_some() && finalizers(&next).is_empty();
+        let finalized =
+            next["metadata"].get("deletionTimestamp").is_some() && finalizers(&next).is_empty();
         if finalized {
             // The last finalizer went: the object goes now.
             self.remove(rt, &key, next.clone(), existing);
         } else {
-            self.objects.entry(rt.key()).or_default().insert(key, next.clone());
+            self.objects
+                .entry(rt.key())
+                .or_default()
+                .insert(key, next.clone());
             self.record(rt, ChangeKind::Modified, next.clone(), Some(existing));
         }
         Ok(next)
     }
 
     /// Patches an object (or only its status). An apply patch creates a missing object.
-    pub fn patch(&mut self, rt: &ResourceType, namespace: Option<&str>, name: &str, kind: PatchKind, patch: &Value, status_only: bool) -> ApiResult<Arc<Value>> {
+    pub fn patch(
+        &mut self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+        kind: PatchKind,
+        patch: &Value,
+        status_only: bool,
+    ) -> ApiResult<Arc<Value>> {
         let existing = match self.get(rt, namespace, name) {
             Ok(existing) => existing,
             Err(e) if kind == PatchKind::Apply && !status_only && e.code == 404 => {
@@ -376,7 +495,8 @@ impl Store {
         if kind == PatchKind::Apply {
             // Apply is forced: a resourceVersion it carries is not a precondition.
             let mut patched = patched;
-            patched["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"].clone();
+            patched["metadata"]["resourceVersion"] =
+                existing["metadata"]["resourceVersion"].clone();
             return self.update(rt, namespace, name, patched, status_only);
         }
         self.update(rt, namespace, name, patched, status_only)
@@ -384,14 +504,31 @@ impl Store {
 
     /// Deletes an object: with finalizers only `deletionTimestamp` is set (a MODIFIED
     /// change); without, it goes (a DELETED change) and so do its orphaned dependents.
-    pub fn delete(&mut self, rt: &ResourceType, namespace: Option<&str>, name: &str, pre: &Preconditions) -> ApiResult<Arc<Value>> {
+    pub fn delete(
+        &mut self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+        pre: &Preconditions,
+    ) -> ApiResult<Arc<Value>> {
         let key = object_key(rt, namespace, name);
         let existing = self.get(rt, namespace, name)?;
         let meta = &existing["metadata"];
-        let uid_differs = pre.uid.as_deref().is_some_and(|u| Some(u) != meta["uid"].as_str());
-        let rv_differs = pre.resource_version.as_deref().is_some_and(|r| Some(r) != meta["resourceVersion"].as_str());
+        let uid_differs = pre
+            .uid
+            .as_deref()
+            .is_some_and(|u| Some(u) != meta["uid"].as_str());
+        let rv_differs = pre
+            .resource_version
+            .as_deref()
+            .is_some_and(|r| Some(r) != meta["resourceVersion"].as_str());
         if uid_differs || rv_differs {
-            return Err(ApiError::conflict(&rt.qualified(), &rt.group, &rt.plural, name));
+            return Err(ApiError::conflict(
+                &rt.qualified(),
+                &rt.group,
+                &rt.plural,
+                name,
+            ));
         }
         if !finalizers(&existing).is_empty() {
             if meta.get("deletionTimestamp").is_some() {
@@ -403,7 +540,10 @@ impl Store {
             self.rv += 1;
             next["metadata"]["resourceVersion"] = Value::String(self.rv.to_string());
             let next = Arc::new(next);
-            self.objects.entry(rt.key()).or_default().insert(key, next.clone());
+            self.objects
+                .entry(rt.key())
+                .or_default()
+                .insert(key, next.clone());
             self.record(rt, ChangeKind::Modified, next.clone(), Some(existing));
             return Ok(next);
         }
@@ -418,13 +558,27 @@ impl Store {
     /// Changes after `after` on one resource; 410 when they are no longer all kept.
     pub fn changes_after(&self, resource: &ResourceKey, after: u64) -> ApiResult<Vec<Change>> {
         if after < self.compacted_rv {
-            return Err(ApiError::expired(format!("too old resource version: {after} ({})", self.compacted_rv + 1)));
+            return Err(ApiError::expired(format!(
+                "too old resource version: {after} ({})",
+                self.compacted_rv + 1
+            )));
         }
         let start = self.history.partition_point(|c| c.rv <= after);
-        Ok(self.history.range(start..).filter(|c| &c.resource == resource).cloned().collect())
+        Ok(self
+            .history
+            .range(start..)
+            .filter(|c| &c.resource == resource)
+            .cloned()
+            .collect())
     }
 
-    fn remove(&mut self, rt: &ResourceType, key: &ObjectKey, last: Arc<Value>, previous: Arc<Value>) {
+    fn remove(
+        &mut self,
+        rt: &ResourceType,
+        key: &ObjectKey,
+        last: Arc<Value>,
+        previous: Arc<Value>,
+    ) {
         if let Some(objs) = self.objects.get_mut(&rt.key()) {
             objs.remove(key);
         }
@@ -474,13 +628,14 @@ impl Store {
             if let Some(existing) = self.types.get(&t.key())
                 && !existing.custom
             {
-                return Err(ApiError::invalid(format!("{} is a built-in resource", t.qualified())));
+                return Err(ApiError::invalid(format!(
+                    "{} is a built-in resource",
+                    t.qualified()
+                )));
             }
         }
         let now = self.clock.now_rfc3339();
-        let condition = |kind: &str| {
-            json!({"type": kind, "status": "True", "reason": kind, "message": "", "lastTransitionTime": now})
-        };
+        let condition = |kind: &str| json!({"type": kind, "status": "True", "reason": kind, "message": "", "lastTransitionTime": now});
         crd["status"] = json!({
             "acceptedNames": crd["spec"]["names"].clone(),
             "conditions": [condition("NamesAccepted"), condition("Established")],
@@ -496,7 +651,9 @@ impl Store {
     }
 
     fn unregister_crd(&mut self, crd: &Value) {
-        let Ok(types) = types_from_crd(crd) else { return };
+        let Ok(types) = types_from_crd(crd) else {
+            return;
+        };
         for t in types {
             let objects = self.objects.remove(&t.key()).unwrap_or_default();
             for (_, obj) in objects {
@@ -509,8 +666,20 @@ impl Store {
         }
     }
 
-    fn record(&mut self, rt: &ResourceType, kind: ChangeKind, object: Arc<Value>, previous: Option<Arc<Value>>) {
-        self.history.push_back(Change { rv: self.rv, resource: rt.key(), kind, object, previous });
+    fn record(
+        &mut self,
+        rt: &ResourceType,
+        kind: ChangeKind,
+        object: Arc<Value>,
+        previous: Option<Arc<Value>>,
+    ) {
+        self.history.push_back(Change {
+            rv: self.rv,
+            resource: rt.key(),
+            kind,
+            object,
+            previous,
+        });
         while self.history.len() > self.config.history_limit {
             if let Some(old) = self.history.pop_front() {
                 self.compacted_rv = old.rv;
@@ -525,7 +694,11 @@ fn is_crd(rt: &ResourceType) -> bool {
 }
 
 fn object_key(rt: &ResourceType, namespace: Option<&str>, name: &str) -> ObjectKey {
-    let ns = if rt.namespaced { namespace.unwrap_or("default") } else { "" };
+    let ns = if rt.namespaced {
+        namespace.unwrap_or("default")
+    } else {
+        ""
+    };
     (ns.to_owned(), name.to_owned())
 }
 
@@ -535,7 +708,9 @@ fn not_found(rt: &ResourceType, name: &str) -> ApiError {
 
 /// Checks `apiVersion` and `kind` against the resource (filling them in when absent).
 fn check_type_fields(rt: &ResourceType, obj: &mut Value) -> ApiResult<()> {
-    let fields = obj.as_object_mut().ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
+    let fields = obj
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
     for (field, expected) in [("apiVersion", rt.api_version()), ("kind", rt.kind.clone())] {
         match fields.get(field).and_then(Value::as_str) {
             Some(given) if given != expected => {
@@ -552,7 +727,9 @@ fn check_type_fields(rt: &ResourceType, obj: &mut Value) -> ApiResult<()> {
 }
 
 fn metadata_mut(obj: &mut Value) -> ApiResult<&mut Map<String, Value>> {
-    let fields = obj.as_object_mut().ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
+    let fields = obj
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("the body must be a JSON object"))?;
     fields
         .entry("metadata")
         .or_insert_with(|| json!({}))
@@ -560,7 +737,11 @@ fn metadata_mut(obj: &mut Value) -> ApiResult<&mut Map<String, Value>> {
         .ok_or_else(|| ApiError::bad_request("metadata must be an object"))
 }
 
-fn set_namespace(rt: &ResourceType, meta: &mut Map<String, Value>, namespace: Option<&str>) -> ApiResult<()> {
+fn set_namespace(
+    rt: &ResourceType,
+    meta: &mut Map<String, Value>,
+    namespace: Option<&str>,
+) -> ApiResult<()> {
     if !rt.namespaced {
         meta.remove("namespace");
         return Ok(());
@@ -583,7 +764,9 @@ fn validate_name(rt: &ResourceType, name: &str) -> ApiResult<()> {
     let ok = name.len() <= 253
         && edge_ok(name.chars().next())
         && edge_ok(name.chars().last())
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
     if ok {
         Ok(())
     } else {
@@ -596,7 +779,10 @@ fn validate_name(rt: &ResourceType, name: &str) -> ApiResult<()> {
 }
 
 fn finalizers(obj: &Value) -> Vec<&str> {
-    obj["metadata"]["finalizers"].as_array().map(|f| f.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
+    obj["metadata"]["finalizers"]
+        .as_array()
+        .map(|f| f.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
 }
 
 /// The object without metadata and status: what bumps `generation` when it changes.
@@ -651,8 +837,10 @@ fn unhex(text: &str) -> Option<String> {
     if !text.len().is_multiple_of(2) {
         return None;
     }
-    let bytes: Option<Vec<u8>> =
-        (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect();
+    let bytes: Option<Vec<u8>> = (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect();
     String::from_utf8(bytes?).ok()
 }
 
@@ -675,7 +863,13 @@ mod tests {
     use crate::kube_api::selectors::LabelSelector;
 
     fn store() -> Store {
-        Store::new(Clock::from_fn(|| k8s_openapi::jiff::Timestamp::UNIX_EPOCH), StoreConfig { history_limit: 100, seed: 7 })
+        Store::new(
+            Clock::from_fn(|| k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            StoreConfig {
+                history_limit: 100,
+                seed: 7,
+            },
+        )
     }
 
     fn lease_type(s: &Store) -> ResourceType {
@@ -686,19 +880,46 @@ mod tests {
     fn create_get_conflict_and_noop() {
         let mut s = store();
         let rt = lease_type(&s);
-        let created = s.create(&rt, Some("ns"), json!({"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}})).unwrap();
+        let created = s
+            .create(
+                &rt,
+                Some("ns"),
+                json!({"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}}),
+            )
+            .unwrap();
         assert_eq!(created["metadata"]["namespace"], "ns");
         assert_eq!(created["metadata"]["generation"], 1);
-        assert_eq!(s.create(&rt, Some("ns"), json!({"metadata": {"name": "l"}})).unwrap_err().code, 409);
-        let rv = created["metadata"]["resourceVersion"].as_str().unwrap().to_owned();
-        let same = s.update(&rt, Some("ns"), "l", (*created).clone(), false).unwrap();
-        assert_eq!(same["metadata"]["resourceVersion"], rv.as_str(), "a no-op keeps the resourceVersion");
+        assert_eq!(
+            s.create(&rt, Some("ns"), json!({"metadata": {"name": "l"}}))
+                .unwrap_err()
+                .code,
+            409
+        );
+        let rv = created["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let same = s
+            .update(&rt, Some("ns"), "l", (*created).clone(), false)
+            .unwrap();
+        assert_eq!(
+            same["metadata"]["resourceVersion"],
+            rv.as_str(),
+            "a no-op keeps the resourceVersion"
+        );
         let mut changed = (*created).clone();
         changed["spec"]["holderIdentity"] = json!("b");
-        let updated = s.update(&rt, Some("ns"), "l", changed.clone(), false).unwrap();
+        let updated = s
+            .update(&rt, Some("ns"), "l", changed.clone(), false)
+            .unwrap();
         assert_eq!(updated["metadata"]["generation"], 2);
         changed["spec"]["holderIdentity"] = json!("c");
-        assert_eq!(s.update(&rt, Some("ns"), "l", changed, false).unwrap_err().reason, "Conflict");
+        assert_eq!(
+            s.update(&rt, Some("ns"), "l", changed, false)
+                .unwrap_err()
+                .reason,
+            "Conflict"
+        );
     }
 
     #[test]
@@ -706,17 +927,33 @@ mod tests {
         let mut s = store();
         let rt = s.type_for("v1", "Node").unwrap();
         for i in 0..7 {
-            let labels = if i % 2 == 0 { json!({"even": "yes"}) } else { json!({}) };
-            s.create(&rt, None, json!({"metadata": {"name": format!("n{i}"), "labels": labels}})).unwrap();
+            let labels = if i % 2 == 0 {
+                json!({"even": "yes"})
+            } else {
+                json!({})
+            };
+            s.create(
+                &rt,
+                None,
+                json!({"metadata": {"name": format!("n{i}"), "labels": labels}}),
+            )
+            .unwrap();
         }
-        let filter = Filter { labels: LabelSelector::parse("even").unwrap(), ..Filter::default() };
+        let filter = Filter {
+            labels: LabelSelector::parse("even").unwrap(),
+            ..Filter::default()
+        };
         let mut names = Vec::new();
         let mut token = None;
         let mut pages = 0;
         loop {
             let page = s.list(&rt, &filter, Some(3), token.as_deref()).unwrap();
             pages += 1;
-            names.extend(page.items.iter().map(|o| o["metadata"]["name"].as_str().unwrap().to_owned()));
+            names.extend(
+                page.items
+                    .iter()
+                    .map(|o| o["metadata"]["name"].as_str().unwrap().to_owned()),
+            );
             match page.continue_token {
                 Some(t) => token = Some(t),
                 None => break,
@@ -732,7 +969,12 @@ mod tests {
         let rt = lease_type(&s);
         let start = s.resource_version();
         for i in 0..150 {
-            s.create(&rt, Some("ns"), json!({"metadata": {"name": format!("l{i}")}})).unwrap();
+            s.create(
+                &rt,
+                Some("ns"),
+                json!({"metadata": {"name": format!("l{i}")}}),
+            )
+            .unwrap();
         }
         assert_eq!(s.changes_after(&rt.key(), start).unwrap_err().code, 410);
         let recent = s.resource_version() - 10;

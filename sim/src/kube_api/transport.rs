@@ -59,7 +59,9 @@ impl Accept for MemoryListener {
     type Io = DuplexStream;
 
     async fn accept(&mut self) -> io::Result<Self::Io> {
-        self.0.recv().await.ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "every memory dialer is gone"))
+        self.0.recv().await.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotConnected, "every memory dialer is gone")
+        })
     }
 }
 
@@ -70,7 +72,12 @@ impl Dialer for MemoryDialer {
         let (client, server) = tokio::io::duplex(PIPE_BUFFER);
         let sent = self.0.send(server);
         Box::pin(async move {
-            sent.map_err(|_| io::Error::new(io::ErrorKind::ConnectionRefused, "the in-memory API server is gone"))?;
+            sent.map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    "the in-memory API server is gone",
+                )
+            })?;
             Ok(client)
         })
     }

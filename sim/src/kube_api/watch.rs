@@ -53,7 +53,10 @@ struct WatchState {
 }
 
 /// The body of a watch response.
-pub fn watch_stream(shared: Arc<Shared>, req: WatchRequest) -> impl Stream<Item = io::Result<Bytes>> + Send {
+pub fn watch_stream(
+    shared: Arc<Shared>,
+    req: WatchRequest,
+) -> impl Stream<Item = io::Result<Bytes>> + Send {
     let now = Instant::now();
     let faults = shared.faults.subscribe();
     let cuts_seen = faults.borrow().cuts;
@@ -62,7 +65,10 @@ pub fn watch_stream(shared: Arc<Shared>, req: WatchRequest) -> impl Stream<Item 
         let changes = store.subscribe();
         match req.from {
             Some(rv) if rv < store.compacted_rv() => {
-                let err = ApiError::expired(format!("too old resource version: {rv} ({})", store.compacted_rv() + 1));
+                let err = ApiError::expired(format!(
+                    "too old resource version: {rv} ({})",
+                    store.compacted_rv() + 1
+                ));
                 (changes, rv, Some(error_line(&err)), true)
             }
             Some(rv) => (changes, rv, None, false),
@@ -77,7 +83,12 @@ pub fn watch_stream(shared: Arc<Shared>, req: WatchRequest) -> impl Stream<Item 
                     mark["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
                     out.extend_from_slice(&event_line("BOOKMARK", &mark));
                 }
-                (changes, store.resource_version(), Some(Bytes::from(out)), false)
+                (
+                    changes,
+                    store.resource_version(),
+                    Some(Bytes::from(out)),
+                    false,
+                )
             }
         }
     };
@@ -112,14 +123,22 @@ impl WatchState {
             if faults.cuts != self.cuts_seen {
                 self.finished = true;
                 return match faults.cut_kind {
-                    Some(CutKind::Expire) => Some(Ok(error_line(&ApiError::expired("the watch was expired by a fault")))),
-                    _ => Some(Err(io::Error::new(io::ErrorKind::ConnectionAborted, "watch cut by a fault"))),
+                    Some(CutKind::Expire) => Some(Ok(error_line(&ApiError::expired(
+                        "the watch was expired by a fault",
+                    )))),
+                    _ => Some(Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "watch cut by a fault",
+                    ))),
                 };
             }
             match faults.outage {
                 Some(OutageMode::Unavailable) => {
                     self.finished = true;
-                    return Some(Err(io::Error::new(io::ErrorKind::ConnectionAborted, "API server unavailable")));
+                    return Some(Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "API server unavailable",
+                    )));
                 }
                 Some(OutageMode::Hang) => {
                     // Stalled: deliver nothing until the outage ends or the stream times out.
@@ -146,7 +165,10 @@ impl WatchState {
                         let mut out = Vec::new();
                         for change in changes {
                             let now_matches = self.req.filter.matches(&change.object);
-                            let was_matching = change.previous.as_ref().is_some_and(|p| self.req.filter.matches(p));
+                            let was_matching = change
+                                .previous
+                                .as_ref()
+                                .is_some_and(|p| self.req.filter.matches(p));
                             // A label change moves an object into or out of a filtered watch.
                             let kind = match change.kind {
                                 ChangeKind::Added if now_matches => "ADDED",
@@ -156,7 +178,10 @@ impl WatchState {
                                 ChangeKind::Deleted if now_matches || was_matching => "DELETED",
                                 _ => continue,
                             };
-                            out.extend_from_slice(&event_line(kind, &render(&self.req, &change.object)));
+                            out.extend_from_slice(&event_line(
+                                kind,
+                                &render(&self.req, &change.object),
+                            ));
                         }
                         Bytes::from(out)
                     }
@@ -179,7 +204,11 @@ impl WatchState {
 }
 
 fn render(req: &WatchRequest, obj: &Value) -> Value {
-    if req.metadata_only { partial_metadata(obj) } else { obj.clone() }
+    if req.metadata_only {
+        partial_metadata(obj)
+    } else {
+        obj.clone()
+    }
 }
 
 /// The `PartialObjectMetadata` form of an object.
@@ -189,7 +218,10 @@ pub fn partial_metadata(obj: &Value) -> Value {
 
 fn bookmark(req: &WatchRequest, rv: u64) -> Value {
     let (api_version, kind) = if req.metadata_only {
-        ("meta.k8s.io/v1".to_owned(), "PartialObjectMetadata".to_owned())
+        (
+            "meta.k8s.io/v1".to_owned(),
+            "PartialObjectMetadata".to_owned(),
+        )
     } else {
         (req.resource.api_version(), req.resource.kind.clone())
     };
@@ -197,7 +229,8 @@ fn bookmark(req: &WatchRequest, rv: u64) -> Value {
 }
 
 fn event_line(kind: &str, object: &Value) -> Vec<u8> {
-    let mut line = serde_json::to_vec(&json!({"type": kind, "object": object})).expect("JSON values serialise");
+    let mut line = serde_json::to_vec(&json!({"type": kind, "object": object}))
+        .expect("JSON values serialise");
     line.push(b'\n');
     line
 }
