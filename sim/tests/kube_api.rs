@@ -308,6 +308,60 @@ async fn watcher_relists_after_an_in_stream_410() {
 struct ReconcileError;
 
 #[tokio::test(start_paused = true)]
+async fn watcher_resumes_after_a_cut_watch_without_missing_changes() {
+    let (server, client) = setup().await;
+    let jobs: Api<SpurJob> = Api::namespaced(client, "default");
+    // The watcher only makes requests while polled: poll it on its own task.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut stream = watcher(jobs.clone(), watcher::Config::default()).boxed();
+    tokio::spawn(async move {
+        while let Some(event) = stream.next().await {
+            let _ = tx.send(event);
+        }
+    });
+    let mut next = async || {
+        timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .expect("goes on")
+            .expect("not ended")
+    };
+    assert!(matches!(next().await, Ok(watcher::Event::Init)));
+    assert!(matches!(next().await, Ok(watcher::Event::InitDone)));
+    // Let the watch request reach the server before cutting it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(server.watch_counts(), (1, 1));
+    server.faults().cut_watches(CutKind::Abort);
+    jobs.create(&PostParams::default(), &job("during-cut"))
+        .await
+        .unwrap();
+    let mut applied = Vec::new();
+    let mut errors = 0;
+    while applied.is_empty() {
+        match next().await {
+            Ok(watcher::Event::Apply(j)) => applied.push(j.name_any()),
+            Ok(other) => panic!("a cut watch resumes without a re-list, got {other:?}"),
+            Err(_) => errors += 1,
+        }
+    }
+    assert_eq!(applied, ["during-cut"]);
+    // kube-rs takes the broken body for the end of the stream and watches again from the
+    // last version it saw: no error, no re-list, nothing missed.
+    assert_eq!(errors, 0);
+    assert_eq!(
+        server.watch_counts(),
+        (2, 1),
+        "one new watch replaced the cut one"
+    );
+    // A status write on a kind without a status subresource is a 404.
+    let leases: Api<Lease> = Api::namespaced(jobs.into_client(), "default");
+    let err = leases
+        .patch_status("x", &PatchParams::default(), &Patch::Merge(json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(err).code, 404);
+}
+
+#[tokio::test(start_paused = true)]
 async fn finalizer_helper_adds_and_removes_its_finalizer() {
     const FINALIZER: &str = "spur.amd.com/cancel-job";
     let (_server, client) = setup().await;
@@ -833,6 +887,131 @@ async fn same_seed_same_objects() {
         a[3]["metadata"]["creationTimestamp"],
         "2026-01-01T00:00:42Z"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn watch_sends_bookmarks_and_ends_at_its_timeout() {
+    let (_server, client) = setup().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let rv = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let mut stream = cms
+        .watch(&WatchParams::default().timeout(150), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let mut bookmarks = Vec::new();
+    while let Some(event) = stream.try_next().await.unwrap() {
+        match event {
+            WatchEvent::Bookmark(b) => {
+                bookmarks.push((start.elapsed().as_secs(), b.metadata.resource_version))
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(bookmarks, [(60, rv.clone()), (120, rv)]);
+    assert_eq!(
+        start.elapsed().as_secs(),
+        150,
+        "the stream ends at timeoutSeconds"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_label_filtered_watch_sees_objects_move_in_and_out() {
+    let (_server, client) = setup().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let rv = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = cms
+        .watch(&WatchParams::default().labels("app=x"), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let label = |v: &str| Patch::Merge(json!({"metadata": {"labels": {"app": v}}}));
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("cm".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    for value in ["x", "y", "x"] {
+        cms.patch("cm", &PatchParams::default(), &label(value))
+            .await
+            .unwrap();
+    }
+    cms.delete("cm", &DeleteParams::default()).await.unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        match timeout(Duration::from_secs(30), stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
+            WatchEvent::Added(_) => seen.push("ADDED"),
+            WatchEvent::Modified(_) => seen.push("MODIFIED"),
+            WatchEvent::Deleted(_) => seen.push("DELETED"),
+            WatchEvent::Bookmark(_) => {}
+            WatchEvent::Error(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(seen, ["ADDED", "DELETED", "ADDED", "DELETED"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn kube_runtime_recorder_creates_then_patches_an_event_series() {
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let (_server, client) = setup().await;
+    let jobs: Api<SpurJob> = Api::namespaced(client.clone(), "default");
+    let created = jobs
+        .create(&PostParams::default(), &job("j"))
+        .await
+        .unwrap();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "spur-operator".into(),
+            instance: None,
+        },
+    );
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "SubmitFailed".into(),
+        note: Some("controller unavailable".into()),
+        action: "Submit".into(),
+        secondary: None,
+    };
+    for _ in 0..2 {
+        recorder
+            .publish(&event, &created.object_ref(&()))
+            .await
+            .unwrap();
+    }
+    let events: Api<K8sEvent> = Api::namespaced(client, "default");
+    let list = events.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    let recorded = &list.items[0];
+    assert_eq!(recorded.reason.as_deref(), Some("SubmitFailed"));
+    assert_eq!(
+        recorded.regarding.as_ref().and_then(|r| r.name.as_deref()),
+        Some("j")
+    );
+    assert_eq!(recorded.series.as_ref().map(|s| s.count), Some(2));
 }
 
 #[test]

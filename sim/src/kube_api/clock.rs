@@ -2,7 +2,13 @@
 //!
 //! The API server never reads the wall clock: a run must stamp the same times in any process.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -25,12 +31,27 @@ impl Clock {
         Self(Arc::new(now))
     }
 
-    /// The fixed epoch plus elapsed time: turmoil's simulated time when inside a simulation,
-    /// otherwise tokio's clock since this call (paused in tests, real on a laptop).
+    /// The fixed epoch plus elapsed time: turmoil's simulated time when called on a turmoil
+    /// host, otherwise tokio's clock since this call (paused in tests, real on a laptop).
+    ///
+    /// Once it has seen turmoil's time, a call from outside any host (a harness between
+    /// simulation steps) gets the last simulated time seen, never the wall clock.
     pub fn simulated() -> Self {
         let start = tokio::time::Instant::now();
+        // Nanoseconds of simulated time last seen, plus one; zero: never in a simulation.
+        let last_sim = Arc::new(AtomicU64::new(0));
         Self::from_fn(move || {
-            let elapsed = turmoil::sim_elapsed().unwrap_or_else(|| start.elapsed());
+            let elapsed = match turmoil::sim_elapsed() {
+                Some(sim) => {
+                    let nanos = u64::try_from(sim.as_nanos()).unwrap_or(u64::MAX - 1);
+                    last_sim.store(nanos + 1, Ordering::Relaxed);
+                    sim
+                }
+                None => match last_sim.load(Ordering::Relaxed) {
+                    0 => start.elapsed(),
+                    seen => Duration::from_nanos(seen - 1),
+                },
+            };
             epoch_plus(elapsed)
         })
     }

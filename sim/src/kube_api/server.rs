@@ -4,7 +4,10 @@ use std::{
     collections::BTreeMap,
     future::Future,
     io,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -48,6 +51,10 @@ const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
 pub(crate) struct Shared {
     pub(crate) store: Mutex<Store>,
     pub(crate) faults: Faults,
+    /// Watch streams started so far.
+    pub(crate) watches_started: AtomicU64,
+    /// Watch streams open now.
+    pub(crate) watches_open: AtomicU64,
 }
 
 /// Settings of an [`ApiServer`].
@@ -82,6 +89,8 @@ impl ApiServer {
             shared: Arc::new(Shared {
                 store: Mutex::new(store),
                 faults: Faults::default(),
+                watches_started: AtomicU64::new(0),
+                watches_open: AtomicU64::new(0),
             }),
         }
     }
@@ -101,6 +110,14 @@ impl ApiServer {
     /// The current resourceVersion.
     pub fn resource_version(&self) -> u64 {
         self.store().resource_version()
+    }
+
+    /// Watch streams started so far, and open now.
+    pub fn watch_counts(&self) -> (u64, u64) {
+        (
+            self.shared.watches_started.load(Ordering::Relaxed),
+            self.shared.watches_open.load(Ordering::Relaxed),
+        )
     }
 
     /// The axum router serving the API (for embedding; [`ApiServer::serve`] uses it).
@@ -500,8 +517,11 @@ fn resolve(store: &Store, group: &str, version: &str, rest: &[&str]) -> Option<T
         [name, "status"] => (Some((*name).to_owned()), true),
         _ => return None,
     };
-    // Named namespaced objects live under a namespace; cluster-scoped ones never do.
-    if rt.namespaced && namespace.is_none() && name.is_some() {
+    // Named namespaced objects live under a namespace; cluster-scoped ones never do; only
+    // kinds with a status subresource serve `.../status`.
+    if (rt.namespaced && namespace.is_none() && name.is_some())
+        || (status && !rt.status_subresource)
+    {
         return None;
     }
     Some(Target {

@@ -1,6 +1,10 @@
 //! Watch streams: newline-delimited JSON events from the store's change history.
 
-use std::{io, sync::Arc, time::Duration};
+use std::{
+    io,
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use bytes::Bytes;
 use futures::Stream;
@@ -40,6 +44,7 @@ pub struct WatchRequest {
 }
 
 struct WatchState {
+    _open: OpenWatch,
     shared: Arc<Shared>,
     req: WatchRequest,
     position: u64,
@@ -93,6 +98,7 @@ pub fn watch_stream(
         }
     };
     let state = WatchState {
+        _open: OpenWatch::new(shared.clone()),
         shared,
         deadline: now + req.timeout,
         next_bookmark: now + BOOKMARK_INTERVAL,
@@ -108,6 +114,23 @@ pub fn watch_stream(
         let item = state.next_chunk().await?;
         Some((item, state))
     })
+}
+
+/// Counts a stream as open for as long as it lives.
+struct OpenWatch(Arc<Shared>);
+
+impl OpenWatch {
+    fn new(shared: Arc<Shared>) -> Self {
+        shared.watches_started.fetch_add(1, Ordering::Relaxed);
+        shared.watches_open.fetch_add(1, Ordering::Relaxed);
+        Self(shared)
+    }
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        self.0.watches_open.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl WatchState {
