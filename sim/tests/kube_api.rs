@@ -1138,20 +1138,42 @@ async fn kubectl_against_the_tcp_mode() {
         assert!(out.status.success(), "kubectl {args:?} failed: {text}");
         text
     };
-    // Without validation: the server serves no OpenAPI document. The CRD goes first, so
-    // that kubectl finds SpurJob in discovery for the second call.
+    // The CRD goes first, so that kubectl finds SpurJob in discovery for the next call.
     let crd = serde_json::to_string(&SpurJob::crd()).unwrap();
-    run(&["create", "--validate=false", "-f", "-"], Some(&crd));
-    let manifests = serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob", "metadata": {"name": "hello"}, "spec": {"script": "true"}},
-        {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "spur-operator"}, "spec": {"holderIdentity": "a"}},
-    ]}))
-    .unwrap();
-    let created = run(&["create", "--validate=false", "-f", "-"], Some(&manifests));
+    run(&["create", "-f", "-"], Some(&crd));
+    let manifests = |holder: &str| {
+        serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob", "metadata": {"name": "hello"}, "spec": {"script": "true"}},
+            {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "spur-operator"}, "spec": {"holderIdentity": holder}},
+        ]}))
+        .unwrap()
+    };
+    let created = run(&["apply", "-f", "-"], Some(&manifests("a")));
     assert!(
         created.contains("spurjob.spur.amd.com/hello created"),
         "{created}"
     );
+    // A second apply patches (strategic merge) only what changed.
+    let applied = run(&["apply", "-f", "-"], Some(&manifests("b")));
+    assert!(
+        applied.contains("lease.coordination.k8s.io/spur-operator configured"),
+        "{applied}"
+    );
+    assert!(
+        applied.contains("spurjob.spur.amd.com/hello unchanged"),
+        "{applied}"
+    );
+    let holder = run(
+        &[
+            "get",
+            "lease",
+            "spur-operator",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ],
+        None,
+    );
+    assert_eq!(holder.trim(), "b");
 
     let names = run(&["get", "nodes,pods,leases,spurjobs", "-o", "name"], None);
     for want in [

@@ -44,6 +44,8 @@ use super::{
 
 /// Largest request body taken (a real server takes 3 MiB objects; patches are small).
 const MAX_BODY: usize = 16 * 1024 * 1024;
+/// The media type of the OpenAPI v2 answer (Go rejects the "@v1.0" of the real one).
+const OPENAPI_V2_PROTOBUF: &str = "application/octet-stream";
 /// A watch without `timeoutSeconds` ends after this (a real server picks 30 to 60 minutes).
 const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
 
@@ -540,6 +542,15 @@ fn discovery_response(shared: &Shared, segments: &[&str], path: &str) -> ApiResu
         }
         ["version"] => discovery::version(),
         ["healthz" | "livez" | "readyz"] => return Ok("ok".into_response()),
+        // An empty OpenAPI v2 document (a zero-length protobuf message): kubectl's client-side
+        // validation finds no schema and accepts the objects as they are.
+        ["openapi", "v2"] => {
+            return Ok((
+                [(header::CONTENT_TYPE, OPENAPI_V2_PROTOBUF)],
+                Vec::<u8>::new(),
+            )
+                .into_response());
+        }
         ["api"] => discovery::core_versions(),
         ["api", "v1"] => {
             discovery::resource_list(&store, "", "v1").expect("the core group is built in")
