@@ -37,7 +37,7 @@ use super::{
     resources::{ResourceKey, ResourceType},
     seed,
     selectors::{FieldSelector, Filter, LabelSelector},
-    store::{Preconditions, Store, StoreConfig},
+    store::{Change, Preconditions, Store, StoreConfig},
     transport::{Accept, memory_pair},
     watch::{WatchRequest, partial_metadata, watch_stream},
 };
@@ -112,6 +112,13 @@ impl ApiServer {
     /// The current resourceVersion.
     pub fn resource_version(&self) -> u64 {
         self.store().resource_version()
+    }
+
+    /// Calls `observer` with every change from now on, in resourceVersion order, as it
+    /// happens: what the simulation's safety checks and trace hash read. It runs under the
+    /// store's lock, so it must not call back into the server.
+    pub fn observe(&self, observer: impl Fn(&Change) + Send + Sync + 'static) {
+        self.store().observe(Arc::new(observer));
     }
 
     /// Watch streams started so far, and open now.

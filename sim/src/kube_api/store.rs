@@ -113,7 +113,12 @@ pub struct Store {
     config: StoreConfig,
     clock: Clock,
     notify: watch::Sender<u64>,
+    observers: Vec<Observer>,
 }
+
+/// A function told of every change, in order, as it happens (under the store's lock: it
+/// must not call back into the server).
+pub type Observer = Arc<dyn Fn(&Change) + Send + Sync>;
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -138,6 +143,7 @@ impl Store {
             config,
             clock,
             notify,
+            observers: Vec::new(),
         };
         for t in builtin_types() {
             store.types.insert(t.key(), t);
@@ -171,6 +177,11 @@ impl Store {
     /// The clock timestamps come from.
     pub fn clock(&self) -> &Clock {
         &self.clock
+    }
+
+    /// Adds a function told of every later change (the simulation's checks and trace).
+    pub fn observe(&mut self, observer: Observer) {
+        self.observers.push(observer);
     }
 
     /// The served resource at a key.
@@ -673,13 +684,17 @@ impl Store {
         object: Arc<Value>,
         previous: Option<Arc<Value>>,
     ) {
-        self.history.push_back(Change {
+        let change = Change {
             rv: self.rv,
             resource: rt.key(),
             kind,
             object,
             previous,
-        });
+        };
+        for observer in &self.observers {
+            observer(&change);
+        }
+        self.history.push_back(change);
         while self.history.len() > self.config.history_limit {
             if let Some(old) = self.history.pop_front() {
                 self.compacted_rv = old.rv;
