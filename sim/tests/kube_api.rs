@@ -1271,8 +1271,7 @@ fn turmoil_trace(seed: u64) -> Vec<String> {
         Ok(())
     });
     sim.run().unwrap();
-    let trace = trace.lock().unwrap().clone();
-    trace
+    trace.lock().unwrap().clone()
 }
 
 #[test]
