@@ -145,6 +145,11 @@ async fn list_with_label_and_field_selectors_and_paging() {
     );
 
     // Namespaced: a namespace's list sees only its own.
+    for ns in ["a", "b"] {
+        server
+            .create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
+            .unwrap();
+    }
     let pods_a: Api<Pod> = Api::namespaced(nodes.clone().into_client(), "a");
     let pods_b: Api<Pod> = Api::namespaced(nodes.into_client(), "b");
     pods_a

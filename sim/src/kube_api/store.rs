@@ -313,6 +313,30 @@ impl Store {
         }
         let name = meta["name"].as_str().unwrap_or_default().to_owned();
         validate_name(rt, &name)?;
+        if meta
+            .get("resourceVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|rv| !rv.is_empty())
+        {
+            return Err(ApiError::bad_request(
+                "resourceVersion should not be set on objects to be created",
+            ));
+        }
+        if rt.namespaced {
+            let ns = namespace.unwrap_or("default");
+            let namespaces = ResourceKey {
+                group: String::new(),
+                version: "v1".into(),
+                plural: "namespaces".into(),
+            };
+            let exists = self
+                .objects
+                .get(&namespaces)
+                .is_some_and(|o| o.contains_key(&(String::new(), ns.to_owned())));
+            if !exists {
+                return Err(ApiError::not_found("namespaces", "", "namespaces", ns));
+            }
+        }
         let key = object_key(rt, namespace, &name);
         if self
             .objects
@@ -401,6 +425,18 @@ impl Store {
             .get("uid")
             .and_then(Value::as_str)
             .is_some_and(|u| !u.is_empty() && Some(u) != existing["metadata"]["uid"].as_str());
+        let missing_rv = meta
+            .get("resourceVersion")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty);
+        if rt.custom && missing_rv {
+            // Custom resources take no unconditional update, as on a real server.
+            return Err(ApiError::invalid(format!(
+                "{} \"{name}\" is invalid: metadata.resourceVersion: Invalid value: 0x0: \
+                 must be specified for an update",
+                rt.kind
+            )));
+        }
         if stale_rv || other_uid {
             return Err(ApiError::conflict(
                 &rt.qualified(),
@@ -453,6 +489,16 @@ impl Store {
             // A no-op write changes nothing, not even the resourceVersion.
             return Ok(existing);
         }
+        if existing["metadata"].get("deletionTimestamp").is_some() {
+            let before = finalizers(&existing);
+            if finalizers(&next).iter().any(|f| !before.contains(f)) {
+                return Err(ApiError::invalid(format!(
+                    "{} \"{name}\" is invalid: metadata.finalizers: Forbidden: \
+                     no new finalizers can be added if the object is being deleted",
+                    rt.kind
+                )));
+            }
+        }
         if spec_of(&next) != spec_of(&existing) {
             let generation = existing["metadata"]["generation"].as_i64().unwrap_or(0);
             next["metadata"]["generation"] = json!(generation + 1);
@@ -498,6 +544,9 @@ impl Store {
             Err(e) if kind == PatchKind::Apply && !status_only && e.code == 404 => {
                 let mut obj = patch.clone();
                 obj["metadata"]["name"] = Value::String(name.to_owned());
+                if let Some(meta) = obj["metadata"].as_object_mut() {
+                    meta.remove("resourceVersion");
+                }
                 return self.create(rt, namespace, obj);
             }
             Err(e) => return Err(e),
@@ -898,14 +947,14 @@ mod tests {
         let created = s
             .create(
                 &rt,
-                Some("ns"),
+                Some("default"),
                 json!({"metadata": {"name": "l"}, "spec": {"holderIdentity": "a"}}),
             )
             .unwrap();
-        assert_eq!(created["metadata"]["namespace"], "ns");
+        assert_eq!(created["metadata"]["namespace"], "default");
         assert_eq!(created["metadata"]["generation"], 1);
         assert_eq!(
-            s.create(&rt, Some("ns"), json!({"metadata": {"name": "l"}}))
+            s.create(&rt, Some("default"), json!({"metadata": {"name": "l"}}))
                 .unwrap_err()
                 .code,
             409
@@ -915,7 +964,7 @@ mod tests {
             .unwrap()
             .to_owned();
         let same = s
-            .update(&rt, Some("ns"), "l", (*created).clone(), false)
+            .update(&rt, Some("default"), "l", (*created).clone(), false)
             .unwrap();
         assert_eq!(
             same["metadata"]["resourceVersion"],
@@ -925,12 +974,12 @@ mod tests {
         let mut changed = (*created).clone();
         changed["spec"]["holderIdentity"] = json!("b");
         let updated = s
-            .update(&rt, Some("ns"), "l", changed.clone(), false)
+            .update(&rt, Some("default"), "l", changed.clone(), false)
             .unwrap();
         assert_eq!(updated["metadata"]["generation"], 2);
         changed["spec"]["holderIdentity"] = json!("c");
         assert_eq!(
-            s.update(&rt, Some("ns"), "l", changed, false)
+            s.update(&rt, Some("default"), "l", changed, false)
                 .unwrap_err()
                 .reason,
             "Conflict"
@@ -986,7 +1035,7 @@ mod tests {
         for i in 0..150 {
             s.create(
                 &rt,
-                Some("ns"),
+                Some("default"),
                 json!({"metadata": {"name": format!("l{i}")}}),
             )
             .unwrap();
@@ -994,6 +1043,52 @@ mod tests {
         assert_eq!(s.changes_after(&rt.key(), start).unwrap_err().code, 410);
         let recent = s.resource_version() - 10;
         assert_eq!(s.changes_after(&rt.key(), recent).unwrap().len(), 10);
+    }
+
+    #[test]
+    fn real_server_refusals() {
+        let mut s = store();
+        let lease = lease_type(&s);
+        let missing_ns = s.create(&lease, Some("nowhere"), json!({"metadata": {"name": "l"}}));
+        assert_eq!(missing_ns.unwrap_err().code, 404);
+        let with_rv = json!({"metadata": {"name": "l", "resourceVersion": "3"}});
+        assert_eq!(
+            s.create(&lease, Some("default"), with_rv).unwrap_err().code,
+            400
+        );
+
+        let held = json!({"metadata": {"name": "h", "finalizers": ["a"]}});
+        s.create(&lease, Some("default"), held).unwrap();
+        let deleting = s
+            .delete(&lease, Some("default"), "h", &Preconditions::default())
+            .unwrap();
+        let mut more = (*deleting).clone();
+        more["metadata"]["finalizers"] = json!(["a", "b"]);
+        let err = s
+            .update(&lease, Some("default"), "h", more, false)
+            .unwrap_err();
+        assert_eq!(err.code, 422, "{err}");
+
+        let crd = json!({"metadata": {"name": "ks.g"}, "spec": {"group": "g", "scope": "Cluster",
+            "names": {"kind": "K", "plural": "ks"}, "versions": [{"name": "v1", "served": true}]}});
+        let crd_type = s
+            .type_for("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+            .unwrap();
+        s.create(&crd_type, None, crd).unwrap();
+        let k = s.type_for("g/v1", "K").expect("the CRD serves K");
+        s.create(
+            &k,
+            None,
+            json!({"metadata": {"name": "k"}, "spec": {"a": 1}}),
+        )
+        .unwrap();
+        let unconditional = json!({"metadata": {"name": "k"}, "spec": {"a": 2}});
+        assert_eq!(
+            s.update(&k, None, "k", unconditional, false)
+                .unwrap_err()
+                .code,
+            422
+        );
     }
 
     #[test]
