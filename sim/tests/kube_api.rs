@@ -53,6 +53,16 @@ async fn setup() -> (ApiServer, Client) {
     crds.create(&PostParams::default(), &SpurJob::crd())
         .await
         .expect("the CRD is accepted");
+    // As an operator does: wait for Established (a watch with a field selector).
+    let established = kube::runtime::wait::await_condition(
+        crds,
+        "spurjobs.spur.amd.com",
+        kube::runtime::wait::conditions::is_crd_established(),
+    );
+    timeout(Duration::from_secs(10), established)
+        .await
+        .expect("established in time")
+        .unwrap();
     (server, client)
 }
 
@@ -164,10 +174,19 @@ async fn list_with_label_and_field_selectors_and_paging() {
         names(&pods_a.list(&ListParams::default()).await.unwrap().items),
         ["p1"]
     );
-    let all: Api<Pod> = Api::all(pods_a.into_client());
+    let all: Api<Pod> = Api::all(pods_a.clone().into_client());
     assert_eq!(
         names(&all.list(&ListParams::default()).await.unwrap().items),
         ["p1", "p2"]
+    );
+    // deletecollection removes what the selector picks, in one namespace only.
+    pods_a
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        names(&all.list(&ListParams::default()).await.unwrap().items),
+        ["p2"]
     );
 }
 
