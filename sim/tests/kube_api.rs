@@ -20,7 +20,7 @@ use kube::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use spur_sim::kube_api::{ApiServer, ApiServerConfig, CutKind, OutageMode};
+use spur_sim::kube_api::{ApiServer, ApiServerConfig, ClientOptions, CutKind, OutageMode};
 use tokio::time::timeout;
 
 #[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize)]
@@ -831,8 +831,19 @@ async fn faults_outage_latency_and_cut_watches() {
         .await
         .unwrap();
 
+    // kube's default client rides out a short 503 outage by retrying...
+    server
+        .faults()
+        .outage_for(OutageMode::Unavailable, Duration::from_secs(10));
+    jobs.get("j").await.expect("retried until the outage ended");
+    // ...and a client without retries sees the 503.
+    let no_retry = ClientOptions {
+        retry_server_errors: false,
+        ..ClientOptions::default()
+    };
+    let bare: Api<SpurJob> = Api::namespaced(server.in_memory_client_with(&no_retry), "default");
     server.faults().start_outage(OutageMode::Unavailable);
-    assert_eq!(api_error(jobs.get("j").await.unwrap_err()).code, 503);
+    assert_eq!(api_error(bare.get("j").await.unwrap_err()).code, 503);
     server.faults().end_outage();
 
     server.faults().start_outage(OutageMode::Hang);
@@ -1313,4 +1324,29 @@ fn the_same_seed_gives_the_same_trace_under_turmoil() {
         turmoil_trace(8),
         "uids and generated names follow the seed"
     );
+}
+
+/// A dial that never completes, like a SYN the network drops.
+#[derive(Clone)]
+struct BlackHole;
+
+impl spur_operator::net::Dialer for BlackHole {
+    type Stream = tokio::io::DuplexStream;
+
+    fn dial(
+        &self,
+        _host: &str,
+        _port: u16,
+    ) -> futures::future::BoxFuture<'static, std::io::Result<Self::Stream>> {
+        Box::pin(futures::future::pending())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn connects_are_bounded_as_by_kubes_default_config() {
+    use spur_sim::kube_api::client_over;
+    let nodes: Api<Node> = Api::all(client_over(BlackHole, "kube-api", 6443));
+    let start = tokio::time::Instant::now();
+    let err = nodes.list(&ListParams::default()).await.unwrap_err();
+    assert_eq!(start.elapsed(), Duration::from_secs(30), "{err:?}");
 }

@@ -26,7 +26,7 @@ pub mod store;
 pub mod transport;
 mod watch;
 
-pub use client::client_over;
+pub use client::{ClientOptions, client_over, client_over_with};
 pub use error::ApiError;
 pub use faults::{CutKind, Faults, OutageMode};
 pub use server::{ApiServer, ApiServerConfig};

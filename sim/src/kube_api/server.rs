@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{
-    client::client_over,
+    client::{ClientOptions, client_over_with},
     clock::Clock,
     discovery,
     error::{ApiError, ApiResult},
@@ -163,16 +163,21 @@ impl ApiServer {
         }
     }
 
-    /// A client connected to this server through in-memory pipes (spawns the serving task
-    /// on the current runtime).
+    /// A client connected to this server through in-memory pipes, with kube's default
+    /// transport settings (spawns the serving task on the current runtime).
     pub fn in_memory_client(&self) -> kube::Client {
+        self.in_memory_client_with(&ClientOptions::default())
+    }
+
+    /// [`ApiServer::in_memory_client`] with other transport settings.
+    pub fn in_memory_client_with(&self, options: &ClientOptions) -> kube::Client {
         let (dialer, listener) = memory_pair();
         let server = self.clone();
         tokio::spawn(async move {
             // Ends when every clone of the client is gone.
             let _ = server.serve(listener).await;
         });
-        client_over(dialer, "kube-api", 80)
+        client_over_with(dialer, "kube-api", 80, options)
     }
 
     /// Adds `count` labelled nodes (`node-0`, ...), as `--seed-nodes` does.
