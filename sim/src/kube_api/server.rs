@@ -274,13 +274,17 @@ fn error_response(err: &ApiError) -> Response {
 }
 
 async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
-    if let Err(err) = shared.faults.gate().await {
-        return error_response(&err);
-    }
-    match route(shared, req).await {
-        Ok(response) => response,
+    let method = req.method().clone();
+    let uri = req.uri().clone();
+    let response = match shared.faults.gate().await {
         Err(err) => error_response(&err),
-    }
+        Ok(()) => match route(shared, req).await {
+            Ok(response) => response,
+            Err(err) => error_response(&err),
+        },
+    };
+    tracing::debug!(%method, %uri, status = response.status().as_u16(), "kube-api request");
+    response
 }
 
 /// What a resource path names.
