@@ -6,10 +6,25 @@
 //! laptop (`spur-sim kube-api`), over in-memory pipes in tests.
 //!
 //! - start: [`ApiServer::new`], then [`ApiServer::serve`] with any [`transport::Accept`]
-//!   (a turmoil or tokio `TcpListener`, a [`transport::MemoryListener`]);
-//! - clients: [`client::client_over`] builds a `kube::Client` over any
-//!   `spur_operator::net::Dialer`; [`ApiServer::in_memory_client`] for tests;
-//! - faults: [`ApiServer::faults`] and [`ApiServer::expire_resource_versions`].
+//!   (a turmoil or tokio `TcpListener`, a [`transport::MemoryListener`]); the state lives in
+//!   the `ApiServer` (clones share it), so it survives a restart of the host serving it;
+//! - clients: [`client_over`] / [`client_over_with`] build a `kube::Client` over any
+//!   `spur_operator::net::Dialer`, with kube's default transport (30 s connect bound,
+//!   429/503/504 retries); [`ApiServer::in_memory_client`] for tests;
+//! - faults: [`ApiServer::faults`] and [`ApiServer::expire_resource_versions`];
+//! - checks: [`ApiServer::observe`] sees every change in order; direct `create`, `get`,
+//!   `list`, `merge_patch`, `delete` let a harness act as kubelet or user without HTTP.
+//!
+//! Where it differs from a real API server, knowingly:
+//! - strategic merge patch is a JSON merge patch (lists are replaced, not merged by key);
+//!   server-side apply is a forced merge patch (no managedFields, no field removal);
+//! - no admission, no schema validation, no defaulting; CRDs are Established at once;
+//! - pods go at once on delete (no graceful period); dependents whose owners are all gone
+//!   are deleted at once (the garbage collector without its delay); no foreground deletion;
+//! - list pages after the first are read from the current state (their resourceVersion is
+//!   the first page's, so a watch from it replays what changed meanwhile);
+//! - `dryRun` is refused; the OpenAPI v2 document is empty (kubectl validates nothing);
+//!   watches ignore `as=Table`.
 
 pub mod cli;
 pub mod client;
