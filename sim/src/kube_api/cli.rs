@@ -6,6 +6,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use k8s_openapi::jiff::Timestamp;
+
+use super::clock::Clock;
 use super::server::{ApiServer, ApiServerConfig};
 use super::store::StoreConfig;
 
@@ -24,6 +27,11 @@ pub struct KubeApiArgs {
     /// Seeds uids and generated names.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Stamp objects with the simulation's clock (2026-01-01 plus elapsed time) instead of
+    /// the wall clock; the default is the wall clock, as the operator's own clock on a laptop
+    /// is.
+    #[arg(long)]
+    pub simulated_clock: bool,
 }
 
 /// Runs `spur-sim kube-api` (returns only on an I/O error).
@@ -33,7 +41,11 @@ pub async fn run(args: KubeApiArgs) -> io::Result<()> {
             seed: args.seed,
             ..StoreConfig::default()
         },
-        clock: None,
+        clock: Some(if args.simulated_clock {
+            Clock::simulated()
+        } else {
+            Clock::from_fn(Timestamp::now)
+        }),
     });
     server
         .seed_nodes(args.seed_nodes)
