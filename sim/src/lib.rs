@@ -3,13 +3,17 @@
 //! - [`net`]: turmoil glue for tonic, hyper and axum; the `spurctld` Service; the modelled
 //!   kernel (SYN timeout) and pod kills.
 //! - [`controller`]: three simulated spurctld replicas sharing one replicated log.
+//! - [`kube_api`]: an in-memory Kubernetes API server that kube-rs talks to over HTTP.
+//! - [`operator`]: the real operator on a simulated host.
 //! - [`world`]: one turmoil simulation per seed, with the replicas, faults and the trace.
 //! - [`trace`] and [`determinism`]: what makes a seed replay exactly, and the proof.
 //! - [`smoke`]: `spur-sim world-smoke`, a fixed scenario printing its trace hash.
 
 pub mod controller;
 pub mod determinism;
+pub mod kube_api;
 pub mod net;
+pub mod operator;
 pub mod smoke;
 pub mod trace;
 pub mod world;

@@ -1,0 +1,133 @@
+//! API errors, answered as `Status` objects the way a real API server words them.
+
+use serde_json::{Value, json};
+
+/// A failed API call: an HTTP code, a Kubernetes `reason` and a message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason} ({code}): {message}")]
+pub struct ApiError {
+    /// HTTP status code.
+    pub code: u16,
+    /// Machine-readable reason (`NotFound`, `Conflict`, ...), as in `metav1.StatusReason`.
+    pub reason: &'static str,
+    /// Human-readable message.
+    pub message: String,
+    /// `details.name`, `details.group` and `details.kind` of the object concerned.
+    pub details: Option<(String, String, String)>,
+}
+
+impl ApiError {
+    fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    fn with_details(mut self, name: &str, group: &str, plural: &str) -> Self {
+        self.details = Some((name.to_owned(), group.to_owned(), plural.to_owned()));
+        self
+    }
+
+    /// 404 for a missing object; `resource` is the group-qualified plural (`spurjobs.spur.amd.com`).
+    pub fn not_found(resource: &str, group: &str, plural: &str, name: &str) -> Self {
+        Self::new(404, "NotFound", format!("{resource} \"{name}\" not found"))
+            .with_details(name, group, plural)
+    }
+
+    /// 404 for a path that names no served resource.
+    pub fn unknown_path(path: &str) -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            format!("the server could not find the requested resource ({path})"),
+        )
+    }
+
+    /// 409 on create of an existing name.
+    pub fn already_exists(resource: &str, group: &str, plural: &str, name: &str) -> Self {
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{resource} \"{name}\" already exists"),
+        )
+        .with_details(name, group, plural)
+    }
+
+    /// 409 on a failed resourceVersion or uid precondition.
+    pub fn conflict(resource: &str, group: &str, plural: &str, name: &str) -> Self {
+        Self::new(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {resource} \"{name}\": the object has been modified; \
+                 please apply your changes to the latest version and try again"
+            ),
+        )
+        .with_details(name, group, plural)
+    }
+
+    /// 400 for a request the server cannot make sense of.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    /// 422 for a well-formed request whose result is not acceptable.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(422, "Invalid", message)
+    }
+
+    /// 415 for a body in a content type the verb does not take.
+    pub fn unsupported_media_type(content_type: &str) -> Self {
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!("the body of the request was in an unknown format ({content_type:?})"),
+        )
+    }
+
+    /// 405 for a verb a path does not serve.
+    pub fn method_not_allowed(method: &str) -> Self {
+        Self::new(
+            405,
+            "MethodNotAllowed",
+            format!("the server does not allow this method on the requested resource ({method})"),
+        )
+    }
+
+    /// 410 for a resourceVersion older than the kept history.
+    pub fn expired(message: impl Into<String>) -> Self {
+        Self::new(410, "Expired", message)
+    }
+
+    /// 503 while an outage fault is on.
+    pub fn unavailable() -> Self {
+        Self::new(
+            503,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        )
+    }
+
+    /// The `Status` object a real API server sends for this error.
+    pub fn to_status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        });
+        if let Some((name, group, kind)) = &self.details {
+            status["details"] = json!({ "name": name, "group": group, "kind": kind });
+        }
+        status
+    }
+}
+
+/// Result of an API operation.
+pub type ApiResult<T> = Result<T, ApiError>;

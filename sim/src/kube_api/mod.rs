@@ -1,0 +1,47 @@
+//! The simulated Kubernetes API server (shared/spec/sim.md, "API server").
+//!
+//! An in-memory store of JSON objects with a global resourceVersion and a change history,
+//! served over HTTP so that kube-rs (its watcher, Controller and finalizer helper included)
+//! runs against it unchanged: over turmoil's TCP in a simulation, over tokio TCP on a
+//! laptop (`spur-sim kube-api`), over in-memory pipes in tests.
+//!
+//! - start: [`ApiServer::new`], then [`ApiServer::serve`] with any [`transport::Accept`]
+//!   (a turmoil or tokio `TcpListener`, a [`transport::MemoryListener`]); the state lives in
+//!   the `ApiServer` (clones share it), so it survives a restart of the host serving it;
+//! - clients: [`client_over`] / [`client_over_with`] build a `kube::Client` over any
+//!   `spur_operator::net::Dialer`, with kube's default transport (30 s connect bound,
+//!   429/503/504 retries); [`ApiServer::in_memory_client`] for tests;
+//! - faults: [`ApiServer::faults`] and [`ApiServer::expire_resource_versions`];
+//! - checks: [`ApiServer::observe`] sees every change in order; direct `create`, `get`,
+//!   `list`, `merge_patch`, `delete` let a harness act as kubelet or user without HTTP.
+//!
+//! Where it differs from a real API server, knowingly:
+//! - strategic merge patch is a JSON merge patch (lists are replaced, not merged by key);
+//!   server-side apply is a forced merge patch (no managedFields, no field removal);
+//! - no admission, no schema validation, no defaulting; CRDs are Established at once;
+//! - pods go at once on delete (no graceful period); dependents whose owners are all gone
+//!   are deleted at once (the garbage collector without its delay); no foreground deletion;
+//! - list pages after the first are read from the current state (their resourceVersion is
+//!   the first page's, so a watch from it replays what changed meanwhile);
+//! - `dryRun` is refused; the OpenAPI v2 document is empty (kubectl validates nothing);
+//!   watches ignore `as=Table`.
+
+pub mod cli;
+pub mod client;
+pub mod clock;
+mod discovery;
+pub mod error;
+pub mod faults;
+pub mod patch;
+pub mod resources;
+pub mod seed;
+pub mod selectors;
+mod server;
+pub mod store;
+pub mod transport;
+mod watch;
+
+pub use client::{ClientOptions, client_over, client_over_with};
+pub use error::ApiError;
+pub use faults::{CutKind, Faults, OutageMode};
+pub use server::{ApiServer, ApiServerConfig};
