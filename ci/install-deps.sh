@@ -4,7 +4,11 @@
 set -euo pipefail
 
 need_apt=()
-# (Debian packages the tests need are added here as the tests come to need them.)
+# kubectl, for the test that drives the simulated API server the way a person would
+# (sim/tests/kube_api.rs). The machine image may already carry one from another package.
+if ! command -v kubectl >/dev/null 2>&1; then
+  need_apt+=(kubernetes-client)
+fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

@@ -11,6 +11,7 @@
 
 pub mod controller;
 pub mod determinism;
+pub mod harness;
 pub mod kube_api;
 pub mod net;
 pub mod operator;

@@ -1,0 +1,142 @@
+//! A simulated cluster with the operator in it: the world (network and controller
+//! replicas), the API server with the SpurJob CRD, labelled nodes, and operator replicas
+//! started from flags. Scenarios and tests build on this.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use kube::CustomResourceExt;
+use serde_json::{Value, json};
+use spur_operator::jobs::SpurJob;
+use spur_operator::operator::Handles;
+
+use crate::kube_api::store::StoreConfig;
+use crate::kube_api::{ApiServer, ApiServerConfig, seed};
+use crate::operator::{KUBE_API_HOST, KUBE_API_PORT, config_from_flags, run_operator};
+use crate::trace::fnv1a;
+use crate::world::{World, WorldConfig};
+
+/// The namespace the operator runs in (its Lease lives there).
+pub const OPERATOR_NAMESPACE: &str = "spur-system";
+
+pub struct Sim {
+    pub world: World,
+    pub api: ApiServer,
+    seed: u64,
+    operators: Rc<RefCell<BTreeMap<String, Handles>>>,
+}
+
+impl Sim {
+    pub fn new(seed: u64) -> Sim {
+        Sim::with_config(seed, WorldConfig::default())
+    }
+
+    /// A world for `seed` with the API server up (the CRD applied, the operator's
+    /// namespace created) and the controller replicas started.
+    pub fn with_config(seed: u64, config: WorldConfig) -> Sim {
+        let mut world = World::with_config(seed, config);
+        let api = ApiServer::new(ApiServerConfig {
+            store: StoreConfig {
+                seed,
+                ..Default::default()
+            },
+            clock: None,
+        });
+        api.create(json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": OPERATOR_NAMESPACE},
+        }))
+        .expect("create the operator's namespace");
+        let crd = serde_json::to_value(SpurJob::crd()).expect("the CRD serialises");
+        api.create(crd).expect("apply the SpurJob CRD");
+        let server = api.clone();
+        world.host(KUBE_API_HOST, move || {
+            let server = server.clone();
+            async move {
+                let listener = turmoil::net::TcpListener::bind(("0.0.0.0", KUBE_API_PORT)).await?;
+                server.serve(listener).await?;
+                Ok(())
+            }
+        });
+        world.start_controllers();
+        Sim {
+            world,
+            api,
+            seed,
+            operators: Rc::default(),
+        }
+    }
+
+    /// Adds `node-0` .. `node-{count-1}`, labelled for the operator.
+    pub fn add_nodes(&self, count: usize) {
+        for i in 0..count {
+            self.add_node(seed::node(i));
+        }
+    }
+
+    pub fn add_node(&self, node: Value) {
+        self.api.create(node).expect("create a node");
+    }
+
+    /// Starts an operator replica on host `name`, configured by `flags` as the binary would
+    /// be. A restart of the host (`world.restart`) runs it afresh, as a new process.
+    pub fn start_operator(&mut self, name: &str, flags: &[&str]) {
+        let flags: Vec<String> = flags.iter().map(|f| (*f).to_owned()).collect();
+        let config = config_from_flags(name, &flags).expect("the operator's flags are valid");
+        let dialer = self.world.dialer(name);
+        let seed = self.seed ^ fnv1a(name.as_bytes());
+        let operators = self.operators.clone();
+        let host = name.to_owned();
+        self.world.host(name, move || {
+            let (dialer, config, operators, host) = (
+                dialer.clone(),
+                config.clone(),
+                operators.clone(),
+                host.clone(),
+            );
+            async move {
+                let (started, handles) = tokio::sync::oneshot::channel();
+                let run = run_operator(dialer, config, seed, std::future::pending(), started);
+                let publish = async move {
+                    if let Ok(handles) = handles.await {
+                        operators.borrow_mut().insert(host, handles);
+                    }
+                };
+                let (result, ()) = tokio::join!(run, publish);
+                result?;
+                Ok(())
+            }
+        });
+    }
+
+    /// The running operator replica on `name`, once started.
+    pub fn operator(&self, name: &str) -> Option<Handles> {
+        self.operators.borrow().get(name).cloned()
+    }
+
+    /// Operator replicas that currently act as leader.
+    pub fn leading_operators(&self) -> Vec<String> {
+        self.operators
+            .borrow()
+            .iter()
+            .filter(|(_, h)| *h.leading.borrow())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// The nodes the controller has registered (as the current leader's copy shows).
+    pub fn registered_nodes(&self) -> Vec<String> {
+        let cluster = self.world.cluster();
+        let Some(slot) = cluster.leader().and_then(|l| cluster.slot_of(&l)) else {
+            return Vec::new();
+        };
+        cluster.read(slot, |state| state.nodes.keys().cloned().collect())
+    }
+
+    /// Answers the replicas gave to `method` calls that succeeded.
+    pub fn successful_calls(&self, method: &str) -> usize {
+        self.world.trace().find(&format!("{method} -> ok")).len()
+    }
+}

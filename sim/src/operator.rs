@@ -1,0 +1,110 @@
+//! The real operator in the simulated world: its network seam over turmoil, its kube
+//! Client over the simulated network to the simulated API server, its wall clock the
+//! simulation's, and its configuration given as the same flags production takes.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+
+use clap::Parser;
+use futures::future::BoxFuture;
+use spur_operator::clock::WallClock;
+use spur_operator::config::{OperatorConfig, RunArgs};
+use spur_operator::net::{Binder, Dialer, Listener};
+use spur_operator::operator::{self, Handles};
+
+use crate::determinism::sim_now;
+use crate::net::{ServiceDialer, SimStream};
+
+/// Where the simulated API server listens.
+pub const KUBE_API_HOST: &str = "kube-api";
+pub const KUBE_API_PORT: u16 = 6443;
+
+/// The operator's network in the simulation: dials through the `spurctld` Service like
+/// kube-proxy, listens on the simulated host.
+#[derive(Clone)]
+pub struct OperatorNetwork {
+    dialer: ServiceDialer,
+}
+
+impl OperatorNetwork {
+    pub fn new(dialer: ServiceDialer) -> Self {
+        Self { dialer }
+    }
+}
+
+impl Dialer for OperatorNetwork {
+    type Stream = SimStream;
+
+    fn dial(&self, host: &str, port: u16) -> BoxFuture<'static, io::Result<SimStream>> {
+        self.dialer.dial(host, port)
+    }
+}
+
+impl Binder for OperatorNetwork {
+    type Listener = OperatorListener;
+
+    fn bind(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<OperatorListener>> {
+        Box::pin(async move {
+            let inner = turmoil::net::TcpListener::bind(addr).await?;
+            Ok(OperatorListener { inner })
+        })
+    }
+}
+
+/// A turmoil listener as the operator's servers take it.
+pub struct OperatorListener {
+    inner: turmoil::net::TcpListener,
+}
+
+impl Listener for OperatorListener {
+    type Conn = SimStream;
+
+    fn accept(&mut self) -> BoxFuture<'_, io::Result<(SimStream, SocketAddr)>> {
+        Box::pin(async move {
+            let (stream, peer) = self.inner.accept().await?;
+            Ok((SimStream::new(stream), peer))
+        })
+    }
+}
+
+#[derive(Parser)]
+struct Flags {
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+/// The operator's configuration from command-line flags, exactly as the binary parses
+/// them, so a profile is a list of flags and nothing else.
+pub fn config_from_flags(host: &str, flags: &[String]) -> Result<OperatorConfig, String> {
+    let mut argv = vec![
+        "spur-operator".to_owned(),
+        "--agent-address".to_owned(),
+        host.to_owned(),
+        "--identity".to_owned(),
+        host.to_owned(),
+        "--namespace".to_owned(),
+        "spur-system".to_owned(),
+    ];
+    argv.extend(flags.iter().cloned());
+    let parsed = Flags::try_parse_from(argv).map_err(|e| e.to_string())?;
+    parsed.run.validate().map_err(|e| e.to_string())
+}
+
+/// Runs the operator on the current simulated host until `shutdown` completes.
+pub async fn run_operator(
+    dialer: ServiceDialer,
+    config: OperatorConfig,
+    seed: u64,
+    shutdown: impl Future<Output = ()>,
+    started: tokio::sync::oneshot::Sender<Handles>,
+) -> Result<(), operator::RunError> {
+    let kube = crate::kube_api::client::client_over(dialer.clone(), KUBE_API_HOST, KUBE_API_PORT);
+    let world = operator::World {
+        network: OperatorNetwork::new(dialer),
+        kube,
+        clock: WallClock::from_fn(sim_now),
+        seed,
+    };
+    operator::run_with_handles(world, config, shutdown, started).await
+}

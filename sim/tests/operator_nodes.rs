@@ -1,0 +1,171 @@
+//! The real operator in the simulated world: node registration, heartbeats, NotReady,
+//! refusals, forgotten nodes, and leader election between two replicas.
+
+use std::time::Duration;
+
+use serde_json::json;
+use spur_sim::controller::RefusalKind;
+use spur_sim::harness::Sim;
+
+/// Fast heartbeats so a test sees several in a short run.
+const FLAGS: &[&str] = &["--heartbeat-interval", "5s"];
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+#[test]
+fn registers_and_heartbeats_every_labelled_node() {
+    let mut sim = Sim::new(11);
+    sim.add_nodes(4);
+    // A node without the label is not the operator's.
+    sim.add_node(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "cpu-only", "labels": {"kubernetes.io/hostname": "cpu-only"}},
+        "status": {"allocatable": {"cpu": "8", "memory": "16Gi"}}
+    }));
+    sim.start_operator("operator", FLAGS);
+    sim.world.run_until(secs(40)).unwrap();
+
+    assert_eq!(
+        sim.registered_nodes(),
+        ["node-0", "node-1", "node-2", "node-3"]
+    );
+    let handles = sim.operator("operator").expect("the operator started");
+    assert!(*handles.leading.borrow(), "a lone replica takes the lease");
+    assert_eq!(handles.registered.len(), 4);
+    // Heartbeats every 5 s for 4 nodes since registration: several rounds.
+    let beats = sim.successful_calls("Heartbeat");
+    assert!(beats >= 4 * 4, "only {beats} heartbeats");
+    // The node's resources came from its allocatable.
+    let cluster = sim.world.cluster();
+    let slot = cluster.slot_of(&cluster.leader().unwrap()).unwrap();
+    let (cpus, gpus, address) = cluster.read(slot, |s| {
+        let n = &s.nodes["node-2"];
+        let r = n.resources.clone();
+        (r.cpus, r.gpus.len(), n.address.clone())
+    });
+    assert_eq!((cpus, gpus, address.as_str()), (64, 8, "operator"));
+}
+
+#[test]
+fn a_not_ready_taint_reaches_the_controller_and_clears() {
+    let mut sim = Sim::new(12);
+    sim.add_nodes(2);
+    sim.start_operator("operator", FLAGS);
+    sim.world.run_until(secs(20)).unwrap();
+    let taint = json!({"spec": {"taints": [
+        {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    ]}});
+    sim.api
+        .merge_patch("v1", "Node", None, "node-1", &taint, false)
+        .unwrap();
+    sim.world.run_until(secs(25)).unwrap();
+    let state_of = |sim: &Sim, node: &str| {
+        let cluster = sim.world.cluster();
+        let slot = cluster.slot_of(&cluster.leader().unwrap()).unwrap();
+        cluster.read(slot, |s| {
+            (s.nodes[node].state, s.nodes[node].reason.clone())
+        })
+    };
+    let (state, reason) = state_of(&sim, "node-1");
+    assert_eq!(state, spur_proto::NodeState::NodeDown);
+    assert!(reason.contains("not-ready"), "{reason}");
+    assert_eq!(state_of(&sim, "node-0").0, spur_proto::NodeState::NodeIdle);
+
+    let clear = json!({"spec": {"taints": null}});
+    sim.api
+        .merge_patch("v1", "Node", None, "node-1", &clear, false)
+        .unwrap();
+    sim.world.run_until(secs(30)).unwrap();
+    assert_eq!(state_of(&sim, "node-1").0, spur_proto::NodeState::NodeIdle);
+}
+
+#[test]
+fn a_refused_registration_is_retried_alone_until_accepted() {
+    let mut sim = Sim::new(13);
+    sim.add_nodes(3);
+    // Every registration is refused for the first 20 s.
+    sim.world
+        .cluster()
+        .refuse_registrations(secs(20), RefusalKind::NotAccepted);
+    sim.start_operator("operator", FLAGS);
+    sim.world.run_until(secs(19)).unwrap();
+    assert!(sim.registered_nodes().is_empty());
+    // Once the refusal clears, each node's own backoff brings it in: no restart, no
+    // node change, no other trigger.
+    sim.world.run_until(secs(60)).unwrap();
+    assert_eq!(sim.registered_nodes(), ["node-0", "node-1", "node-2"]);
+}
+
+#[test]
+fn a_forgotten_node_is_registered_again_after_its_heartbeat() {
+    let mut sim = Sim::new(14);
+    sim.add_nodes(2);
+    sim.start_operator("operator", FLAGS);
+    sim.world.run_until(secs(20)).unwrap();
+    assert_eq!(sim.registered_nodes().len(), 2);
+    let registrations = sim.successful_calls("RegisterAgent");
+    // Between two heartbeat rounds (every 5 s from the operator's start).
+    sim.world.run_until(Duration::from_millis(22_500)).unwrap();
+    sim.world.cluster().forget_nodes(sim.world.elapsed());
+    sim.world.run_until(secs(24)).unwrap();
+    assert!(
+        sim.registered_nodes().is_empty(),
+        "the controller lost its nodes"
+    );
+    // The next heartbeat answers NOT_FOUND and brings re-registration at once.
+    sim.world.run_until(secs(30)).unwrap();
+    assert_eq!(sim.registered_nodes().len(), 2);
+    assert!(!sim.world.trace().find("Heartbeat -> NotFound").is_empty());
+    assert_eq!(sim.successful_calls("RegisterAgent"), registrations + 2);
+}
+
+#[test]
+fn with_two_replicas_exactly_one_acts() {
+    let mut sim = Sim::new(15);
+    sim.add_nodes(2);
+    sim.start_operator("operator-a", FLAGS);
+    sim.start_operator("operator-b", FLAGS);
+    let mut leaders_seen = std::collections::BTreeSet::new();
+    let mut t = 0;
+    while t < 40 {
+        t += 1;
+        sim.world.run_until(secs(t)).unwrap();
+        let leading = sim.leading_operators();
+        assert!(leading.len() <= 1, "two leaders at {t}s: {leading:?}");
+        leaders_seen.extend(leading);
+    }
+    assert_eq!(leaders_seen.len(), 1, "{leaders_seen:?}");
+    let leader = leaders_seen.into_iter().next().unwrap();
+    assert_eq!(sim.registered_nodes().len(), 2);
+    // Every registration came from the leader's agent address.
+    let cluster = sim.world.cluster();
+    let slot = cluster.slot_of(&cluster.leader().unwrap()).unwrap();
+    let addresses: Vec<String> = cluster.read(slot, |s| {
+        s.nodes.values().map(|n| n.address.clone()).collect()
+    });
+    assert!(addresses.iter().all(|a| *a == leader), "{addresses:?}");
+
+    // The leader dies: the other takes over within the lease duration and re-registers
+    // the nodes with its own address.
+    sim.world.kill(&leader, spur_sim::world::KillMode::Silent);
+    let other = if leader == "operator-a" {
+        "operator-b"
+    } else {
+        "operator-a"
+    };
+    sim.world.run_until(secs(75)).unwrap();
+    assert!(
+        *sim.operator(other).unwrap().leading.borrow(),
+        "{other} did not take over"
+    );
+    let addresses: Vec<String> = {
+        let cluster = sim.world.cluster();
+        let slot = cluster.slot_of(&cluster.leader().unwrap()).unwrap();
+        cluster.read(slot, |s| {
+            s.nodes.values().map(|n| n.address.clone()).collect()
+        })
+    };
+    assert!(addresses.iter().all(|a| a == other), "{addresses:?}");
+}
