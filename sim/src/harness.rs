@@ -111,6 +111,58 @@ impl Sim {
         });
     }
 
+    /// Starts the simulated kubelets that run the pods bound to nodes.
+    pub fn start_kubelet(&mut self) {
+        let api = self.api.clone();
+        self.world.host("kubelet", move || {
+            crate::kubelet::run(api.clone(), crate::kubelet::KubeletConfig::default())
+        });
+    }
+
+    /// Creates SpurJob `namespace/name` with `spec`.
+    pub fn create_spurjob(&self, namespace: &str, name: &str, spec: Value) -> Value {
+        self.api
+            .create(json!({
+                "apiVersion": "spur.amd.com/v1alpha1",
+                "kind": "SpurJob",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": spec,
+            }))
+            .expect("create a SpurJob")
+    }
+
+    /// SpurJob `namespace/name` as the API server holds it.
+    pub fn spurjob(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.api
+            .get("spur.amd.com/v1alpha1", "SpurJob", Some(namespace), name)
+            .ok()
+    }
+
+    /// The pods in `namespace`, by name.
+    pub fn pods(&self, namespace: &str) -> Vec<Value> {
+        let mut pods: Vec<Value> = self
+            .api
+            .list("v1", "Pod")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| p["metadata"]["namespace"] == namespace)
+            .collect();
+        pods.sort_by_key(|p| {
+            p["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        });
+        pods
+    }
+
+    /// The controller's view of job `id` (the leader's copy).
+    pub fn controller_job(&self, id: u32) -> Option<spur_proto::JobInfo> {
+        let cluster = self.world.cluster();
+        let slot = cluster.leader().and_then(|l| cluster.slot_of(&l))?;
+        cluster.read(slot, |state| state.jobs.get(&id).map(|j| j.info()))
+    }
+
     /// The running operator replica on `name`, once started.
     pub fn operator(&self, name: &str) -> Option<Handles> {
         self.operators.borrow().get(name).cloned()

@@ -1,0 +1,117 @@
+//! Profiles: named sets of the operator's tunables, given as the flags the binary takes.
+//!
+//! - `unbounded`: the operator before the seed's fix: no connect timeout, no keepalive,
+//!   no request bound, doubling backoff 1 s..60 s.
+//! - `seed-fix`: the seed's fix: 10 s connect timeout, keepalive, 30 s request bound, and
+//!   still the doubling backoff 1 s..60 s.
+//! - `default`: the operator's shipped defaults (no flags).
+
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Profile {
+    Unbounded,
+    SeedFix,
+    Default,
+}
+
+impl Profile {
+    pub const ALL: [Profile; 3] = [Profile::Unbounded, Profile::SeedFix, Profile::Default];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Unbounded => "unbounded",
+            Profile::SeedFix => "seed-fix",
+            Profile::Default => "default",
+        }
+    }
+
+    /// The operator flags of this profile.
+    pub fn flags(self) -> &'static [&'static str] {
+        const DOUBLING_1S_60S: [&str; 6] = [
+            "--retry-initial",
+            "1s",
+            "--retry-max",
+            "60s",
+            "--retry-jitter",
+            "0",
+        ];
+        match self {
+            Profile::Unbounded => &[
+                "--controller-connect-timeout",
+                "off",
+                "--controller-request-timeout",
+                "off",
+                "--controller-keepalive-interval",
+                "off",
+                DOUBLING_1S_60S[0],
+                DOUBLING_1S_60S[1],
+                DOUBLING_1S_60S[2],
+                DOUBLING_1S_60S[3],
+                DOUBLING_1S_60S[4],
+                DOUBLING_1S_60S[5],
+            ],
+            Profile::SeedFix => &[
+                "--controller-connect-timeout",
+                "10s",
+                "--controller-request-timeout",
+                "30s",
+                "--controller-keepalive-interval",
+                "10s",
+                "--controller-keepalive-timeout",
+                "20s",
+                DOUBLING_1S_60S[0],
+                DOUBLING_1S_60S[1],
+                DOUBLING_1S_60S[2],
+                DOUBLING_1S_60S[3],
+                DOUBLING_1S_60S[4],
+                DOUBLING_1S_60S[5],
+            ],
+            Profile::Default => &[],
+        }
+    }
+}
+
+impl fmt::Display for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Profile {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Profile::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown profile `{s}` (unbounded, seed-fix, default)"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_profile_is_a_valid_operator_configuration() {
+        for profile in Profile::ALL {
+            let flags: Vec<String> = profile.flags().iter().map(|f| f.to_string()).collect();
+            let config = crate::operator::config_from_flags("operator", &flags)
+                .unwrap_or_else(|e| panic!("{profile}: {e}"));
+            let channel = &config.controller.channel;
+            match profile {
+                Profile::Unbounded => {
+                    assert_eq!(channel.connect_timeout, None);
+                    assert_eq!(channel.request_timeout, None);
+                    assert_eq!(channel.keepalive, None);
+                }
+                Profile::SeedFix | Profile::Default => {
+                    assert!(channel.connect_timeout.is_some() && channel.keepalive.is_some());
+                }
+            }
+            assert_eq!(profile.name().parse::<Profile>(), Ok(profile));
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! A SpurJob through its whole life in the simulated world, and one deleted while running.
+
+use std::time::Duration;
+
+use serde_json::json;
+use spur_proto::JobState;
+use spur_sim::harness::Sim;
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn start(seed: u64) -> Sim {
+    let mut sim = Sim::new(seed);
+    sim.add_nodes(2);
+    sim.start_kubelet();
+    sim.start_operator("operator", &[]);
+    sim
+}
+
+#[test]
+fn a_spurjob_runs_to_completion() {
+    let mut sim = start(21);
+    sim.world.run_until(secs(10)).unwrap();
+    sim.create_spurjob(
+        "default",
+        "hello",
+        json!({"image": "busybox", "command": ["sh", "-c", "echo hi"],
+               "env": {"SIM_RUN_SECONDS": "5"}, "gpus": {"count": 1}}),
+    );
+    sim.world.run_until(secs(60)).unwrap();
+
+    let job = sim.spurjob("default", "hello").expect("the SpurJob exists");
+    let status = &job["status"];
+    let id = status["spurJobId"].as_u64().expect("submitted") as u32;
+    assert_eq!(status["state"], "COMPLETED", "{status:#}");
+    let finished = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Finished")
+        .expect("a Finished condition");
+    assert_eq!(finished["status"], "True");
+    assert!(
+        job["metadata"]["finalizers"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("spur.amd.com/cleanup"))
+    );
+
+    let info = sim
+        .controller_job(id)
+        .expect("the controller knows the job");
+    assert_eq!(info.state(), JobState::JobCompleted);
+    let pods = sim.pods("default");
+    assert_eq!(pods.len(), 1);
+    let pod = &pods[0];
+    assert_eq!(pod["spec"]["nodeName"], info.nodelist.as_str());
+    assert_eq!(
+        pod["metadata"]["annotations"]["spur.amd.com/reported"],
+        "true"
+    );
+    assert_eq!(
+        pod["spec"]["containers"][0]["resources"]["limits"]["amd.com/gpu"],
+        "1"
+    );
+    // Exactly one submission.
+    assert_eq!(sim.world.cluster().job_ids(), vec![id]);
+}
+
+#[test]
+fn a_failed_pod_fails_the_job_with_its_exit_code() {
+    let mut sim = start(22);
+    sim.world.run_until(secs(10)).unwrap();
+    sim.create_spurjob(
+        "default",
+        "crash",
+        json!({"image": "busybox", "env": {"SIM_RUN_SECONDS": "2", "SIM_EXIT_CODE": "3"}}),
+    );
+    sim.world.run_until(secs(40)).unwrap();
+    let status = &sim.spurjob("default", "crash").unwrap()["status"];
+    assert_eq!(status["state"], "FAILED", "{status:#}");
+    let id = status["spurJobId"].as_u64().unwrap() as u32;
+    assert_eq!(sim.controller_job(id).unwrap().exit_code, 3);
+}
+
+#[test]
+fn an_invalid_spurjob_gets_a_message_and_is_not_submitted() {
+    let mut sim = start(23);
+    sim.world.run_until(secs(5)).unwrap();
+    sim.create_spurjob(
+        "default",
+        "bad",
+        json!({"image": "busybox", "timeLimit": "4 fortnights"}),
+    );
+    sim.create_spurjob(
+        "default",
+        "good",
+        json!({"image": "busybox", "env": {"SIM_RUN_SECONDS": "1"}}),
+    );
+    sim.world.run_until(secs(30)).unwrap();
+    let bad = &sim.spurjob("default", "bad").unwrap()["status"];
+    assert_eq!(bad["state"], "Invalid");
+    assert!(
+        bad["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("spec.timeLimit:"),
+        "{bad:#}"
+    );
+    assert!(bad["spurJobId"].is_null());
+    let good = &sim.spurjob("default", "good").unwrap()["status"];
+    assert_eq!(
+        good["state"], "COMPLETED",
+        "the bad one did not hold up the good one"
+    );
+    assert_eq!(sim.world.cluster().job_ids().len(), 1);
+    let events = sim.api.list("events.k8s.io/v1", "Event").unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["reason"] == "InvalidSpec" && e["regarding"]["name"] == "bad"),
+        "a Warning event names the bad SpurJob"
+    );
+}
+
+#[test]
+fn deleting_a_running_spurjob_cancels_its_job_and_removes_its_pods() {
+    let mut sim = start(24);
+    sim.world.run_until(secs(10)).unwrap();
+    sim.create_spurjob(
+        "default",
+        "long",
+        json!({"image": "busybox", "env": {"SIM_RUN_SECONDS": "3600"}}),
+    );
+    sim.world.run_until(secs(30)).unwrap();
+    let status = sim.spurjob("default", "long").unwrap()["status"].clone();
+    assert_eq!(status["state"], "RUNNING", "{status:#}");
+    let id = status["spurJobId"].as_u64().unwrap() as u32;
+    assert_eq!(sim.pods("default").len(), 1);
+
+    sim.api
+        .delete("spur.amd.com/v1alpha1", "SpurJob", Some("default"), "long")
+        .unwrap();
+    sim.world.run_until(secs(50)).unwrap();
+    assert!(
+        sim.spurjob("default", "long").is_none(),
+        "the finalizer let it go"
+    );
+    assert_eq!(
+        sim.controller_job(id).unwrap().state(),
+        JobState::JobCancelled
+    );
+    assert!(sim.pods("default").is_empty());
+}
