@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use spur_operator::jobs::SpurJob;
 use spur_operator::operator::Handles;
 
+use crate::index::ObjectIndex;
 use crate::kube_api::store::StoreConfig;
 use crate::kube_api::{ApiServer, ApiServerConfig, seed};
 use crate::operator::{KUBE_API_HOST, KUBE_API_PORT, config_from_flags, run_operator};
@@ -23,6 +24,8 @@ pub const OPERATOR_NAMESPACE: &str = "spur-system";
 pub struct Sim {
     pub world: World,
     pub api: ApiServer,
+    /// The API server's objects, as the checks and the kubelet read them.
+    pub index: ObjectIndex,
     seed: u64,
     operators: Rc<RefCell<BTreeMap<String, Handles>>>,
 }
@@ -35,6 +38,14 @@ impl Sim {
     /// A world for `seed` with the API server up (the CRD applied, the operator's
     /// namespace created) and the controller replicas started.
     pub fn with_config(seed: u64, config: WorldConfig) -> Sim {
+        let mut sim = Sim::without_controllers(seed, config);
+        sim.world.start_controllers();
+        sim
+    }
+
+    /// As [`Sim::with_config`], but the controller replicas are left to the caller (to
+    /// start them late: a controller not ready when the operator starts).
+    pub fn without_controllers(seed: u64, config: WorldConfig) -> Sim {
         let mut world = World::with_config(seed, config);
         let api = ApiServer::new(ApiServerConfig {
             store: StoreConfig {
@@ -43,6 +54,7 @@ impl Sim {
             },
             clock: None,
         });
+        let index = ObjectIndex::attach(&api);
         api.create(json!({
             "apiVersion": "v1",
             "kind": "Namespace",
@@ -60,10 +72,10 @@ impl Sim {
                 Ok(())
             }
         });
-        world.start_controllers();
         Sim {
             world,
             api,
+            index,
             seed,
             operators: Rc::default(),
         }
@@ -113,9 +125,13 @@ impl Sim {
 
     /// Starts the simulated kubelets that run the pods bound to nodes.
     pub fn start_kubelet(&mut self) {
-        let api = self.api.clone();
+        let (api, index) = (self.api.clone(), self.index.clone());
         self.world.host("kubelet", move || {
-            crate::kubelet::run(api.clone(), crate::kubelet::KubeletConfig::default())
+            crate::kubelet::run(
+                api.clone(),
+                index.clone(),
+                crate::kubelet::KubeletConfig::default(),
+            )
         });
     }
 

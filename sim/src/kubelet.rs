@@ -8,9 +8,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::determinism::sim_now;
+use crate::index::{ObjectIndex, PodView};
 use crate::kube_api::ApiServer;
 
 #[derive(Clone, Debug)]
@@ -24,22 +25,10 @@ pub struct KubeletConfig {
 impl Default for KubeletConfig {
     fn default() -> Self {
         Self {
-            period: Duration::from_millis(100),
+            period: Duration::from_millis(250),
             default_run_time: Duration::from_secs(10),
         }
     }
-}
-
-fn env_of(pod: &Value, name: &str) -> Option<String> {
-    pod["spec"]["containers"]
-        .as_array()?
-        .iter()
-        .find(|c| c["name"] == "job")?["env"]
-        .as_array()?
-        .iter()
-        .find(|e| e["name"] == name)?["value"]
-        .as_str()
-        .map(str::to_owned)
 }
 
 fn timestamp() -> String {
@@ -49,65 +38,45 @@ fn timestamp() -> String {
 }
 
 /// Runs the kubelets of every node until the host stops.
-pub async fn run(api: ApiServer, config: KubeletConfig) -> turmoil::Result {
-    // When each pod started, by (namespace, name).
-    let mut started: BTreeMap<(String, String), Duration> = BTreeMap::new();
+pub async fn run(api: ApiServer, index: ObjectIndex, config: KubeletConfig) -> turmoil::Result {
+    // When each running pod started, by namespace/name.
+    let mut started: BTreeMap<String, Duration> = BTreeMap::new();
     loop {
         tokio::time::sleep(config.period).await;
         let now = crate::determinism::sim_elapsed();
-        let Ok(pods) = api.list("v1", "Pod") else {
-            continue;
-        };
+        let pods: Vec<(String, PodView)> = index
+            .lock()
+            .pods
+            .iter()
+            .filter(|(_, p)| p.bound && !p.deleting)
+            .map(|(k, p)| (k.clone(), p.clone()))
+            .collect();
         let mut live = BTreeMap::new();
-        for pod in pods {
-            let namespace = pod["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            let name = pod["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            if pod["spec"]["nodeName"].as_str().is_none()
-                || !pod["metadata"]["deletionTimestamp"].is_null()
-            {
-                continue;
-            }
-            let key = (namespace.clone(), name.clone());
-            let phase = pod["status"]["phase"]
-                .as_str()
-                .unwrap_or("Pending")
-                .to_owned();
-            match phase.as_str() {
+        for (key, pod) in pods {
+            let (namespace, name) = (pod.namespace.as_str(), pod.name.as_str());
+            match pod.phase.as_str() {
                 "Pending" => {
                     let status = json!({"status": {
                         "phase": "Running",
                         "startTime": timestamp(),
                         "containerStatuses": [{"name": "job", "ready": true, "restartCount": 0,
-                            "image": pod["spec"]["containers"][0]["image"], "imageID": "",
+                            "image": pod.image, "imageID": "",
                             "state": {"running": {"startedAt": timestamp()}}}],
                     }});
-                    let _ = api.merge_patch("v1", "Pod", Some(&namespace), &name, &status, true);
+                    let _ = api.merge_patch("v1", "Pod", Some(namespace), name, &status, true);
                     live.insert(key, now);
                 }
                 "Running" => {
                     let since = *started.get(&key).unwrap_or(&now);
                     live.insert(key, since);
-                    let run_time = env_of(&pod, "SIM_RUN_SECONDS")
-                        .and_then(|s| s.parse::<u64>().ok())
+                    let run_time = pod
+                        .run_secs
                         .map_or(config.default_run_time, Duration::from_secs);
                     if now.saturating_sub(since) < run_time {
                         continue;
                     }
-                    let oom = env_of(&pod, "SIM_OOM").is_some();
-                    let exit_code: i32 = if oom {
-                        137
-                    } else {
-                        env_of(&pod, "SIM_EXIT_CODE")
-                            .and_then(|s| s.parse().ok())
-                            .unwrap_or(0)
-                    };
-                    let reason = match (oom, exit_code) {
+                    let exit_code = if pod.oom { 137 } else { pod.exit_code.unwrap_or(0) };
+                    let reason = match (pod.oom, exit_code) {
                         (true, _) => "OOMKilled",
                         (false, 0) => "Completed",
                         _ => "Error",
@@ -115,11 +84,11 @@ pub async fn run(api: ApiServer, config: KubeletConfig) -> turmoil::Result {
                     let status = json!({"status": {
                         "phase": if exit_code == 0 { "Succeeded" } else { "Failed" },
                         "containerStatuses": [{"name": "job", "ready": false, "restartCount": 0,
-                            "image": pod["spec"]["containers"][0]["image"], "imageID": "",
+                            "image": pod.image, "imageID": "",
                             "state": {"terminated": {"exitCode": exit_code, "reason": reason,
                                 "finishedAt": timestamp()}}}],
                     }});
-                    let _ = api.merge_patch("v1", "Pod", Some(&namespace), &name, &status, true);
+                    let _ = api.merge_patch("v1", "Pod", Some(namespace), name, &status, true);
                 }
                 _ => {}
             }

@@ -9,14 +9,17 @@
 //! - [`trace`] and [`determinism`]: what makes a seed replay exactly, and the proof.
 //! - [`smoke`]: `spur-sim world-smoke`, a fixed scenario printing its trace hash.
 
+pub mod cli;
 pub mod controller;
 pub mod determinism;
 pub mod harness;
+pub mod index;
 pub mod kube_api;
 pub mod kubelet;
 pub mod net;
 pub mod operator;
 pub mod profiles;
+pub mod scenario;
 pub mod smoke;
 pub mod trace;
 pub mod world;

@@ -14,6 +14,17 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run seeded fault scenarios and judge them (one JSON object each with `--json`).
+    Run(spur_sim::cli::RunArgs),
+    /// Run one seed again, exactly: its result, its trace hash, and with `--trace` its trace.
+    Replay(spur_sim::cli::ReplayArgs),
+    /// Run the same seeds under several profiles and print one table.
+    Compare(spur_sim::cli::CompareArgs),
+    /// Scenarios per second and simulated seconds per wall second, on one thread.
+    Bench {
+        #[arg(long, default_value_t = 10)]
+        seeds: u64,
+    },
     /// The simulated controller replicas over real TCP: three replicas and the `spurctld`
     /// Service on `--listen`, for local use and comparison with a real spurctld.
     Controllers(spur_sim::controller::tcp::ControllersArgs),
@@ -28,8 +39,19 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<std::process::ExitCode> {
+    let ok = |passed: bool| {
+        Ok(if passed {
+            std::process::ExitCode::SUCCESS
+        } else {
+            std::process::ExitCode::FAILURE
+        })
+    };
     match Cli::parse().command {
+        Command::Run(args) => return ok(spur_sim::cli::run(args)?),
+        Command::Replay(args) => return ok(spur_sim::cli::replay(args)?),
+        Command::Compare(args) => return ok(spur_sim::cli::compare(args)?),
+        Command::Bench { seeds } => return ok(spur_sim::cli::bench(seeds)?),
         Command::Controllers(args) => spur_sim::controller::tcp::main(args)?,
         Command::KubeApi(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -45,5 +67,5 @@ fn main() -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
+    Ok(std::process::ExitCode::SUCCESS)
 }

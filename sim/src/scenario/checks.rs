@@ -1,0 +1,366 @@
+//! The checks of sim.md, judged against the world's ground truth (the API server's objects
+//! and the controller's replicated log), never against the operator's own state or logs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use spur_operator::jobs::convert::uid_in_comment;
+use spur_operator::jobs::status::{is_terminal, state_name};
+
+use crate::controller::state::{Command, Outcome};
+use crate::harness::Sim;
+use crate::index::SpurJobView;
+
+/// The liveness deadlines, in simulated time.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadlines {
+    pub registration: Duration,
+    pub submission: Duration,
+    pub status: Duration,
+    pub deletion: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Self {
+            registration: Duration::from_secs(15),
+            submission: Duration::from_secs(20),
+            status: Duration::from_secs(15),
+            deletion: Duration::from_secs(20),
+        }
+    }
+}
+
+/// A violated check: which, on what, when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub check: &'static str,
+    pub object: String,
+    pub at: Duration,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} at {:.1}s: {}",
+            self.check,
+            self.object,
+            self.at.as_secs_f64(),
+            self.detail
+        )
+    }
+}
+
+#[derive(Default)]
+struct NodeWatch {
+    exists_since: Duration,
+    registered: bool,
+    flagged: bool,
+}
+
+#[derive(Default)]
+struct JobWatch {
+    created_at: Duration,
+    id: Option<u32>,
+    submission_flagged: bool,
+    terminal: Option<(Duration, &'static str)>,
+    status_done: bool,
+    status_flagged: bool,
+    deleted_at: Option<Duration>,
+    deletion_done: bool,
+    deletion_flagged: bool,
+}
+
+/// Lags measured, in milliseconds.
+#[derive(Clone, Debug, Default)]
+pub struct Lags {
+    pub registration: Vec<u64>,
+    pub submission: Vec<u64>,
+    pub status: Vec<u64>,
+}
+
+/// Samples the world and keeps the checks' state between samples.
+pub struct Monitor {
+    deadlines: Deadlines,
+    healthy_since: Option<Duration>,
+    nodes: BTreeMap<String, NodeWatch>,
+    jobs: BTreeMap<String, JobWatch>,
+    pub violations: Vec<Violation>,
+    pub lags: Lags,
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+impl Monitor {
+    pub fn new(deadlines: Deadlines) -> Self {
+        Self {
+            deadlines,
+            healthy_since: None,
+            nodes: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            violations: Vec::new(),
+            lags: Lags::default(),
+        }
+    }
+
+    /// Notes that SpurJob `name` was deleted at `at` (by the workload).
+    pub fn deleted(&mut self, name: &str, at: Duration) {
+        self.jobs.entry(name.to_owned()).or_default().deleted_at = Some(at);
+    }
+
+    fn violate(&mut self, check: &'static str, object: &str, at: Duration, detail: String) {
+        self.violations.push(Violation {
+            check,
+            object: object.to_owned(),
+            at,
+            detail,
+        });
+    }
+
+    /// One sample at `now`. `operator_up` and `api_up` are the harness's knowledge of
+    /// the processes it runs.
+    pub fn sample(&mut self, sim: &Sim, now: Duration, operator_up: bool, api_up: bool) {
+        let cluster = sim.world.cluster();
+        let leader_slot = cluster.leader().and_then(|l| cluster.slot_of(&l));
+        let endpoint_ready = !sim
+            .world
+            .net()
+            .ready_endpoints(crate::world::CONTROLLER_SERVICE, now)
+            .is_empty();
+        let healthy = leader_slot.is_some() && endpoint_ready && operator_up && api_up;
+        self.healthy_since = match (healthy, self.healthy_since) {
+            (true, None) => Some(now),
+            (true, since) => since,
+            (false, _) => None,
+        };
+        let Some(slot) = leader_slot else {
+            return;
+        };
+        let (registered, jobs): (BTreeSet<String>, BTreeMap<u32, (&'static str, i32)>) = cluster
+            .read(slot, |state| {
+                (
+                    state.nodes.keys().cloned().collect(),
+                    state
+                        .jobs
+                        .iter()
+                        .map(|(id, j)| (*id, (state_name(j.state), j.exit_code)))
+                        .collect(),
+                )
+            });
+        self.check_nodes(sim, now, &registered);
+        self.check_jobs(sim, now, &jobs);
+    }
+
+    /// Since when a waiting object has had a healthy world: the later of its own start
+    /// and the start of the current healthy stretch.
+    fn waiting_from(&self, since: Duration) -> Option<Duration> {
+        self.healthy_since.map(|h| h.max(since))
+    }
+
+    fn check_nodes(&mut self, sim: &Sim, now: Duration, registered: &BTreeSet<String>) {
+        let present: BTreeSet<String> = sim.index.lock().managed_nodes.keys().cloned().collect();
+        for name in &present {
+            self.nodes.entry(name.clone()).or_insert_with(|| NodeWatch {
+                exists_since: now,
+                ..Default::default()
+            });
+        }
+        self.nodes.retain(|name, _| present.contains(name));
+        let names: Vec<String> = self.nodes.keys().cloned().collect();
+        for name in names {
+            let (exists_since, was_registered, flagged) = {
+                let w = &self.nodes[&name];
+                (w.exists_since, w.registered, w.flagged)
+            };
+            let is_registered = registered.contains(&name);
+            let from = self.waiting_from(exists_since);
+            if is_registered && !was_registered {
+                if let Some(from) = from {
+                    self.lags.registration.push(ms(now.saturating_sub(from)));
+                }
+            } else if !is_registered
+                && !flagged
+                && let Some(from) = from
+                && now.saturating_sub(from) > self.deadlines.registration
+            {
+                self.violate(
+                    "registration",
+                    &format!("node/{name}"),
+                    now,
+                    format!(
+                        "not registered {:.1}s after it could have been (healthy since {:.1}s)",
+                        now.saturating_sub(from).as_secs_f64(),
+                        from.as_secs_f64()
+                    ),
+                );
+                self.nodes.get_mut(&name).expect("tracked").flagged = true;
+            }
+            let watch = self.nodes.get_mut(&name).expect("tracked");
+            watch.registered = is_registered;
+            if is_registered {
+                watch.flagged = false;
+            }
+        }
+    }
+
+    fn check_jobs(&mut self, sim: &Sim, now: Duration, controller: &BTreeMap<u32, (&'static str, i32)>) {
+        let (by_name, pods_by_job): (BTreeMap<String, SpurJobView>, BTreeSet<u32>) = {
+            let index = sim.index.lock();
+            (
+                index
+                    .spurjobs
+                    .iter()
+                    .map(|(k, v)| (k.rsplit('/').next().unwrap_or(k).to_owned(), v.clone()))
+                    .collect(),
+                index.pods.values().filter_map(|p| p.job_id).collect(),
+            )
+        };
+        for (name, view) in &by_name {
+            self.jobs.entry(name.clone()).or_insert_with(|| JobWatch {
+                created_at: now,
+                ..Default::default()
+            });
+            let id = view.spur_job_id;
+            let state = view.state.clone();
+            let (created_at, known_id, deleted) = {
+                let w = &self.jobs[name];
+                (w.created_at, w.id, w.deleted_at.is_some())
+            };
+            match (known_id, id) {
+                (Some(old), Some(new)) if old != new => self.violate(
+                    "spurjob-id-changed",
+                    &format!("spurjob/{name}"),
+                    now,
+                    format!("status.spurJobId went from {old} to {new}"),
+                ),
+                (None, Some(new)) => {
+                    if let Some(from) = self.waiting_from(created_at) {
+                        self.lags.submission.push(ms(now.saturating_sub(from)));
+                    }
+                    self.jobs.get_mut(name).expect("tracked").id = Some(new);
+                }
+                (None, None) if !deleted && state != "Invalid" => {
+                    let flagged = self.jobs[name].submission_flagged;
+                    if let Some(from) = self.waiting_from(created_at)
+                        && !flagged
+                        && now.saturating_sub(from) > self.deadlines.submission
+                    {
+                        self.violate(
+                            "submission",
+                            &format!("spurjob/{name}"),
+                            now,
+                            format!(
+                                "no spurJobId {:.1}s after it could have been submitted",
+                                now.saturating_sub(from).as_secs_f64()
+                            ),
+                        );
+                        self.jobs.get_mut(name).expect("tracked").submission_flagged = true;
+                    }
+                }
+                _ => {}
+            }
+            // Status: a terminal state in the controller reaches the SpurJob.
+            let Some(id) = self.jobs[name].id else { continue };
+            if deleted {
+                continue;
+            }
+            if let Some((controller_state, _)) = controller.get(&id)
+                && is_terminal(controller_state)
+            {
+                let watch = self.jobs.get_mut(name).expect("tracked");
+                let (terminal_at, terminal_state) = *watch.terminal.get_or_insert((now, controller_state));
+                if watch.status_done {
+                    continue;
+                }
+                if state == terminal_state {
+                    watch.status_done = true;
+                    if let Some(from) = self.healthy_since.map(|h| h.max(terminal_at)) {
+                        self.lags.status.push(ms(now.saturating_sub(from)));
+                    }
+                } else if let Some(from) = self.healthy_since.map(|h| h.max(terminal_at))
+                    && !watch.status_flagged
+                    && now.saturating_sub(from) > self.deadlines.status
+                {
+                    watch.status_flagged = true;
+                    self.violate(
+                        "status",
+                        &format!("spurjob/{name}"),
+                        now,
+                        format!("controller says {terminal_state} since {:.1}s; status says {state:?}", terminal_at.as_secs_f64()),
+                    );
+                }
+            }
+        }
+        // Deletion: the object goes, its job is cancelled (or over), its pods go.
+        let names: Vec<String> = self.jobs.keys().cloned().collect();
+        for name in names {
+            let watch = &self.jobs[&name];
+            let Some(deleted_at) = watch.deleted_at else { continue };
+            if watch.deletion_done {
+                continue;
+            }
+            let gone = !by_name.contains_key(&name);
+            let job_over = watch
+                .id
+                .is_none_or(|id| controller.get(&id).is_none_or(|(s, _)| is_terminal(s)));
+            let pods_gone = watch.id.is_none_or(|id| !pods_by_job.contains(&id));
+            if gone && job_over && pods_gone {
+                self.jobs.get_mut(&name).expect("tracked").deletion_done = true;
+                continue;
+            }
+            if let Some(from) = self.waiting_from(deleted_at)
+                && !watch.deletion_flagged
+                && now.saturating_sub(from) > self.deadlines.deletion
+            {
+                self.jobs.get_mut(&name).expect("tracked").deletion_flagged = true;
+                self.violate(
+                    "deletion",
+                    &format!("spurjob/{name}"),
+                    now,
+                    format!("object gone: {gone}, job cancelled: {job_over}, pods gone: {pods_gone}"),
+                );
+            }
+        }
+    }
+
+    /// The checks on the whole run: no SpurJob maps to more than one controller job, and
+    /// job ids increase in log order.
+    pub fn finish(&mut self, sim: &Sim, now: Duration) -> usize {
+        let log = sim.world.log();
+        let mut by_uid: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        let mut last_id = 0;
+        for entry in &log {
+            if let (Command::SubmitJob { spec, .. }, Outcome::JobId(id)) = (&entry.command, &entry.outcome) {
+                if *id <= last_id {
+                    self.violate(
+                        "job-ids-increase",
+                        &format!("job/{id}"),
+                        now,
+                        format!("job id {id} after {last_id} in the log"),
+                    );
+                }
+                last_id = *id;
+                if let Some(uid) = uid_in_comment(&spec.comment) {
+                    by_uid.entry(uid.to_owned()).or_default().push(*id);
+                }
+            }
+        }
+        let mut duplicates = 0;
+        for (uid, ids) in by_uid {
+            if ids.len() > 1 {
+                duplicates += ids.len() - 1;
+                self.violate(
+                    "duplicate-submission",
+                    &format!("spurjob-uid/{uid}"),
+                    now,
+                    format!("controller jobs {ids:?} carry the same SpurJob"),
+                );
+            }
+        }
+        duplicates
+    }
+}

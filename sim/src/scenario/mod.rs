@@ -1,0 +1,344 @@
+//! Seeded fault scenarios: one seed plans a workload and a mix of faults
+//! ([`plan`]), the real operator runs through them, and the checks of sim.md judge the
+//! world's ground truth ([`checks`]). A failure prints the command that replays it.
+
+pub mod checks;
+pub mod plan;
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::harness::Sim;
+use crate::kube_api::OutageMode;
+use crate::profiles::Profile;
+use crate::world::{KillMode, World, WorldConfig};
+pub use checks::{Deadlines, Violation};
+pub use plan::{Fault, Plan, ScenarioConfig, plan};
+
+/// The operator's host in every scenario.
+pub const OPERATOR: &str = "operator";
+/// How often the checks sample the world: the resolution of every measured lag.
+const SAMPLE: Duration = Duration::from_millis(250);
+/// A killed controller pod is replaced after this long, as a StatefulSet does.
+const REPLACE_AFTER: Duration = Duration::from_secs(10);
+
+/// Summary statistics of one lag, in milliseconds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LagStats {
+    pub count: usize,
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+impl LagStats {
+    pub fn of(values: &[u64]) -> LagStats {
+        if values.is_empty() {
+            return LagStats::default();
+        }
+        let mut sorted = values.to_vec();
+        sorted.sort_unstable();
+        let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+        LagStats {
+            count: sorted.len(),
+            p50: at(0.5),
+            p99: at(0.99),
+            max: *sorted.last().expect("not empty"),
+        }
+    }
+}
+
+/// What one scenario came to.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub seed: u64,
+    pub profile: Profile,
+    pub violations: Vec<Violation>,
+    pub trace_hash: String,
+    pub sim_secs: f64,
+    pub wall_ms: u128,
+    pub faults: Vec<String>,
+    pub registration_lags: Vec<u64>,
+    pub submission_lags: Vec<u64>,
+    pub status_lags: Vec<u64>,
+    pub duplicates: usize,
+    /// Calls the controller replicas answered.
+    pub rpcs: usize,
+}
+
+impl Outcome {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    pub fn replay_command(&self) -> String {
+        format!(
+            "cargo run --release -p spur-sim -- replay --seed {} --profile {}",
+            self.seed, self.profile
+        )
+    }
+
+    /// The JSON object sim.md describes.
+    pub fn to_json(&self) -> Value {
+        let lag = |v: &[u64]| {
+            let s = LagStats::of(v);
+            json!({"count": s.count, "p50": s.p50, "p99": s.p99, "max": s.max})
+        };
+        json!({
+            "seed": self.seed,
+            "profile": self.profile.name(),
+            "passed": self.passed(),
+            "violations": self.violations.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "trace_hash": self.trace_hash,
+            "sim_secs": (self.sim_secs * 10.0).round() / 10.0,
+            "wall_ms": self.wall_ms,
+            "faults": self.faults,
+            "metrics": {
+                "registration_lag_ms": lag(&self.registration_lags),
+                "submission_lag_ms": lag(&self.submission_lags),
+                "status_lag_ms": lag(&self.status_lags),
+                "duplicates": self.duplicates,
+                "rpcs": self.rpcs,
+            },
+        })
+    }
+}
+
+/// Runs the scenario of `seed` on a thread of its own, so per-thread state left by an
+/// earlier scenario (hash keys, the entropy stream) cannot change this one: a seed gives
+/// the same trace whether it runs first in a process or thousandth.
+pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
+    let config = config.clone();
+    std::thread::Builder::new()
+        .name(format!("seed-{seed}"))
+        .stack_size(32 << 20)
+        .spawn(move || run(seed, profile, &config))
+        .expect("spawn a scenario thread")
+        .join()
+        .unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            Outcome {
+                seed,
+                profile,
+                violations: vec![Violation {
+                    check: "panic",
+                    object: "scenario".into(),
+                    at: Duration::ZERO,
+                    detail: what,
+                }],
+                trace_hash: String::new(),
+                sim_secs: 0.0,
+                wall_ms: 0,
+                faults: Vec::new(),
+                registration_lags: Vec::new(),
+                submission_lags: Vec::new(),
+                status_lags: Vec::new(),
+                duplicates: 0,
+                rpcs: 0,
+            }
+        })
+}
+
+/// turmoil's step in scenarios: 10 ms resolves every bound the operator uses (the
+/// shortest is a 250 ms retry) and runs a 5-minute scenario ten times faster than 1 ms.
+/// `SIM_TICK_MS` overrides it.
+const DEFAULT_TICK: Duration = Duration::from_millis(10);
+
+fn tick() -> Duration {
+    std::env::var("SIM_TICK_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(DEFAULT_TICK, Duration::from_millis)
+}
+
+/// Runs the scenario of `seed` with the operator configured by `profile`.
+pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
+    let started = Instant::now();
+    let plan = plan(seed, config);
+    let world_config = WorldConfig {
+        max_duration: plan.end + Duration::from_secs(60),
+        tick: tick(),
+        ..WorldConfig::default()
+    };
+    let mut sim = Sim::without_controllers(seed, world_config);
+    sim.add_nodes(plan.nodes);
+    sim.start_kubelet();
+    sim.start_operator(OPERATOR, profile.flags());
+    sim.world.at(plan.controllers_at, |w| w.start_controllers());
+
+    let api_up = Rc::new(Cell::new(true));
+    for job in &plan.jobs {
+        let api = sim.api.clone();
+        let (name, run_secs, exit_code) = (job.name.clone(), job.run_secs, job.exit_code);
+        sim.world.at(job.create_at, move |_| {
+            let spec = json!({
+                "image": "busybox",
+                "command": ["sh", "-c", "true"],
+                "env": {"SIM_RUN_SECONDS": run_secs.to_string(), "SIM_EXIT_CODE": exit_code.to_string()},
+            });
+            let _ = api.create(json!({
+                "apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob",
+                "metadata": {"name": name, "namespace": "default"}, "spec": spec,
+            }));
+        });
+    }
+    let mut faults = Vec::new();
+    for planned in &plan.faults {
+        faults.push(format!(
+            "{}@{:.1}s",
+            planned.fault.name(),
+            planned.at.as_secs_f64()
+        ));
+        schedule_fault(&mut sim, planned.at, planned.fault.clone(), api_up.clone());
+    }
+
+    let mut monitor = checks::Monitor::new(Deadlines::default());
+    let mut deletions: Vec<(Duration, String)> = plan
+        .jobs
+        .iter()
+        .filter_map(|j| j.delete_at.map(|at| (at, j.name.clone())))
+        .collect();
+    deletions.sort();
+    let mut next_deletion = 0;
+    let mut now = Duration::ZERO;
+    let mut failure = None;
+    while now < plan.end {
+        now += SAMPLE;
+        if let Err(e) = sim.world.run_until(now) {
+            failure = Some(e.to_string());
+            break;
+        }
+        while let Some((at, name)) = deletions.get(next_deletion) {
+            if *at > now {
+                break;
+            }
+            let _ = sim
+                .api
+                .delete("spur.amd.com/v1alpha1", "SpurJob", Some("default"), name);
+            monitor.deleted(name, *at);
+            next_deletion += 1;
+        }
+        monitor.sample(&sim, now, true, api_up.get());
+    }
+    let duplicates = monitor.finish(&sim, now);
+    let mut violations = std::mem::take(&mut monitor.violations);
+    if let Some(e) = failure {
+        violations.push(Violation {
+            check: "simulation",
+            object: "world".into(),
+            at: now,
+            detail: e,
+        });
+    }
+    let rpcs = sim
+        .world
+        .trace()
+        .events()
+        .iter()
+        .filter(|e| e.host.starts_with("spurctld") && e.event.contains(" -> "))
+        .count();
+    Outcome {
+        seed,
+        profile,
+        violations,
+        trace_hash: sim.world.trace_hash(),
+        sim_secs: now.as_secs_f64(),
+        wall_ms: started.elapsed().as_millis(),
+        faults,
+        registration_lags: monitor.lags.registration.clone(),
+        submission_lags: monitor.lags.submission.clone(),
+        status_lags: monitor.lags.status.clone(),
+        duplicates,
+        rpcs,
+    }
+}
+
+fn schedule_fault(sim: &mut Sim, at: Duration, fault: Fault, api_up: Rc<Cell<bool>>) {
+    let api = sim.api.clone();
+    sim.world.at(at, move |w: &mut World| {
+        let now = w.elapsed();
+        match fault {
+            Fault::LeaderKillSilent | Fault::LeaderKillGraceful => {
+                let mode = if fault == Fault::LeaderKillSilent {
+                    KillMode::Silent
+                } else {
+                    KillMode::Graceful
+                };
+                if let Some(leader) = w.leader()
+                    && let Some(slot) = w.cluster().slot_of(&leader)
+                {
+                    w.kill(&leader, mode);
+                    w.at(now + REPLACE_AFTER, move |w| {
+                        w.replace_replica(slot);
+                    });
+                }
+            }
+            Fault::FollowerKill => {
+                let leader = w.leader();
+                let follower = (0..w.cluster().config().replicas)
+                    .find(|slot| Some(w.cluster().host_of(*slot)) != leader);
+                if let Some(slot) = follower {
+                    w.kill_replica(slot, KillMode::Silent);
+                    w.at(now + REPLACE_AFTER, move |w| {
+                        w.replace_replica(slot);
+                    });
+                }
+            }
+            Fault::PartitionOperatorReplica { slot, heal_after } => {
+                let replica = w.cluster().host_of(slot);
+                w.partition(OPERATOR, &replica);
+                w.at(now + heal_after, move |w| w.repair(OPERATOR, &replica));
+            }
+            Fault::PartitionReplica { slot, heal_after } => {
+                let cut = w.cluster().host_of(slot);
+                let others: Vec<String> = (0..w.cluster().config().replicas)
+                    .filter(|s| *s != slot)
+                    .map(|s| w.cluster().host_of(s))
+                    .collect();
+                for other in &others {
+                    w.partition(&cut, other);
+                }
+                w.at(now + heal_after, move |w| {
+                    for other in &others {
+                        w.repair(&cut, other);
+                    }
+                });
+            }
+            Fault::ApiOutage { duration } => {
+                api.faults().start_outage(OutageMode::Unavailable);
+                api_up.set(false);
+                let api = api.clone();
+                w.at(now + duration, move |_| {
+                    api.faults().end_outage();
+                    api_up.set(true);
+                });
+            }
+            Fault::WatchCut => api.faults().cut_watches(crate::kube_api::CutKind::Abort),
+            Fault::StatusConflict { writes } => api.faults().conflict_next_status_writes(writes),
+            Fault::OperatorRestart => w.restart(OPERATOR),
+            Fault::NodeNotReadyFlap { node, down_for } => {
+                let name = format!("node-{node}");
+                let taint = json!({"spec": {"taints": [
+                    {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]}});
+                let _ = api.merge_patch("v1", "Node", None, &name, &taint, false);
+                let api = api.clone();
+                w.at(now + down_for, move |_| {
+                    let clear = json!({"spec": {"taints": null}});
+                    let _ = api.merge_patch("v1", "Node", None, &name, &clear, false);
+                });
+            }
+            Fault::NodeResourcesChanged { node } => {
+                let name = format!("node-{node}");
+                let change = json!({"status": {"allocatable": {"cpu": "48"}}});
+                let _ = api.merge_patch("v1", "Node", None, &name, &change, true);
+            }
+        }
+    });
+}

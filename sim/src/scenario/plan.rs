@@ -1,0 +1,256 @@
+//! A scenario drawn from one seed: the workload and a mix of the faults of sim.md.
+
+use std::time::Duration;
+
+use rand::RngExt;
+
+use crate::determinism::rng_for;
+
+/// What every generated scenario shares; each number is a default of sim.md.
+#[derive(Clone, Debug)]
+pub struct ScenarioConfig {
+    /// Labelled nodes.
+    pub nodes: usize,
+    /// SpurJobs created over the workload window.
+    pub jobs: usize,
+    /// SpurJobs are created over this window from the start.
+    pub workload_window: Duration,
+    /// Fraction of SpurJobs deleted while pending or running.
+    pub delete_fraction: f64,
+    /// The operator may start up to this long before the first controller leader.
+    pub max_controller_delay: Duration,
+    /// Faults drawn per scenario (at least one).
+    pub max_faults: usize,
+    /// After the last fault heals the world stays healthy this long, so liveness can be
+    /// judged.
+    pub quiet_period: Duration,
+    /// Pods run for a duration drawn from this range.
+    pub pod_run_time: (Duration, Duration),
+    /// Fraction of pods that fail (exit code 1).
+    pub pod_failure_fraction: f64,
+}
+
+impl Default for ScenarioConfig {
+    fn default() -> Self {
+        Self {
+            nodes: 4,
+            jobs: 20,
+            workload_window: Duration::from_secs(180),
+            delete_fraction: 0.1,
+            max_controller_delay: Duration::from_secs(60),
+            max_faults: 3,
+            quiet_period: Duration::from_secs(120),
+            pod_run_time: (Duration::from_secs(5), Duration::from_secs(60)),
+            pod_failure_fraction: 0.1,
+        }
+    }
+}
+
+/// One SpurJob of the workload.
+#[derive(Clone, Debug)]
+pub struct PlannedJob {
+    pub name: String,
+    pub create_at: Duration,
+    pub run_secs: u64,
+    pub exit_code: i32,
+    pub delete_at: Option<Duration>,
+}
+
+/// The fault classes of sim.md.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The leader pod is partitioned, then crashed: connections to it hang.
+    LeaderKillSilent,
+    /// The leader's process dies: connections close.
+    LeaderKillGraceful,
+    /// A follower pod dies.
+    FollowerKill,
+    /// The operator cannot reach one replica for a while.
+    PartitionOperatorReplica { slot: usize, heal_after: Duration },
+    /// One replica is cut off from the other two (forces an election when it leads).
+    PartitionReplica { slot: usize, heal_after: Duration },
+    /// The API server answers 503 for a while.
+    ApiOutage { duration: Duration },
+    /// Every watch stream is cut.
+    WatchCut,
+    /// The next status writes get 409.
+    StatusConflict { writes: u32 },
+    /// The operator's process restarts.
+    OperatorRestart,
+    /// A node's NotReady taint comes and goes.
+    NodeNotReadyFlap { node: usize, down_for: Duration },
+    /// A node's allocatable changes.
+    NodeResourcesChanged { node: usize },
+}
+
+impl Fault {
+    /// The name used in results (`leader-kill-silent@61.2s`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Fault::LeaderKillSilent => "leader-kill-silent",
+            Fault::LeaderKillGraceful => "leader-kill-graceful",
+            Fault::FollowerKill => "follower-kill",
+            Fault::PartitionOperatorReplica { .. } => "partition-operator-replica",
+            Fault::PartitionReplica { .. } => "partition-replica",
+            Fault::ApiOutage { .. } => "api-outage",
+            Fault::WatchCut => "watch-cut",
+            Fault::StatusConflict { .. } => "status-conflict",
+            Fault::OperatorRestart => "operator-restart",
+            Fault::NodeNotReadyFlap { .. } => "node-not-ready-flap",
+            Fault::NodeResourcesChanged { .. } => "node-resources-changed",
+        }
+    }
+
+    /// How long after it starts the world is whole again.
+    pub fn heals_after(&self) -> Duration {
+        match self {
+            // A killed pod is replaced (StatefulSet) after ~10 s, then catches up.
+            Fault::LeaderKillSilent | Fault::LeaderKillGraceful | Fault::FollowerKill => {
+                Duration::from_secs(30)
+            }
+            Fault::PartitionOperatorReplica { heal_after, .. }
+            | Fault::PartitionReplica { heal_after, .. } => *heal_after,
+            Fault::ApiOutage { duration } => *duration,
+            Fault::NodeNotReadyFlap { down_for, .. } => *down_for,
+            _ => Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct PlannedFault {
+    pub at: Duration,
+    pub fault: Fault,
+}
+
+/// Everything a seed decides.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub seed: u64,
+    pub nodes: usize,
+    /// When the controller replicas start (the operator starts at 0).
+    pub controllers_at: Duration,
+    pub jobs: Vec<PlannedJob>,
+    pub faults: Vec<PlannedFault>,
+    /// When the run ends: after the last fault healed plus the quiet period, and after
+    /// the workload's last event.
+    pub end: Duration,
+}
+
+const FAULT_CLASSES: usize = 11;
+
+pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
+    let mut rng = rng_for(seed, "scenario");
+    let secs = |d: Duration| d.as_secs_f64();
+    let controllers_at =
+        Duration::from_secs_f64(rng.random_range(0.0..=secs(config.max_controller_delay)));
+    let mut jobs = Vec::with_capacity(config.jobs);
+    for i in 0..config.jobs {
+        let create_at = Duration::from_millis(
+            rng.random_range(0..=config.workload_window.as_millis() as u64),
+        );
+        let run_secs = rng.random_range(
+            config.pod_run_time.0.as_secs()..=config.pod_run_time.1.as_secs(),
+        );
+        let exit_code = i32::from(rng.random_bool(config.pod_failure_fraction));
+        let delete_at = rng
+            .random_bool(config.delete_fraction)
+            .then(|| create_at + Duration::from_secs(rng.random_range(1..=run_secs + 20)));
+        jobs.push(PlannedJob {
+            name: format!("job-{i:03}"),
+            create_at,
+            run_secs,
+            exit_code,
+            delete_at,
+        });
+    }
+    jobs.sort_by_key(|j| j.create_at);
+
+    let count = rng.random_range(1..=config.max_faults.max(1));
+    let mut faults = Vec::with_capacity(count);
+    // Faults strike once the controller is up, within the workload window.
+    let window_start = controllers_at + Duration::from_secs(10);
+    let window_end = window_start + config.workload_window;
+    for _ in 0..count {
+        let at = Duration::from_millis(
+            rng.random_range(window_start.as_millis() as u64..window_end.as_millis() as u64),
+        );
+        let fault = match rng.random_range(0..FAULT_CLASSES) {
+            0 => Fault::LeaderKillSilent,
+            1 => Fault::LeaderKillGraceful,
+            2 => Fault::FollowerKill,
+            3 => Fault::PartitionOperatorReplica {
+                slot: rng.random_range(0..3),
+                heal_after: Duration::from_secs(rng.random_range(5..=60)),
+            },
+            4 => Fault::PartitionReplica {
+                slot: rng.random_range(0..3),
+                heal_after: Duration::from_secs(rng.random_range(5..=60)),
+            },
+            5 => Fault::ApiOutage {
+                duration: Duration::from_secs(rng.random_range(2..=30)),
+            },
+            6 => Fault::WatchCut,
+            7 => Fault::StatusConflict {
+                writes: rng.random_range(1..=3),
+            },
+            8 => Fault::OperatorRestart,
+            9 => Fault::NodeNotReadyFlap {
+                node: rng.random_range(0..config.nodes.max(1)),
+                down_for: Duration::from_secs(rng.random_range(2..=40)),
+            },
+            _ => Fault::NodeResourcesChanged {
+                node: rng.random_range(0..config.nodes.max(1)),
+            },
+        };
+        faults.push(PlannedFault { at, fault });
+    }
+    faults.sort_by_key(|f| f.at);
+
+    let healed = faults
+        .iter()
+        .map(|f| f.at + f.fault.heals_after())
+        .max()
+        .unwrap_or_default()
+        .max(controllers_at);
+    let workload_done = jobs
+        .iter()
+        .map(|j| j.create_at + Duration::from_secs(j.run_secs))
+        .max()
+        .unwrap_or_default();
+    let end = (healed + config.quiet_period).max(workload_done + Duration::from_secs(30));
+    Plan {
+        seed,
+        nodes: config.nodes,
+        controllers_at,
+        jobs,
+        faults,
+        end,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_plans_the_same_scenario() {
+        let config = ScenarioConfig::default();
+        let a = plan(7, &config);
+        let b = plan(7, &config);
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        assert_ne!(format!("{a:?}"), format!("{:?}", plan(8, &config)));
+    }
+
+    #[test]
+    fn every_fault_class_appears_across_seeds() {
+        let config = ScenarioConfig::default();
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..200 {
+            for f in plan(seed, &config).faults {
+                seen.insert(f.fault.name());
+            }
+        }
+        assert_eq!(seen.len(), FAULT_CLASSES, "{seen:?}");
+    }
+}
