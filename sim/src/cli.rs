@@ -48,7 +48,8 @@ impl FromStr for Shard {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || format!("`{s}` is not a shard such as 0/8");
         let (i, n) = s.split_once('/').ok_or_else(bad)?;
-        let (index, count): (u64, u64) = (i.parse().map_err(|_| bad())?, n.parse().map_err(|_| bad())?);
+        let (index, count): (u64, u64) =
+            (i.parse().map_err(|_| bad())?, n.parse().map_err(|_| bad())?);
         if count == 0 || index >= count {
             return Err(format!("`{s}`: the index must be below the count"));
         }
@@ -97,7 +98,12 @@ pub struct CompareArgs {
 }
 
 /// Runs `seeds` under `profile` on `jobs` threads; outcomes in seed order.
-pub fn run_seeds(seeds: &[u64], profile: Profile, jobs: usize, mut progress: impl FnMut(&Outcome) + Send) -> Vec<Outcome> {
+pub fn run_seeds(
+    seeds: &[u64],
+    profile: Profile,
+    jobs: usize,
+    mut progress: impl FnMut(&Outcome) + Send,
+) -> Vec<Outcome> {
     let config = ScenarioConfig::default();
     let next = AtomicU64::new(0);
     let results = Mutex::new(Vec::with_capacity(seeds.len()));
@@ -131,7 +137,10 @@ fn seeds_of(seeds: &Seeds, shard: Option<Shard>) -> Vec<u64> {
 }
 
 fn all(outcomes: &[Outcome], lags: impl Fn(&Outcome) -> &[u64]) -> LagStats {
-    let values: Vec<u64> = outcomes.iter().flat_map(|o| lags(o).iter().copied()).collect();
+    let values: Vec<u64> = outcomes
+        .iter()
+        .flat_map(|o| lags(o).iter().copied())
+        .collect();
     LagStats::of(&values)
 }
 
@@ -161,7 +170,11 @@ pub fn summary_json(outcomes: &[Outcome], profile: Profile, wall_ms: u128) -> se
 fn rpcs_per_minute(outcomes: &[Outcome]) -> f64 {
     let rpcs: usize = outcomes.iter().map(|o| o.rpcs).sum();
     let minutes: f64 = outcomes.iter().map(|o| o.sim_secs).sum::<f64>() / 60.0;
-    if minutes > 0.0 { (rpcs as f64 / minutes * 10.0).round() / 10.0 } else { 0.0 }
+    if minutes > 0.0 {
+        (rpcs as f64 / minutes * 10.0).round() / 10.0
+    } else {
+        0.0
+    }
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<bool> {
@@ -233,7 +246,13 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<bool> {
 fn print_table(rows: &[(Profile, &Vec<Outcome>)]) {
     println!(
         "{:<10} {:>9} {:>22} {:>22} {:>22} {:>5} {:>10}",
-        "profile", "passed", "registration p50/p99/max", "submission p50/p99/max", "status p50/p99/max", "dups", "rpcs/min"
+        "profile",
+        "passed",
+        "registration p50/p99/max",
+        "submission p50/p99/max",
+        "status p50/p99/max",
+        "dups",
+        "rpcs/min"
     );
     for (profile, outcomes) in rows {
         let fmt = |s: LagStats| {

@@ -87,7 +87,10 @@ impl ObjectIndex {
         let mut index = self.lock();
         match object["kind"].as_str().unwrap_or_default() {
             "Node" => {
-                let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+                let name = object["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
                 let managed = object["metadata"]["labels"][MANAGED_LABEL] == "true"
                     && object["metadata"]["deletionTimestamp"].is_null();
                 if managed && !gone {
@@ -104,9 +107,15 @@ impl ObjectIndex {
                     index.spurjobs.insert(
                         key,
                         SpurJobView {
-                            uid: object["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
+                            uid: object["metadata"]["uid"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .to_owned(),
                             spur_job_id: object["status"]["spurJobId"].as_u64().map(|v| v as u32),
-                            state: object["status"]["state"].as_str().unwrap_or_default().to_owned(),
+                            state: object["status"]["state"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .to_owned(),
                         },
                     );
                 }
@@ -119,16 +128,26 @@ impl ObjectIndex {
                     index.pods.insert(
                         key,
                         PodView {
-                            namespace: object["metadata"]["namespace"].as_str().unwrap_or_default().to_owned(),
-                            name: object["metadata"]["name"].as_str().unwrap_or_default().to_owned(),
-                            phase: object["status"]["phase"].as_str().unwrap_or("Pending").to_owned(),
+                            namespace: object["metadata"]["namespace"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .to_owned(),
+                            name: object["metadata"]["name"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .to_owned(),
+                            phase: object["status"]["phase"]
+                                .as_str()
+                                .unwrap_or("Pending")
+                                .to_owned(),
                             bound: object["spec"]["nodeName"].is_string(),
                             deleting: !object["metadata"]["deletionTimestamp"].is_null(),
                             job_id: object["metadata"]["labels"][spur_operator::jobs::LABEL_JOB_ID]
                                 .as_str()
                                 .and_then(|v| v.parse().ok()),
                             image: object["spec"]["containers"][0]["image"].clone(),
-                            run_secs: env_of(object, "SIM_RUN_SECONDS").and_then(|v| v.parse().ok()),
+                            run_secs: env_of(object, "SIM_RUN_SECONDS")
+                                .and_then(|v| v.parse().ok()),
                             exit_code: env_of(object, "SIM_EXIT_CODE").and_then(|v| v.parse().ok()),
                             oom: env_of(object, "SIM_OOM").is_some(),
                         },

@@ -75,7 +75,11 @@ pub async fn run(api: ApiServer, index: ObjectIndex, config: KubeletConfig) -> t
                     if now.saturating_sub(since) < run_time {
                         continue;
                     }
-                    let exit_code = if pod.oom { 137 } else { pod.exit_code.unwrap_or(0) };
+                    let exit_code = if pod.oom {
+                        137
+                    } else {
+                        pod.exit_code.unwrap_or(0)
+                    };
                     let reason = match (pod.oom, exit_code) {
                         (true, _) => "OOMKilled",
                         (false, 0) => "Completed",

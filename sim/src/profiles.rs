@@ -29,13 +29,15 @@ impl Profile {
 
     /// The operator flags of this profile.
     pub fn flags(self) -> &'static [&'static str] {
-        const DOUBLING_1S_60S: [&str; 6] = [
+        const DOUBLING_1S_60S: [&str; 8] = [
             "--retry-initial",
             "1s",
             "--retry-max",
             "60s",
             "--retry-jitter",
             "0",
+            "--retry-transient",
+            "off",
         ];
         match self {
             Profile::Unbounded => &[
@@ -51,6 +53,8 @@ impl Profile {
                 DOUBLING_1S_60S[3],
                 DOUBLING_1S_60S[4],
                 DOUBLING_1S_60S[5],
+                DOUBLING_1S_60S[6],
+                DOUBLING_1S_60S[7],
             ],
             Profile::SeedFix => &[
                 "--controller-connect-timeout",
@@ -67,6 +71,8 @@ impl Profile {
                 DOUBLING_1S_60S[3],
                 DOUBLING_1S_60S[4],
                 DOUBLING_1S_60S[5],
+                DOUBLING_1S_60S[6],
+                DOUBLING_1S_60S[7],
             ],
             Profile::Default => &[],
         }

@@ -61,6 +61,26 @@ impl fmt::Display for Bound {
     }
 }
 
+/// A range of durations (`250ms..1s`), or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryRange(pub Option<(Duration, Duration)>);
+
+fn parse_range(s: &str) -> Result<RetryRange, String> {
+    if matches!(s.trim(), "off" | "none") {
+        return Ok(RetryRange(None));
+    }
+    let (low, high) = s
+        .split_once("..")
+        .ok_or_else(|| format!("`{s}` is not a range such as 250ms..1s, or off"))?;
+    let (low, high) = (parse_duration(low)?, parse_duration(high)?);
+    if low.is_zero() || low > high {
+        return Err(format!(
+            "`{s}`: the low end must be above zero and at most the high end"
+        ));
+    }
+    Ok(RetryRange(Some((low, high))))
+}
+
 /// Parses a human-readable duration (`10s`, `1m 30s`, `250ms`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim())
@@ -101,10 +121,10 @@ pub struct ChannelConfig {
     pub tls: Option<TlsConfig>,
 }
 
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_MESSAGE_MIB: usize = 32;
 
 impl Default for ChannelConfig {
@@ -171,39 +191,49 @@ pub struct ControllerArgs {
 
     /// Bound on opening a connection (dial, TLS and HTTP/2 handshake), or `off`. A Service
     /// with no ready endpoint may silently drop the SYN, and Linux gives up only after
-    /// ~127 s: the seed's first registration came three minutes late because of it.
-    /// 10 s is long enough for a loaded controller to accept.
+    /// ~127 s: the seed's first registration came three minutes late because of it. Inside
+    /// a cluster a connect completes in milliseconds; 2 s covers a loaded node and lets a
+    /// dropped SYN cost 2 s, not the seed fix's 10 s.
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_CONNECT_TIMEOUT",
-        default_value = "10s"
+        default_value = "2s"
     )]
     pub controller_connect_timeout: Bound,
 
     /// Bound on each call, or `off`. No call on this channel streams, and spurctld answers
-    /// in milliseconds when it answers at all: 30 s only cuts calls that will never return.
+    /// in milliseconds when it answers at all. A follower forwards a write to the leader
+    /// over a client with no bound of its own, so after a leader's pod vanishes that write
+    /// hangs until this bound, with a healthy connection that keepalive cannot fault: 5 s
+    /// keeps it inside an election's length (a GetJobs of 10,000 jobs is ~2 MiB, far
+    /// below what 5 s carries).
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_REQUEST_TIMEOUT",
-        default_value = "30s"
+        default_value = "5s"
     )]
     pub controller_request_timeout: Bound,
 
     /// Interval of HTTP/2 keepalive pings, also while idle, or `off`. A connection to a
     /// killed controller pod drops packets silently and would otherwise hang until the
-    /// kernel gives up (minutes); a ping finds it dead within interval plus timeout.
+    /// kernel gives up (minutes); a ping finds it dead within interval plus timeout (4 s
+    /// by default, inside the 5 s request bound, so a dead peer is named as such).
+    /// spurctld's tonic server sets no minimum ping interval (hyper's HTTP/2 server answers
+    /// every PING and never sends ENHANCE_YOUR_CALM for them), so a 2 s ping on one
+    /// connection costs it nothing.
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_KEEPALIVE_INTERVAL",
-        default_value = "10s"
+        default_value = "2s"
     )]
     pub controller_keepalive_interval: Bound,
 
-    /// How long a keepalive ping may go unanswered before the connection is closed.
+    /// How long a keepalive ping may go unanswered before the connection is closed; a
+    /// round trip inside a cluster is well under a millisecond.
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_KEEPALIVE_TIMEOUT",
-        default_value = "5s",
+        default_value = "2s",
         value_parser = parse_duration
     )]
     pub controller_keepalive_timeout: Duration,
@@ -453,6 +483,15 @@ pub struct RunArgs {
     #[arg(long, env = "SPUR_OPERATOR_RETRY_JITTER", default_value_t = 0.2)]
     pub retry_jitter: f64,
 
+    /// Retry after a transport failure (controller unreachable, mid-election: UNAVAILABLE
+    /// and the like) at a random delay in this range, without doubling, or `off` to double
+    /// as for any failure. An election takes seconds; a doubling backoff grown during it
+    /// outlasts it (the seed's run 9 waited 32 s), while this retries within a second of
+    /// the new leader at a few calls per second per object.
+    #[arg(long, env = "SPUR_OPERATOR_RETRY_TRANSIENT", default_value = "250ms..1s",
+          value_parser = parse_range)]
+    pub retry_transient: RetryRange,
+
     /// Name of the Lease that elects the acting replica.
     #[arg(
         long,
@@ -589,6 +628,7 @@ impl RunArgs {
                     initial: self.retry_initial,
                     max: self.retry_max,
                     jitter: self.retry_jitter,
+                    transient: self.retry_transient.0,
                 },
                 failure_log_interval: self.failure_log_interval,
                 agent: AgentEndpoint {
@@ -631,6 +671,26 @@ mod tests {
         assert_eq!(settings.channel, ChannelConfig::default());
         assert_eq!(settings.addr.to_string(), "http://spurctld:6817");
         assert_eq!(settings.token, None);
+    }
+
+    #[test]
+    fn keepalive_finds_a_dead_peer_before_the_request_bound_fires() {
+        let c = ChannelConfig::default();
+        let keepalive = c.keepalive.unwrap();
+        assert!(keepalive.interval + keepalive.timeout < c.request_timeout.unwrap());
+    }
+
+    #[test]
+    fn transient_retry_range_parses() {
+        assert_eq!(
+            parse_range("250ms..1s"),
+            Ok(RetryRange(Some((
+                Duration::from_millis(250),
+                Duration::from_secs(1)
+            ))))
+        );
+        assert_eq!(parse_range("off"), Ok(RetryRange(None)));
+        assert!(parse_range("2s..1s").is_err() && parse_range("1s").is_err());
     }
 
     #[test]

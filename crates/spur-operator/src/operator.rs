@@ -293,7 +293,10 @@ fn start_leader_tasks<N: Network>(
             let delay = backoffs
                 .entry(pod.name_any())
                 .or_insert_with(|| report_retry.start(report_entropy.clone()))
-                .next_delay();
+                .delay_after(match error {
+                    crate::jobs::reports::ReportError::Controller(e) => e.kind(),
+                    crate::jobs::reports::ReportError::Kube(_) => crate::controller::FailureKind::Answer,
+                });
             tracing::warn!(pod = %pod.name_any(), %error, ?delay, "could not report the pod's end; retrying");
             Action::requeue(delay)
         },

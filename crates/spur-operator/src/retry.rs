@@ -35,11 +35,18 @@ impl Entropy {
 
 /// Doubling delays between `initial` and `max`, each shortened by up to `jitter` (a
 /// fraction): the bound is never exceeded, and equal keys spread out.
+///
+/// A transient failure (the controller unreachable or mid-election: a transport failure)
+/// is retried instead on a short jittered cadence, `transient`, without doubling: the
+/// seed saw a doubling backoff reach 32 s after a leader election and miss a 60 s window,
+/// while the election itself took 5 s. `None` doubles for every failure (the seed's
+/// behaviour, kept for the simulation's profiles).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BackoffPolicy {
     pub initial: Duration,
     pub max: Duration,
     pub jitter: f64,
+    pub transient: Option<(Duration, Duration)>,
 }
 
 impl BackoffPolicy {
@@ -71,6 +78,17 @@ impl Backoff {
         self.attempt = self.attempt.saturating_add(1);
         let jitter = self.policy.jitter.clamp(0.0, 1.0);
         base.mul_f64(1.0 - jitter * self.entropy.unit())
+    }
+
+    /// The delay after a failure of `kind`: short and flat for a transport failure when
+    /// the policy says so, doubling otherwise.
+    pub fn delay_after(&mut self, kind: crate::controller::FailureKind) -> Duration {
+        match (kind, self.policy.transient) {
+            (crate::controller::FailureKind::Transport, Some((low, high))) => {
+                self.entropy.between(low, high)
+            }
+            _ => self.next_delay(),
+        }
     }
 
     /// Back to the initial delay, after a success.
@@ -106,7 +124,34 @@ mod tests {
         initial: Duration::from_millis(500),
         max: Duration::from_secs(30),
         jitter: 0.0,
+        transient: Some((Duration::from_millis(250), Duration::from_secs(1))),
     };
+
+    #[test]
+    fn transport_failures_retry_fast_and_flat_refusals_double() {
+        use crate::controller::FailureKind::{Answer, Transport};
+        let mut b = POLICY.start(Entropy::from_seed(4));
+        for _ in 0..50 {
+            let d = b.delay_after(Transport);
+            assert!(
+                d >= Duration::from_millis(250) && d <= Duration::from_secs(1),
+                "{d:?}"
+            );
+        }
+        assert_eq!(b.delay_after(Answer), Duration::from_millis(500));
+        assert_eq!(b.delay_after(Answer), Duration::from_secs(1));
+        let mut doubling = BackoffPolicy {
+            transient: None,
+            ..POLICY
+        }
+        .start(Entropy::from_seed(4));
+        let delays: Vec<_> = (0..4).map(|_| doubling.delay_after(Transport)).collect();
+        assert_eq!(
+            delays[3],
+            Duration::from_secs(4),
+            "the seed's doubling: {delays:?}"
+        );
+    }
 
     #[test]
     fn doubles_up_to_the_maximum_and_resets() {

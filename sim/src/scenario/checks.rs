@@ -207,7 +207,12 @@ impl Monitor {
         }
     }
 
-    fn check_jobs(&mut self, sim: &Sim, now: Duration, controller: &BTreeMap<u32, (&'static str, i32)>) {
+    fn check_jobs(
+        &mut self,
+        sim: &Sim,
+        now: Duration,
+        controller: &BTreeMap<u32, (&'static str, i32)>,
+    ) {
         let (by_name, pods_by_job): (BTreeMap<String, SpurJobView>, BTreeSet<u32>) = {
             let index = sim.index.lock();
             (
@@ -264,7 +269,9 @@ impl Monitor {
                 _ => {}
             }
             // Status: a terminal state in the controller reaches the SpurJob.
-            let Some(id) = self.jobs[name].id else { continue };
+            let Some(id) = self.jobs[name].id else {
+                continue;
+            };
             if deleted {
                 continue;
             }
@@ -272,7 +279,8 @@ impl Monitor {
                 && is_terminal(controller_state)
             {
                 let watch = self.jobs.get_mut(name).expect("tracked");
-                let (terminal_at, terminal_state) = *watch.terminal.get_or_insert((now, controller_state));
+                let (terminal_at, terminal_state) =
+                    *watch.terminal.get_or_insert((now, controller_state));
                 if watch.status_done {
                     continue;
                 }
@@ -290,7 +298,10 @@ impl Monitor {
                         "status",
                         &format!("spurjob/{name}"),
                         now,
-                        format!("controller says {terminal_state} since {:.1}s; status says {state:?}", terminal_at.as_secs_f64()),
+                        format!(
+                            "controller says {terminal_state} since {:.1}s; status says {state:?}",
+                            terminal_at.as_secs_f64()
+                        ),
                     );
                 }
             }
@@ -299,7 +310,9 @@ impl Monitor {
         let names: Vec<String> = self.jobs.keys().cloned().collect();
         for name in names {
             let watch = &self.jobs[&name];
-            let Some(deleted_at) = watch.deleted_at else { continue };
+            let Some(deleted_at) = watch.deleted_at else {
+                continue;
+            };
             if watch.deletion_done {
                 continue;
             }
@@ -321,7 +334,9 @@ impl Monitor {
                     "deletion",
                     &format!("spurjob/{name}"),
                     now,
-                    format!("object gone: {gone}, job cancelled: {job_over}, pods gone: {pods_gone}"),
+                    format!(
+                        "object gone: {gone}, job cancelled: {job_over}, pods gone: {pods_gone}"
+                    ),
                 );
             }
         }
@@ -334,7 +349,9 @@ impl Monitor {
         let mut by_uid: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         let mut last_id = 0;
         for entry in &log {
-            if let (Command::SubmitJob { spec, .. }, Outcome::JobId(id)) = (&entry.command, &entry.outcome) {
+            if let (Command::SubmitJob { spec, .. }, Outcome::JobId(id)) =
+                (&entry.command, &entry.outcome)
+            {
                 if *id <= last_id {
                     self.violate(
                         "job-ids-increase",

@@ -146,12 +146,10 @@ pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
         Duration::from_secs_f64(rng.random_range(0.0..=secs(config.max_controller_delay)));
     let mut jobs = Vec::with_capacity(config.jobs);
     for i in 0..config.jobs {
-        let create_at = Duration::from_millis(
-            rng.random_range(0..=config.workload_window.as_millis() as u64),
-        );
-        let run_secs = rng.random_range(
-            config.pod_run_time.0.as_secs()..=config.pod_run_time.1.as_secs(),
-        );
+        let create_at =
+            Duration::from_millis(rng.random_range(0..=config.workload_window.as_millis() as u64));
+        let run_secs =
+            rng.random_range(config.pod_run_time.0.as_secs()..=config.pod_run_time.1.as_secs());
         let exit_code = i32::from(rng.random_bool(config.pod_failure_fraction));
         let delete_at = rng
             .random_bool(config.delete_fraction)

@@ -61,12 +61,12 @@ impl JobsContext {
         }
     }
 
-    fn next_delay(&self, uid: &str) -> std::time::Duration {
+    fn next_delay(&self, uid: &str, kind: crate::controller::FailureKind) -> std::time::Duration {
         let mut backoffs = self.backoffs.lock().expect("backoffs lock");
         backoffs
             .entry(uid.to_owned())
             .or_insert_with(|| self.retry.start(self.entropy.clone()))
-            .next_delay()
+            .delay_after(kind)
     }
 
     fn succeeded(&self, uid: &str) {
@@ -85,6 +85,14 @@ pub enum ReconcileError {
 }
 
 impl ReconcileError {
+    /// Transport failures of the controller are transient; the rest double.
+    pub fn failure_kind(&self) -> crate::controller::FailureKind {
+        match self {
+            ReconcileError::Controller(e) => e.kind(),
+            _ => crate::controller::FailureKind::Answer,
+        }
+    }
+
     /// The metric label of the error.
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -127,7 +135,7 @@ pub async fn reconcile(job: Arc<SpurJob>, ctx: Arc<JobsContext>) -> Result<Actio
 /// Per-object backoff: one failing SpurJob never slows the others.
 pub fn error_policy(job: Arc<SpurJob>, error: &ReconcileError, ctx: Arc<JobsContext>) -> Action {
     let uid = job.uid().unwrap_or_default();
-    let delay = ctx.next_delay(&uid);
+    let delay = ctx.next_delay(&uid, error.failure_kind());
     ctx.metrics.reconcile_error("spurjob", error.metric_label());
     tracing::warn!(spurjob = %job.name_any(), namespace = ?job.namespace(), %error, ?delay, "reconcile failed; retrying this SpurJob");
     Action::requeue(delay)

@@ -123,7 +123,9 @@ impl Tracked {
     }
 }
 
-type Outcome = (String, Action, Result<Option<String>, String>);
+/// A failed node call: what went wrong, and whether it was a transport failure.
+type Failure = (String, crate::controller::FailureKind);
+type Outcome = (String, Action, Result<Option<String>, Failure>);
 
 /// The node sync driver. Feed it watcher events with [`NodeSync::run`].
 pub struct NodeSync {
@@ -409,8 +411,8 @@ impl NodeSync {
                     Action::Forget => {}
                 }
             }
-            Err(error) => {
-                let delay = tracked.backoff.next_delay();
+            Err((error, kind)) => {
+                let delay = tracked.backoff.delay_after(kind);
                 let at = Instant::now() + delay;
                 tracked.retry_at = Some(at);
                 self.delayed.insert((at, name.clone()));
@@ -432,8 +434,11 @@ async fn call(controller: ControllerClient, name: String, action: Action) -> Out
     let result = match &action {
         Action::Register(request) => match controller.register_agent(request.clone()).await {
             Ok(answer) if answer.accepted => Ok(Some(answer.node_token)),
-            Ok(answer) => Err(format!("registration refused: {}", answer.message)),
-            Err(e) => Err(e.to_string()),
+            Ok(answer) => Err((
+                format!("registration refused: {}", answer.message),
+                crate::controller::FailureKind::Answer,
+            )),
+            Err(e) => Err((e.to_string(), e.kind())),
         },
         Action::SetAvailability(availability) => {
             let (state, reason) = match availability {
@@ -461,7 +466,7 @@ async fn update_node(
     name: &str,
     state: pb::NodeState,
     reason: String,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, Failure> {
     let request = pb::UpdateNodeRequest {
         name: name.to_owned(),
         state: Some(state as i32),
@@ -472,7 +477,7 @@ async fn update_node(
         Ok(()) => Ok(None),
         // The controller never knew the node: nothing to mark.
         Err(e) if e.code() == tonic::Code::NotFound && state == pb::NodeState::NodeDown => Ok(None),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err((e.to_string(), e.kind())),
     }
 }
 

@@ -32,6 +32,7 @@ const RETRY: BackoffPolicy = BackoffPolicy {
     initial: Duration::from_millis(500),
     max: Duration::from_secs(8),
     jitter: 0.0,
+    transient: None,
 };
 
 fn start(concurrency: usize) -> Harness {
