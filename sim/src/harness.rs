@@ -5,6 +5,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::time::Duration;
 
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
@@ -35,6 +36,17 @@ impl Sim {
     /// A world for `seed` with the API server up (the CRD applied, the operator's
     /// namespace created) and the controller replicas started.
     pub fn with_config(seed: u64, config: WorldConfig) -> Sim {
+        Sim::build(seed, config, None)
+    }
+
+    /// Like [`Sim::with_config`], but the controller replicas' pods start only at `start`
+    /// (simulated): until then the `spurctld` Service has no endpoint, as on a new
+    /// cluster where the operator comes up before the controller.
+    pub fn with_controllers_at(seed: u64, config: WorldConfig, start: Duration) -> Sim {
+        Sim::build(seed, config, Some(start))
+    }
+
+    fn build(seed: u64, config: WorldConfig, controllers_at: Option<Duration>) -> Sim {
         let mut world = World::with_config(seed, config);
         let api = ApiServer::new(ApiServerConfig {
             store: StoreConfig {
@@ -60,7 +72,10 @@ impl Sim {
                 Ok(())
             }
         });
-        world.start_controllers();
+        match controllers_at {
+            None => world.start_controllers(),
+            Some(start) => world.at(start, |w| w.start_controllers()),
+        }
         Sim {
             world,
             api,
