@@ -29,13 +29,16 @@ impl Profile {
 
     /// The operator flags of this profile.
     pub fn flags(self) -> &'static [&'static str] {
-        const DOUBLING_1S_60S: [&str; 6] = [
+        // The seed doubled after every error, UNAVAILABLE mid-election included.
+        const DOUBLING_1S_60S: [&str; 8] = [
             "--retry-initial",
             "1s",
             "--retry-max",
             "60s",
             "--retry-jitter",
             "0",
+            "--election-retry",
+            "off",
         ];
         match self {
             Profile::Unbounded => &[
@@ -51,6 +54,8 @@ impl Profile {
                 DOUBLING_1S_60S[3],
                 DOUBLING_1S_60S[4],
                 DOUBLING_1S_60S[5],
+                DOUBLING_1S_60S[6],
+                DOUBLING_1S_60S[7],
             ],
             Profile::SeedFix => &[
                 "--controller-connect-timeout",
@@ -67,6 +72,8 @@ impl Profile {
                 DOUBLING_1S_60S[3],
                 DOUBLING_1S_60S[4],
                 DOUBLING_1S_60S[5],
+                DOUBLING_1S_60S[6],
+                DOUBLING_1S_60S[7],
             ],
             Profile::Default => &[],
         }
@@ -111,6 +118,11 @@ mod tests {
                     assert!(channel.connect_timeout.is_some() && channel.keepalive.is_some());
                 }
             }
+            assert_eq!(
+                config.election_retry.is_some(),
+                profile == Profile::Default,
+                "{profile}: only the default retries flat through an election"
+            );
             assert_eq!(profile.name().parse::<Profile>(), Ok(profile));
         }
     }

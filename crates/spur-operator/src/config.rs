@@ -453,6 +453,17 @@ pub struct RunArgs {
     #[arg(long, env = "SPUR_OPERATOR_RETRY_JITTER", default_value_t = 0.2)]
     pub retry_jitter: f64,
 
+    /// Longest delay before a SpurJob is retried after spurctld answered UNAVAILABLE, or
+    /// `off` to back off by doubling as after any other error. The delay is drawn in
+    /// [a quarter of this, this]. A replica answers UNAVAILABLE while the controller elects
+    /// a leader, which takes seconds; a doubling backoff keeps growing through it and
+    /// overshoots the new leader by up to the delay it reached (the seed's run 9: 32 s,
+    /// past a 60 s window; with a 30 s cap, up to 30 s past a 20 s deadline). 1 s brings
+    /// a SpurJob in within about a second of the new leader, at one attempt per SpurJob
+    /// per ~0.6 s while the election lasts. Refusals and other errors keep doubling.
+    #[arg(long, env = "SPUR_OPERATOR_ELECTION_RETRY", default_value = "1s")]
+    pub election_retry: Bound,
+
     /// Name of the Lease that elects the acting replica.
     #[arg(
         long,
@@ -510,6 +521,8 @@ pub struct OperatorConfig {
     pub lease: LeaseConfig,
     pub shutdown_grace: Duration,
     pub status_poll_interval: Duration,
+    /// See [`RunArgs::election_retry`]; `None` backs off by doubling.
+    pub election_retry: Option<Duration>,
 }
 
 impl RunArgs {
@@ -604,6 +617,7 @@ impl RunArgs {
             lease,
             shutdown_grace: self.shutdown_grace,
             status_poll_interval: self.status_poll_interval,
+            election_retry: self.election_retry.0,
         })
     }
 }

@@ -251,9 +251,7 @@ impl<D: Dialer> Replica<D> {
                             "{method} applied; its reply is lost ({how:?}): {applied:?}"
                         ));
                         match how {
-                            LostReply::TransportError => {
-                                Err(Status::unknown("transport error"))
-                            }
+                            LostReply::TransportError => Err(Status::unknown("transport error")),
                             LostReply::Hang => std::future::pending().await,
                         }
                     }

@@ -152,6 +152,21 @@ impl ControllerError {
         self.kind() == FailureKind::Transport
     }
 
+    /// UNAVAILABLE on an open channel: what a replica answers while it reaches no leader
+    /// (mid-election: `no leader elected yet`, `not the Raft leader`, or its own failed
+    /// forward), or a connection that died under the call. Either way the next attempt
+    /// may well succeed within a second; a failed connect is not this (it took its own
+    /// bound already).
+    pub fn is_unavailable_status(&self) -> bool {
+        matches!(
+            self,
+            ControllerError::Status {
+                code: Code::Unavailable,
+                ..
+            }
+        )
+    }
+
     pub fn leader_hint(&self) -> Option<&str> {
         match self {
             ControllerError::Status { leader_hint, .. } => leader_hint.as_deref(),

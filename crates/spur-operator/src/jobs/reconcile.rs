@@ -37,6 +37,8 @@ pub struct JobsContext {
     pub entropy: Entropy,
     /// Per-object backoff, by UID.
     backoffs: Mutex<BTreeMap<String, Backoff>>,
+    /// Flat short retry after UNAVAILABLE (see `config::RunArgs::election_retry`).
+    election_retry: Option<std::time::Duration>,
 }
 
 impl JobsContext {
@@ -58,7 +60,14 @@ impl JobsContext {
             retry,
             entropy,
             backoffs: Mutex::default(),
+            election_retry: None,
         }
+    }
+
+    /// Retries after UNAVAILABLE within `max` instead of by doubling (`None`: doubling).
+    pub fn with_election_retry(mut self, max: Option<std::time::Duration>) -> JobsContext {
+        self.election_retry = max;
+        self
     }
 
     fn next_delay(&self, uid: &str) -> std::time::Duration {
@@ -127,10 +136,29 @@ pub async fn reconcile(job: Arc<SpurJob>, ctx: Arc<JobsContext>) -> Result<Actio
 /// Per-object backoff: one failing SpurJob never slows the others.
 pub fn error_policy(job: Arc<SpurJob>, error: &ReconcileError, ctx: Arc<JobsContext>) -> Action {
     let uid = job.uid().unwrap_or_default();
-    let delay = ctx.next_delay(&uid);
+    let delay = retry_delay(error, ctx.election_retry, &ctx.entropy, || {
+        ctx.next_delay(&uid)
+    });
     ctx.metrics.reconcile_error("spurjob", error.metric_label());
     tracing::warn!(spurjob = %job.name_any(), namespace = ?job.namespace(), %error, ?delay, "reconcile failed; retrying this SpurJob");
     Action::requeue(delay)
+}
+
+/// The delay before retrying after `error`: a short flat one after UNAVAILABLE from the
+/// controller (an election ends in seconds; a doubled delay would overshoot the new
+/// leader), else the object's doubling `backoff`, which this leaves untouched otherwise.
+fn retry_delay(
+    error: &ReconcileError,
+    election_retry: Option<std::time::Duration>,
+    entropy: &Entropy,
+    backoff: impl FnOnce() -> std::time::Duration,
+) -> std::time::Duration {
+    match (error, election_retry) {
+        (ReconcileError::Controller(e), Some(max)) if e.is_unavailable_status() => {
+            crate::retry::election_retry_delay(max, entropy)
+        }
+        _ => backoff(),
+    }
 }
 
 async fn apply(
@@ -270,5 +298,74 @@ pub async fn delete_job_objects(
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tonic::Code;
+
+    use super::*;
+    use crate::controller::ConnectError;
+
+    fn status(code: Code, message: &str) -> ReconcileError {
+        ReconcileError::Controller(ControllerError::Status {
+            method: "SubmitJob",
+            code,
+            message: message.to_owned(),
+            leader_hint: None,
+        })
+    }
+
+    const BACKOFF: Duration = Duration::from_secs(16);
+
+    #[test]
+    fn unavailable_retries_short_and_flat_and_leaves_the_backoff_alone() {
+        let entropy = Entropy::from_seed(1);
+        let max = Some(Duration::from_secs(1));
+        for message in [
+            "no leader elected yet",
+            "not the Raft leader",
+            "tcp connect error",
+        ] {
+            for _ in 0..50 {
+                let delay = retry_delay(&status(Code::Unavailable, message), max, &entropy, || {
+                    panic!("the doubling backoff must not advance during an election")
+                });
+                assert!(
+                    (Duration::from_millis(250)..=Duration::from_secs(1)).contains(&delay),
+                    "{message}: {delay:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn refusals_connect_failures_and_the_off_switch_keep_doubling() {
+        let entropy = Entropy::from_seed(2);
+        let max = Some(Duration::from_secs(1));
+        let connect = ReconcileError::Controller(ControllerError::Connect {
+            addr: "http://spurctld:6817".to_owned(),
+            source: ConnectError::Timeout(Duration::from_secs(10)),
+        });
+        for error in [
+            status(Code::PermissionDenied, "refused"),
+            status(Code::Unknown, "transport error"),
+            status(Code::InvalidArgument, "bad spec"),
+            connect,
+        ] {
+            assert_eq!(
+                retry_delay(&error, max, &entropy, || BACKOFF),
+                BACKOFF,
+                "{error}"
+            );
+        }
+        let unavailable = status(Code::Unavailable, "no leader elected yet");
+        assert_eq!(
+            retry_delay(&unavailable, None, &entropy, || BACKOFF),
+            BACKOFF
+        );
     }
 }
