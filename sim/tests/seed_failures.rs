@@ -73,8 +73,7 @@ fn last_pick(sim: &Sim, host: &str, before: Duration) -> Option<String> {
         .trace()
         .find("service spurctld -> ")
         .into_iter()
-        .filter(|e| e.host == host && e.at <= before)
-        .next_back()
+        .rfind(|e| e.host == host && e.at <= before)
         .and_then(|e| e.event.rsplit(' ').next().map(str::to_owned))
 }
 
