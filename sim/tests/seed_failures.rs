@@ -217,6 +217,7 @@ fn a_first_registration_behind_a_dropped_syn() {
 const SEED_B: u64 = 7011;
 
 struct SubmissionAfterKill {
+    trace_hash: String,
     killed_at: Duration,
     created_at: Duration,
     new_leader_at: Option<Duration>,
@@ -267,6 +268,7 @@ fn silent_leader_kill(profile: Profile) -> SubmissionAfterKill {
         spurjob_id(sim, "after-kill").is_some()
     });
     SubmissionAfterKill {
+        trace_hash: sim.world.trace_hash(),
         killed_at,
         created_at,
         new_leader_at: leader_elected_after(&sim, killed_at),
@@ -413,6 +415,7 @@ fn election_after_kill(profile: Profile) -> SubmissionAfterKill {
         "{profile}: no SubmitJob met UNAVAILABLE during the election"
     );
     SubmissionAfterKill {
+        trace_hash: sim.world.trace_hash(),
         killed_at,
         created_at,
         new_leader_at: leader_elected_after(&sim, killed_at),
@@ -499,6 +502,7 @@ fn leaderless_window(profile: Profile, replacement_after: Duration) -> Submissio
         "{profile}: precondition: SubmitJob met UNAVAILABLE only {unavailable} times"
     );
     SubmissionAfterKill {
+        trace_hash: sim.world.trace_hash(),
         killed_at,
         created_at,
         new_leader_at: leader_elected_after(&sim, killed_at),
@@ -510,8 +514,9 @@ fn leaderless_window(profile: Profile, replacement_after: Duration) -> Submissio
 /// meet UNAVAILABLE for 30 to 40 s (two of three replicas die; a replacement joins and
 /// the next 10 s election round elects a leader). A doubling backoff's next attempt then
 /// comes up to its cap after the new leader: 32 s for `seed-fix`; up to 30 s for the
-/// default's own doubling too before it retried flat through elections (it measured
-/// 16.8 s with a 40 s window and over 20 s with a 30 s one).
+/// default's own doubling too, before it retried flat through elections: with
+/// `--election-retry off` the default measured 26.8 s with the 30 s window (late) and
+/// 16.8 s with the 40 s one.
 #[test]
 fn run_nine_a_doubled_backoff_misses_the_new_leader() {
     for replacement_after in [secs(25), secs(32)] {
@@ -594,10 +599,13 @@ fn lost_reply(seed: u64, profile: Profile, how: LostReply) {
     );
 }
 
-/// seed-fix.txt's "Approach" names the ambiguity it leaves: a transport error on a write
-/// (UNKNOWN "transport error" from a follower whose connection to the leader broke) says
-/// nothing about whether the write was applied. The controller applies a SubmitJob and
-/// its reply is lost: the operator must adopt the job rather than submit it twice.
+/// The ambiguity seed-fix.txt's approach leaves open: it treats UNKNOWN and
+/// DEADLINE_EXCEEDED on any call as a transport failure and retries ("failed to report
+/// job status: Timeout expired", then the next attempt), but a write that failed that
+/// way may have been applied. wire.md records a real follower answering UNKNOWN
+/// "transport error" when its connection to the leader broke under a forwarded write.
+/// The controller applies a SubmitJob and its reply is lost: the operator must adopt the
+/// job rather than submit it twice.
 #[test]
 fn a_lost_submit_reply_is_adopted_not_duplicated() {
     lost_reply(7006, Profile::Default, LostReply::TransportError);
@@ -610,9 +618,11 @@ fn a_lost_submit_reply_is_adopted_not_duplicated() {
 // (f) The operator restarts between submitting and recording the id.
 // ---------------------------------------------------------------------------------------
 
-/// seed-fix.txt's test_state_survives_leader_failover, from the operator's side: the
-/// operator process restarts after the controller applied its SubmitJob and before the
-/// SpurJob's status recorded the id. The new process must find the job, not submit again.
+/// Not a failure the seed logged, but the same gap as the lost reply, opened by sim.md's
+/// "operator process restart" fault: the process restarts after the controller applied
+/// its SubmitJob and before the SpurJob's status recorded the id (the seed's operator
+/// kept no record outside the SpurJob either). The new process must find the job, not
+/// submit it again.
 #[test]
 fn an_operator_restart_between_submit_and_status_does_not_duplicate() {
     let mut sim = Sim::new(7008);
@@ -653,7 +663,7 @@ fn an_operator_restart_between_submit_and_status_does_not_duplicate() {
     assert_eq!(spurjob_id(&sim, "restart"), Some(ids[0]));
 }
 
-/// The same gap through the API server: the status patch after a successful SubmitJob
+/// The same gap through the API server (sim.md's "status patch conflict"): the status patch after a successful SubmitJob
 /// fails with 409 Conflict (twice), and the retries must adopt the submitted job.
 #[test]
 fn a_failed_status_patch_after_submit_does_not_duplicate() {
@@ -685,4 +695,16 @@ fn a_failed_status_patch_after_submit_does_not_duplicate() {
         .cloned()
         .unwrap();
     assert_eq!(submitted["reason"], "Adopted", "{submitted:#}");
+}
+
+/// A fixed seed is a regression test only if it replays: the same seed and profile give
+/// the same trace, byte for byte.
+#[test]
+fn a_scenario_replays_from_its_seed() {
+    let first = silent_leader_kill(Profile::Default);
+    let again = silent_leader_kill(Profile::Default);
+    assert_eq!(first.trace_hash, again.trace_hash);
+    assert_eq!(first.submitted_at, again.submitted_at);
+    let other = election_after_kill(Profile::Default);
+    assert_ne!(first.trace_hash, other.trace_hash);
 }
