@@ -305,3 +305,25 @@ fn a_lost_reply_leaves_the_write_applied_and_only_the_next_reply_is_lost() {
     world.run().unwrap();
     assert_eq!(world.trace().find("its reply is lost").len(), 3);
 }
+
+#[test]
+fn a_replacement_of_the_dead_leader_does_not_inherit_its_leadership() {
+    let mut world = World::new(27);
+    world.start_controllers();
+    world.run_until(Duration::from_secs(10)).unwrap();
+    let leader = world.leader().expect("a leader within 10 s");
+    let term = world.cluster().term();
+    let slot = world.cluster().slot_of(&leader).unwrap();
+    world.kill(&leader, KillMode::Graceful);
+    // The replacement starts before the election can end (at least 3 s).
+    world.replace_replica(slot);
+    world.run_until(Duration::from_secs(12)).unwrap();
+    assert_eq!(world.leader(), None, "no leader without an election");
+    world.run_until(Duration::from_secs(30)).unwrap();
+    assert!(world.leader().is_some());
+    assert_eq!(
+        world.cluster().term(),
+        term + 1,
+        "the new leader won an election"
+    );
+}

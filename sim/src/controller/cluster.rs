@@ -219,7 +219,13 @@ impl Cluster {
         me.alive = false;
         me.known_leader = None;
         me.state = StateMachine::default();
-        me.host.clone()
+        let host = me.host.clone();
+        // A new pod must win an election like any other; it does not inherit the slot's
+        // leadership (that would skip the election when it starts before one ends).
+        if state.leader == Some(slot) {
+            state.leader = None;
+        }
+        host
     }
 
     /// The leader that won the latest election, if its software still runs.
