@@ -5,6 +5,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::time::Duration;
 
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
@@ -43,8 +44,16 @@ impl Sim {
         sim
     }
 
-    /// As [`Sim::with_config`], but the controller replicas are left to the caller (to
-    /// start them late: a controller not ready when the operator starts).
+    /// Like [`Sim::with_config`], but the controller replicas' pods start only at `start`
+    /// (simulated): until then the `spurctld` Service has no endpoint, as on a new
+    /// cluster where the operator comes up before the controller.
+    pub fn with_controllers_at(seed: u64, config: WorldConfig, start: Duration) -> Sim {
+        let mut sim = Sim::without_controllers(seed, config);
+        sim.world.at(start, |w| w.start_controllers());
+        sim
+    }
+
+    /// As [`Sim::with_config`], but the controller replicas are left to the caller.
     pub fn without_controllers(seed: u64, config: WorldConfig) -> Sim {
         let mut world = World::with_config(seed, config);
         let api = ApiServer::new(ApiServerConfig {

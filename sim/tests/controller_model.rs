@@ -248,3 +248,82 @@ fn a_follower_cut_off_serves_reads_from_its_stale_copy_and_catches_up_when_heale
     });
     world.run().unwrap();
 }
+
+#[test]
+fn a_lost_reply_leaves_the_write_applied_and_only_the_next_reply_is_lost() {
+    use spur_sim::controller::LostReply;
+
+    let mut world = World::new(26);
+    world.start_controllers();
+    let cluster = world.cluster().clone();
+    let dialer = world.plain_dialer("operator");
+    world.client("operator", async move {
+        let leader = wait_for_leader(&cluster).await;
+        let hosts = cluster.hosts();
+        let follower = hosts.iter().find(|h| **h != leader).unwrap().clone();
+
+        // Straight to the leader: applied, answered UNKNOWN "transport error".
+        let mut via_leader = channel(dialer.clone(), &leader, |e| e).await?;
+        cluster.lose_next_reply("SubmitJob", LostReply::TransportError);
+        let lost = via_leader.submit_job(submit("lost")).await.unwrap_err();
+        assert_eq!(
+            (lost.code(), lost.message()),
+            (Code::Unknown, "transport error")
+        );
+        assert_eq!(cluster.job_ids(), [1], "the write was applied");
+        // One reply only: the next write is answered.
+        let next = via_leader.submit_job(submit("next")).await?.into_inner();
+        assert_eq!(next.job_id, 2);
+
+        // Through a follower: the leader applies the forward and loses its reply; the
+        // follower relays the same error.
+        let mut via_follower = channel(dialer.clone(), &follower, |e| e).await?;
+        cluster.lose_next_reply("SubmitJob", LostReply::TransportError);
+        let relayed = via_follower
+            .submit_job(submit("forwarded"))
+            .await
+            .unwrap_err();
+        assert_eq!(relayed.code(), Code::Unknown);
+        assert_eq!(cluster.job_ids(), [1, 2, 3]);
+
+        // Hang: applied, and no answer ever comes; only the caller's bound ends the call.
+        cluster.lose_next_reply("SubmitJob", LostReply::Hang);
+        let waited = tokio::time::timeout(
+            Duration::from_secs(60),
+            via_leader.submit_job(submit("hang")),
+        )
+        .await;
+        assert!(waited.is_err(), "a hung reply was answered: {waited:?}");
+        assert_eq!(cluster.job_ids(), [1, 2, 3, 4]);
+        // Other methods are unaffected by an armed SubmitJob fault.
+        cluster.lose_next_reply("SubmitJob", LostReply::TransportError);
+        via_leader
+            .register_agent(registration("n1", "operator"))
+            .await?;
+        Ok(())
+    });
+    world.run().unwrap();
+    assert_eq!(world.trace().find("its reply is lost").len(), 3);
+}
+
+#[test]
+fn a_replacement_of_the_dead_leader_does_not_inherit_its_leadership() {
+    let mut world = World::new(27);
+    world.start_controllers();
+    world.run_until(Duration::from_secs(10)).unwrap();
+    let leader = world.leader().expect("a leader within 10 s");
+    let term = world.cluster().term();
+    let slot = world.cluster().slot_of(&leader).unwrap();
+    world.kill(&leader, KillMode::Graceful);
+    // The replacement starts before the election can end (at least 3 s).
+    world.replace_replica(slot);
+    world.run_until(Duration::from_secs(12)).unwrap();
+    assert_eq!(world.leader(), None, "no leader without an election");
+    world.run_until(Duration::from_secs(30)).unwrap();
+    assert!(world.leader().is_some());
+    assert_eq!(
+        world.cluster().term(),
+        term + 1,
+        "the new leader won an election"
+    );
+}

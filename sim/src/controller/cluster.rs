@@ -8,6 +8,7 @@
 //! operator (clients to replicas, forwards from followers to the leader, the leader to the
 //! agents) does cross the simulated network.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -28,6 +29,19 @@ pub enum RefusalKind {
     PermissionDenied,
     /// A response with `accepted = false` and a message.
     NotAccepted,
+}
+
+/// How the reply to a write that was applied is lost (the ambiguous failure: the client
+/// cannot tell whether its write took effect).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostReply {
+    /// The client gets `UNKNOWN "transport error"`: what a real follower answered when
+    /// its connection to the leader broke under a forwarded write (wire.md), and what the
+    /// client sees of a reset connection. It comes at once.
+    TransportError,
+    /// No answer ever comes: the reply packet vanished and the connection stays open, so
+    /// only the client's own bounds (request timeout, keepalive) end the call.
+    Hang,
 }
 
 /// A replica's idea of its role.
@@ -75,6 +89,8 @@ struct ClusterState {
     election_due: Option<Duration>,
     rng: ChaCha8Rng,
     refusal: Option<(Duration, RefusalKind)>,
+    /// Writes whose next applied reply is lost, by method name.
+    lost_replies: BTreeMap<String, LostReply>,
 }
 
 /// The shared replicated state of the controller replicas. Cloning shares it.
@@ -113,6 +129,7 @@ impl Cluster {
                 election_due: None,
                 rng,
                 refusal: None,
+                lost_replies: BTreeMap::new(),
             })),
             config: Arc::new(config),
             net,
@@ -202,7 +219,13 @@ impl Cluster {
         me.alive = false;
         me.known_leader = None;
         me.state = StateMachine::default();
-        me.host.clone()
+        let host = me.host.clone();
+        // A new pod must win an election like any other; it does not inherit the slot's
+        // leadership (that would skip the election when it starts before one ends).
+        if state.leader == Some(slot) {
+            state.leader = None;
+        }
+        host
     }
 
     /// The leader that won the latest election, if its software still runs.
@@ -248,6 +271,17 @@ impl Cluster {
             .refusal
             .filter(|(until, _)| now < *until)
             .map(|(_, kind)| kind)
+    }
+
+    /// The reply to the next `method` write (`"SubmitJob"`, …) that the leader applies is
+    /// lost, as `how` says. The write itself stays applied.
+    pub fn lose_next_reply(&self, method: &str, how: LostReply) {
+        self.lock().lost_replies.insert(method.to_owned(), how);
+    }
+
+    /// Takes the pending lost reply of `method`, if one is armed (one write loses it).
+    pub fn take_lost_reply(&self, method: &str) -> Option<LostReply> {
+        self.lock().lost_replies.remove(method)
     }
 
     /// State loss: the leader forgets every registered node (a log entry, so every

@@ -17,7 +17,7 @@ pub mod tcp;
 
 use std::time::{Duration, SystemTime};
 
-pub use cluster::{Cluster, RefusalKind, Role};
+pub use cluster::{Cluster, LostReply, RefusalKind, Role};
 pub use replica::Replica;
 
 /// The controller replicas' tunables. Each default carries its reason.

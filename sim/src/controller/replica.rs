@@ -17,7 +17,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
 use super::Clock;
-use super::cluster::{Cluster, ProposeError, RefusalKind, Role};
+use super::cluster::{Cluster, LostReply, ProposeError, RefusalKind, Role};
 use super::scheduler;
 use super::state::{Command, Outcome, node_not_found};
 use crate::net::DialerConnector;
@@ -243,7 +243,21 @@ impl<D: Dialer> Replica<D> {
         let route = self.route(forwarded(&request));
         let message = request.into_inner();
         let answer = match route {
-            Route::Local => local(message).await.map(Response::new),
+            Route::Local => match local(message).await {
+                Ok(applied) => match self.inner.cluster.take_lost_reply(method) {
+                    None => Ok(Response::new(applied)),
+                    Some(how) => {
+                        self.record(format!(
+                            "{method} applied; its reply is lost ({how:?}): {applied:?}"
+                        ));
+                        match how {
+                            LostReply::TransportError => Err(Status::unknown("transport error")),
+                            LostReply::Hang => std::future::pending().await,
+                        }
+                    }
+                },
+                Err(status) => Err(status),
+            },
             Route::Forward(leader) => self.forward(method, &leader, message, call).await,
             Route::Refuse(leader) => Err(not_leader(leader.as_deref(), self.port())),
         };
