@@ -28,7 +28,8 @@ impl Profile {
     }
 
     /// The operator flags of this profile.
-    pub fn flags(self) -> &'static [&'static str] {
+    pub fn flags(self) -> Vec<&'static str> {
+        // The seed's retry: doubling from 1 s to 60 s for every failure, no jitter.
         const DOUBLING_1S_60S: [&str; 8] = [
             "--retry-initial",
             "1s",
@@ -39,7 +40,7 @@ impl Profile {
             "--retry-transient",
             "off",
         ];
-        match self {
+        let channel: &[&str] = match self {
             Profile::Unbounded => &[
                 "--controller-connect-timeout",
                 "off",
@@ -47,14 +48,8 @@ impl Profile {
                 "off",
                 "--controller-keepalive-interval",
                 "off",
-                DOUBLING_1S_60S[0],
-                DOUBLING_1S_60S[1],
-                DOUBLING_1S_60S[2],
-                DOUBLING_1S_60S[3],
-                DOUBLING_1S_60S[4],
-                DOUBLING_1S_60S[5],
-                DOUBLING_1S_60S[6],
-                DOUBLING_1S_60S[7],
+                "--controller-channel-max-age",
+                "off",
             ],
             Profile::SeedFix => &[
                 "--controller-connect-timeout",
@@ -65,17 +60,12 @@ impl Profile {
                 "10s",
                 "--controller-keepalive-timeout",
                 "20s",
-                DOUBLING_1S_60S[0],
-                DOUBLING_1S_60S[1],
-                DOUBLING_1S_60S[2],
-                DOUBLING_1S_60S[3],
-                DOUBLING_1S_60S[4],
-                DOUBLING_1S_60S[5],
-                DOUBLING_1S_60S[6],
-                DOUBLING_1S_60S[7],
+                "--controller-channel-max-age",
+                "off",
             ],
-            Profile::Default => &[],
-        }
+            Profile::Default => return Vec::new(),
+        };
+        channel.iter().chain(&DOUBLING_1S_60S).copied().collect()
     }
 }
 

@@ -43,7 +43,11 @@ fn every_seed_meets_every_check_with_the_default_profile() {
         failed.join("\n")
     );
     // The scenarios did something: every one registered nodes and submitted jobs.
-    assert!(outcomes.iter().all(|o| !o.registration_lags.is_empty() && !o.submission_lags.is_empty()));
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| !o.registration_lags.is_empty() && !o.submission_lags.is_empty())
+    );
 }
 
 #[test]

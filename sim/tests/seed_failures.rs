@@ -136,7 +136,7 @@ impl FirstRegistration {
 fn first_registration(profile: Profile) -> FirstRegistration {
     let mut sim = Sim::with_controllers_at(SEED_A, WorldConfig::default(), CONTROLLERS_START_A);
     sim.add_nodes(2);
-    sim.start_operator("operator", profile.flags());
+    sim.start_operator("operator", &profile.flags());
     let registered_at =
         run_until_true(&mut sim, secs(200), |sim| sim.registered_nodes().len() == 2);
     let leader_at = leader_elected_after(&sim, Duration::ZERO).expect("a leader was elected");
@@ -247,7 +247,7 @@ fn silent_leader_kill(profile: Profile) -> SubmissionAfterKill {
     sim.add_nodes(2);
     // The controller is up first: this scenario is about the kill, not the first connect.
     sim.world.run_until(secs(10)).unwrap();
-    sim.start_operator("operator", profile.flags());
+    sim.start_operator("operator", &profile.flags());
     let up = run_until_true(&mut sim, secs(60), |sim| sim.registered_nodes().len() == 2);
     assert!(up.is_some(), "{profile}: the nodes never registered");
     sim.world.run_until(secs(40)).unwrap();
@@ -390,7 +390,7 @@ fn ten_second_elections() -> WorldConfig {
 fn election_after_kill(profile: Profile) -> SubmissionAfterKill {
     let mut sim = Sim::with_config(SEED_D, ten_second_elections());
     sim.add_nodes(2);
-    sim.start_operator("operator", profile.flags());
+    sim.start_operator("operator", &profile.flags());
     let up = run_until_true(&mut sim, secs(60), |sim| sim.registered_nodes().len() == 2);
     assert!(up.is_some(), "{profile}: the nodes never registered");
     sim.world.run_until(secs(40)).unwrap();
@@ -470,7 +470,7 @@ const SEED_D2: u64 = 7010;
 fn leaderless_window(profile: Profile, replacement_after: Duration) -> SubmissionAfterKill {
     let mut sim = Sim::with_config(SEED_D2, ten_second_elections());
     sim.add_nodes(2);
-    sim.start_operator("operator", profile.flags());
+    sim.start_operator("operator", &profile.flags());
     let up = run_until_true(&mut sim, secs(60), |sim| sim.registered_nodes().len() == 2);
     assert!(up.is_some(), "{profile}: the nodes never registered");
     sim.world.run_until(secs(40)).unwrap();
@@ -515,7 +515,7 @@ fn leaderless_window(profile: Profile, replacement_after: Duration) -> Submissio
 /// the next 10 s election round elects a leader). A doubling backoff's next attempt then
 /// comes up to its cap after the new leader: 32 s for `seed-fix`; up to 30 s for the
 /// default's own doubling too, before it retried flat through elections: with
-/// `--election-retry off` the default measured 26.8 s with the 30 s window (late) and
+/// `--retry-transient off` the default measured 26.8 s with the 30 s window (late) and
 /// 16.8 s with the 40 s one.
 #[test]
 fn run_nine_a_doubled_backoff_misses_the_new_leader() {
@@ -557,7 +557,7 @@ fn run_nine_a_doubled_backoff_misses_the_new_leader() {
 fn lost_reply(seed: u64, profile: Profile, how: LostReply) {
     let mut sim = Sim::new(seed);
     sim.add_nodes(1);
-    sim.start_operator("operator", profile.flags());
+    sim.start_operator("operator", &profile.flags());
     let up = run_until_true(&mut sim, secs(60), |sim| sim.registered_nodes().len() == 1);
     assert!(up.is_some(), "{profile}: the node never registered");
     sim.world.cluster().lose_next_reply("SubmitJob", how);

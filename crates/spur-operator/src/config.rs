@@ -118,6 +118,8 @@ pub struct ChannelConfig {
     pub keepalive: Option<Keepalive>,
     pub request_timeout: Option<Duration>,
     pub max_message_bytes: usize,
+    /// Connect afresh once a channel is this old.
+    pub max_age: Option<Duration>,
     pub tls: Option<TlsConfig>,
 }
 
@@ -126,6 +128,7 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_MESSAGE_MIB: usize = 32;
+pub const DEFAULT_CHANNEL_MAX_AGE: Duration = Duration::from_secs(10);
 
 impl Default for ChannelConfig {
     fn default() -> Self {
@@ -138,6 +141,7 @@ impl Default for ChannelConfig {
             }),
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
             max_message_bytes: DEFAULT_MAX_MESSAGE_MIB << 20,
+            max_age: Some(DEFAULT_CHANNEL_MAX_AGE),
             tls: None,
         }
     }
@@ -151,6 +155,7 @@ impl ChannelConfig {
             connect_timeout: None,
             keepalive: None,
             request_timeout: None,
+            max_age: None,
             ..ChannelConfig::default()
         }
     }
@@ -238,6 +243,18 @@ pub struct ControllerArgs {
     )]
     pub controller_keepalive_timeout: Duration,
 
+    /// Connect afresh (through the Service) once a channel is this old, or `off`. A replica
+    /// cut off from its peers may still think it leads: its connection stays healthy and
+    /// it answers reads from its stale copy, so neither keepalive nor a bound notices.
+    /// Rotating every 10 s bounds how long the operator reads from such a replica, at the
+    /// cost of one connect per 10 s.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_CHANNEL_MAX_AGE",
+        default_value = "10s"
+    )]
+    pub controller_channel_max_age: Bound,
+
     /// Largest message sent or received, in MiB. GetJobs over 10,000 active jobs is about
     /// 2 MiB; 32 leaves room for large clusters without allowing unbounded memory.
     #[arg(
@@ -297,6 +314,7 @@ impl ControllerArgs {
             keepalive,
             request_timeout: self.controller_request_timeout.0,
             max_message_bytes: self.controller_max_message_mib << 20,
+            max_age: self.controller_channel_max_age.0,
             tls: self.tls(addr.scheme)?,
         };
         let token = self

@@ -228,6 +228,16 @@ impl Cluster {
         host
     }
 
+    /// The leader, if it runs and reaches a majority: one that can commit writes. (A
+    /// leader cut off from its peers still believes it leads; see [`Cluster::leader`].)
+    pub fn leader_with_quorum(&self) -> Option<String> {
+        let state = self.lock();
+        state
+            .leader
+            .filter(|&slot| state.slots[slot].alive && self.has_quorum(&state, slot))
+            .map(|slot| state.slots[slot].host.clone())
+    }
+
     /// The leader that won the latest election, if its software still runs.
     pub fn leader(&self) -> Option<String> {
         let state = self.lock();

@@ -125,7 +125,9 @@ impl Monitor {
     /// the processes it runs.
     pub fn sample(&mut self, sim: &Sim, now: Duration, operator_up: bool, api_up: bool) {
         let cluster = sim.world.cluster();
-        let leader_slot = cluster.leader().and_then(|l| cluster.slot_of(&l));
+        let leader_slot = cluster
+            .leader_with_quorum()
+            .and_then(|l| cluster.slot_of(&l));
         let endpoint_ready = !sim
             .world
             .net()

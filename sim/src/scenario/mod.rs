@@ -170,7 +170,7 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
     let mut sim = Sim::without_controllers(seed, world_config);
     sim.add_nodes(plan.nodes);
     sim.start_kubelet();
-    sim.start_operator(OPERATOR, profile.flags());
+    sim.start_operator(OPERATOR, &profile.flags());
     sim.world.at(plan.controllers_at, |w| w.start_controllers());
 
     let api_up = Rc::new(Cell::new(true));

@@ -35,6 +35,7 @@ struct Inner {
     addr: ControllerAddr,
     connector: Box<Connector>,
     max_message_bytes: usize,
+    max_age: Option<std::time::Duration>,
     authorization: Option<AsciiMetadataValue>,
     /// Held across a connect, so concurrent callers share one connect instead of racing.
     slot: tokio::sync::Mutex<Slot>,
@@ -46,6 +47,8 @@ struct Inner {
 #[derive(Default)]
 struct Slot {
     channel: Option<(u64, Channel)>,
+    /// When the current channel was opened (for the maximum age).
+    opened: Option<tokio::time::Instant>,
     /// Generation of the next channel, so a late failure on an old channel cannot drop a
     /// newer one.
     next_generation: u64,
@@ -89,6 +92,7 @@ impl ControllerClient {
             })
             .transpose()?;
         let max_message_bytes = config.max_message_bytes;
+        let max_age = config.max_age;
         let target = addr.clone();
         let connector: Box<Connector> = Box::new(move || {
             let (target, config, dialer) = (target.clone(), config.clone(), dialer.clone());
@@ -99,6 +103,7 @@ impl ControllerClient {
                 addr,
                 connector,
                 max_message_bytes,
+                max_age,
                 authorization,
                 slot: tokio::sync::Mutex::new(Slot::default()),
                 leader_hint: SyncMutex::new(None),
@@ -290,6 +295,13 @@ impl ControllerClient {
 
     async fn channel(&self) -> Result<(u64, Channel), ControllerError> {
         let mut slot = self.inner.slot.lock().await;
+        let expired = match (self.inner.max_age, slot.opened) {
+            (Some(max_age), Some(opened)) => opened.elapsed() >= max_age,
+            _ => false,
+        };
+        if expired && slot.channel.take().is_some() {
+            tracing::debug!(addr = %self.inner.addr, "rotating the controller channel after its maximum age");
+        }
         if let Some((generation, channel)) = &slot.channel {
             return Ok((*generation, channel.clone()));
         }
@@ -298,6 +310,7 @@ impl ControllerClient {
                 let generation = slot.next_generation;
                 slot.next_generation += 1;
                 slot.channel = Some((generation, channel.clone()));
+                slot.opened = Some(tokio::time::Instant::now());
                 self.inner.stats.connects.fetch_add(1, Ordering::Relaxed);
                 if let Some(m) = &self.inner.metrics {
                     m.channel_connects.inc();
