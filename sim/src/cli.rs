@@ -294,3 +294,62 @@ pub fn bench(seeds: u64) -> anyhow::Result<bool> {
     );
     Ok(true)
 }
+
+/// How long the operator takes to register `nodes` nodes once the controller is ready, at
+/// a round trip of `rtt_ms` between every pair of hosts (simulated time; the wall time is
+/// the simulation's own cost).
+pub fn bench_nodes(nodes: usize, rtt_ms: u64) -> anyhow::Result<bool> {
+    use std::time::Duration;
+
+    use crate::harness::Sim;
+    use crate::world::WorldConfig;
+
+    let one_way = Duration::from_micros(rtt_ms * 500);
+    let config = WorldConfig {
+        min_latency: one_way,
+        max_latency: one_way,
+        max_duration: Duration::from_secs(900),
+        ..WorldConfig::default()
+    };
+    let started = Instant::now();
+    // The operator is up (and has listed every node) before the controller: the bench
+    // measures registration itself, not the first list.
+    let mut sim = Sim::with_controllers_at(1, config, Duration::from_secs(5));
+    sim.add_nodes(nodes);
+    sim.start_operator("operator", &["--heartbeat-interval", "10m"]);
+    let step = Duration::from_millis(10);
+    let mut now = Duration::ZERO;
+    let mut ready_at = None;
+    let done_at = loop {
+        now += step;
+        sim.world
+            .run_until(now)
+            .map_err(|e| anyhow::anyhow!("the simulation failed: {e}"))?;
+        let cluster = sim.world.cluster();
+        let ready = cluster.leader_with_quorum().is_some()
+            && !sim
+                .world
+                .net()
+                .ready_endpoints(crate::world::CONTROLLER_SERVICE, now)
+                .is_empty();
+        if ready && ready_at.is_none() {
+            ready_at = Some(now);
+        }
+        if ready_at.is_some() && sim.registered_nodes().len() >= nodes {
+            break now;
+        }
+        if now > Duration::from_secs(600) {
+            anyhow::bail!(
+                "only {} of {nodes} nodes registered after 600 s",
+                sim.registered_nodes().len()
+            );
+        }
+    };
+    let ready_at = ready_at.expect("ready before done");
+    println!(
+        "{nodes} nodes registered {:.2} s after the controller was ready ({rtt_ms} ms round trip, simulated); {:.1} s of wall time",
+        (done_at - ready_at).as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(true)
+}

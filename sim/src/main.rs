@@ -25,6 +25,14 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         seeds: u64,
     },
+    /// Time for the operator to register many nodes once the controller is ready.
+    BenchNodes {
+        #[arg(long, default_value_t = 5000)]
+        nodes: usize,
+        /// Round trip between hosts, in milliseconds.
+        #[arg(long, default_value_t = 10)]
+        rtt_ms: u64,
+    },
     /// The simulated controller replicas over real TCP: three replicas and the `spurctld`
     /// Service on `--listen`, for local use and comparison with a real spurctld.
     Controllers(spur_sim::controller::tcp::ControllersArgs),
@@ -52,6 +60,9 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::Replay(args) => return ok(spur_sim::cli::replay(args)?),
         Command::Compare(args) => return ok(spur_sim::cli::compare(args)?),
         Command::Bench { seeds } => return ok(spur_sim::cli::bench(seeds)?),
+        Command::BenchNodes { nodes, rtt_ms } => {
+            return ok(spur_sim::cli::bench_nodes(nodes, rtt_ms)?);
+        }
         Command::Controllers(args) => spur_sim::controller::tcp::main(args)?,
         Command::KubeApi(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread()

@@ -125,15 +125,28 @@ impl Monitor {
     /// the processes it runs.
     pub fn sample(&mut self, sim: &Sim, now: Duration, operator_up: bool, api_up: bool) {
         let cluster = sim.world.cluster();
-        let leader_slot = cluster
-            .leader_with_quorum()
-            .and_then(|l| cluster.slot_of(&l));
-        let endpoint_ready = !sim
+        let leader = cluster.leader_with_quorum();
+        let leader_slot = leader.as_ref().and_then(|l| cluster.slot_of(l));
+        let endpoints = sim
             .world
             .net()
-            .ready_endpoints(crate::world::CONTROLLER_SERVICE, now)
-            .is_empty();
-        let healthy = leader_slot.is_some() && endpoint_ready && operator_up && api_up;
+            .ready_endpoints(crate::world::CONTROLLER_SERVICE, now);
+        // A ready endpoint cut off from the leader answers reads from its stale copy on a
+        // healthy connection, and the operator cannot tell (it rotates its channel every
+        // 10 s, so it leaves such a replica with probability 2/3 each time). The deadlines
+        // are not judged while one is in the Service (the generator also leaves such
+        // partitions out for now: see `plan::DRAWN`). Routing by the leader's hint is the
+        // open work that would let the checks judge it.
+        let endpoints_consistent = leader.as_ref().is_some_and(|leader| {
+            endpoints
+                .iter()
+                .all(|e| e == leader || sim.world.net().can_reach(e, leader))
+        });
+        let healthy = leader_slot.is_some()
+            && !endpoints.is_empty()
+            && endpoints_consistent
+            && operator_up
+            && api_up;
         self.healthy_since = match (healthy, self.healthy_since) {
             (true, None) => Some(now),
             (true, since) => since,
