@@ -95,15 +95,7 @@ pub async fn run_with_handles<N: Network>(
     .with_metrics(metrics.clone());
 
     let (stopping_tx, stopping) = watch::channel(false);
-    let health_listener = world
-        .network
-        .bind(config.health_listen)
-        .await
-        .map_err(|source| RunError::Listen {
-            what: "health",
-            addr: config.health_listen,
-            source,
-        })?;
+    let health_listener = listen(&world.network, config.health_listen, "health").await?;
     let health = Health::new(
         metrics.clone(),
         readiness_probes(world.kube.clone(), controller.clone()),
@@ -117,15 +109,7 @@ pub async fn run_with_handles<N: Network>(
 
     let (jobs_tx, jobs_rx) = watch::channel::<Option<Store<SpurJob>>>(None);
     let registered = Registered::default();
-    let agent_listener = world
-        .network
-        .bind(config.agent_listen)
-        .await
-        .map_err(|source| RunError::Listen {
-            what: "the agent",
-            addr: config.agent_listen,
-            source,
-        })?;
+    let agent_listener = listen(&world.network, config.agent_listen, "the agent").await?;
     let agent = Agent::new(world.kube.clone(), jobs_rx, registered.clone());
     let agent_task = tokio::spawn(crate::agent::serve(
         agent,
@@ -406,6 +390,18 @@ async fn delete_orphans(kube: kube::Client, store: Store<SpurJob>) {
             }
         }
     }
+}
+
+/// Binds `addr` for `what`, naming both when it fails.
+async fn listen<N: Network>(
+    network: &N,
+    addr: std::net::SocketAddr,
+    what: &'static str,
+) -> Result<<N as crate::net::Binder>::Listener, RunError> {
+    network
+        .bind(addr)
+        .await
+        .map_err(|source| RunError::Listen { what, addr, source })
 }
 
 /// Completes once the flag turns true (or its sender is gone).
