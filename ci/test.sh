@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash ci/install-deps.sh
+. ci/tools.sh
 
 # Two cores: keep parallelism explicit so the build does not thrash memory or the other
 # jobs sharing the machine.
@@ -15,6 +16,14 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "format"
 cargo fmt --all -- --check
+
+step "Dockerfile"
+hadolint Dockerfile
+
+step "manifests"
+# Renders offline; the tests then apply it against the simulated API server.
+kubectl kustomize deploy/ >/dev/null
+kubectl kustomize deploy/sim-sweep/ >/dev/null
 
 step "clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings

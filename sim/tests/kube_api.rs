@@ -2,6 +2,8 @@
 
 use std::{sync::Arc, time::Duration};
 
+mod common;
+
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::{
     coordination::v1::{Lease, LeaseSpec},
@@ -1089,78 +1091,12 @@ fn a_client_on_another_turmoil_host_talks_to_the_server() {
 }
 
 /// `spur-sim kube-api` over real TCP, driven by kubectl and by kube-rs from the kubeconfig it
-/// writes. Skipped (with a message) when no kubectl is installed; `KUBECTL` picks a binary.
+/// writes.
 #[tokio::test]
 async fn kubectl_against_the_tcp_mode() {
-    use std::{
-        io::BufRead,
-        process::{Command, Stdio},
-    };
-    let kubectl = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
-    if Command::new(&kubectl)
-        .args(["version", "--client"])
-        .output()
-        .is_err()
-    {
-        println!("skipping kubectl_against_the_tcp_mode: no {kubectl} on PATH");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("spur-sim-kubectl-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    /// Kills the server however the test ends.
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut server = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_spur-sim"))
-            .args([
-                "kube-api",
-                "--listen",
-                "127.0.0.1:0",
-                "--seed-nodes",
-                "2",
-                "--kubeconfig",
-            ])
-            .arg(&kubeconfig)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    // The server prints its address once the kubeconfig is in place.
-    let mut line = String::new();
-    std::io::BufReader::new(server.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("serving on http://127.0.0.1:"), "{line}");
-
-    let run = |args: &[&str], stdin: Option<&str>| {
-        let mut child = Command::new(&kubectl)
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut input = child.stdin.take().unwrap();
-        std::io::Write::write_all(&mut input, stdin.unwrap_or("").as_bytes()).unwrap();
-        drop(input);
-        let out = child.wait_with_output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "kubectl {args:?} failed: {text}");
-        text
-    };
+    let server = common::kubectl::KubeApiProcess::start("kubectl", 2);
+    let kubeconfig = server.kubeconfig.clone();
+    let run = |args: &[&str], stdin: Option<&str>| server.kubectl(args, stdin);
     // The CRD goes first, so that kubectl finds SpurJob in discovery for the next call.
     let crd = serde_json::to_string(&SpurJob::crd()).unwrap();
     run(&["create", "-f", "-"], Some(&crd));
@@ -1243,7 +1179,6 @@ async fn kubectl_against_the_tcp_mode() {
     assert_eq!(api_error(jobs.get("hello").await.unwrap_err()).code, 404);
 
     drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Every change of one turmoil run, as the observer sees it.

@@ -1,6 +1,8 @@
 //! Helpers shared by the simulation's tests.
 #![allow(dead_code)]
 
+pub mod kubectl;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
