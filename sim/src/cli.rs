@@ -1,16 +1,19 @@
-//! `spur-sim run | replay | compare | bench`: the scenario runner's command line.
+//! `spur-sim run | replay | compare | merge | bench`: the scenario runner's command line.
 
-use std::io::Write;
+use std::io::Read;
 use std::ops::Range;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::profiles::Profile;
-use crate::scenario::{LagStats, Outcome, ScenarioConfig, run_isolated};
+use crate::report::{Merged, ScenarioRecord, Summary, Table};
+use crate::scenario::{Outcome, ScenarioConfig, run_isolated};
 
 /// A seed range `A..B` (B excluded), or one seed.
 #[derive(Clone, Debug)]
@@ -136,77 +139,70 @@ fn seeds_of(seeds: &Seeds, shard: Option<Shard>) -> Vec<u64> {
         .collect()
 }
 
-fn all(outcomes: &[Outcome], lags: impl Fn(&Outcome) -> &[u64]) -> LagStats {
-    let values: Vec<u64> = outcomes
-        .iter()
-        .flat_map(|o| lags(o).iter().copied())
-        .collect();
-    LagStats::of(&values)
-}
-
-pub fn summary_json(outcomes: &[Outcome], profile: Profile, wall_ms: u128) -> serde_json::Value {
-    let failed: Vec<serde_json::Value> = outcomes
-        .iter()
-        .filter(|o| !o.passed())
-        .map(|o| serde_json::json!({"seed": o.seed, "replay": o.replay_command()}))
-        .collect();
-    let lag = |s: LagStats| serde_json::json!({"count": s.count, "p50": s.p50, "p99": s.p99, "max": s.max});
-    serde_json::json!({
-        "summary": {
-            "profile": profile.name(),
-            "scenarios": outcomes.len(),
-            "passed": outcomes.iter().filter(|o| o.passed()).count(),
-            "failed": failed,
-            "registration_lag_ms": lag(all(outcomes, |o| &o.registration_lags)),
-            "submission_lag_ms": lag(all(outcomes, |o| &o.submission_lags)),
-            "status_lag_ms": lag(all(outcomes, |o| &o.status_lags)),
-            "duplicates": outcomes.iter().map(|o| o.duplicates).sum::<usize>(),
-            "rpcs_per_sim_minute": rpcs_per_minute(outcomes),
-            "wall_ms": wall_ms,
-        }
-    })
-}
-
-fn rpcs_per_minute(outcomes: &[Outcome]) -> f64 {
-    let rpcs: usize = outcomes.iter().map(|o| o.rpcs).sum();
-    let minutes: f64 = outcomes.iter().map(|o| o.sim_secs).sum::<f64>() / 60.0;
-    if minutes > 0.0 {
-        (rpcs as f64 / minutes * 10.0).round() / 10.0
+/// A progress bar on stderr for a long run; hidden when stdout carries JSON lines or
+/// stderr is not a terminal.
+fn progress_bar(total: usize, label: &str, hidden: bool) -> ProgressBar {
+    let bar = if hidden {
+        ProgressBar::hidden()
     } else {
-        0.0
+        ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr())
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix:>9} {bar:40} {pos}/{len} scenarios, {msg} failed, {elapsed} (eta {eta})",
+        )
+        .expect("a valid template"),
+    );
+    bar.set_prefix(label.to_owned());
+    bar.set_message("0");
+    bar
+}
+
+/// Runs `seeds` under `profile` with a progress bar, printing each line with `json`.
+fn run_with_progress(
+    seeds: &[u64],
+    profile: Profile,
+    jobs: usize,
+    json: bool,
+) -> Vec<ScenarioRecord> {
+    let bar = progress_bar(seeds.len(), profile.name(), json);
+    let mut failed = 0usize;
+    let outcomes = run_seeds(seeds, profile, jobs, |o| {
+        if json {
+            println!("{}", ScenarioRecord::from(o).to_line());
+        }
+        if !o.passed() {
+            failed += 1;
+            bar.set_message(failed.to_string());
+        }
+        bar.inc(1);
+    });
+    bar.finish_and_clear();
+    outcomes.iter().map(ScenarioRecord::from).collect()
+}
+
+fn print_failures(records: &[ScenarioRecord]) {
+    for r in records.iter().filter(|r| !r.passed) {
+        println!("seed {} ({}) failed:", r.seed, r.profile);
+        for v in &r.violations {
+            println!("  {v}");
+        }
+        println!("  replay: {}", r.replay);
     }
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<bool> {
     let seeds = seeds_of(&args.seeds, args.shard);
     let started = Instant::now();
-    let total = seeds.len();
-    let mut done = 0usize;
-    let json = args.json;
-    let outcomes = run_seeds(&seeds, args.profile, args.jobs, |o| {
-        done += 1;
-        if json {
-            println!("{}", o.to_json());
-        } else {
-            eprint!("\r{done}/{total} scenarios");
-            let _ = std::io::stderr().flush();
-        }
-    });
-    let wall_ms = started.elapsed().as_millis();
-    if json {
-        println!("{}", summary_json(&outcomes, args.profile, wall_ms));
+    let records = run_with_progress(&seeds, args.profile, args.jobs, args.json);
+    let summary = Summary::of(args.profile.name(), &records);
+    if args.json {
+        println!("{}", summary.to_json(Some(started.elapsed().as_millis())));
     } else {
-        eprintln!();
-        print_table(&[(args.profile, &outcomes)]);
-        for o in outcomes.iter().filter(|o| !o.passed()) {
-            println!("seed {} failed:", o.seed);
-            for v in &o.violations {
-                println!("  {v}");
-            }
-            println!("  replay: {}", o.replay_command());
-        }
+        print!("{}", Table(std::slice::from_ref(&summary)));
+        print_failures(&records);
     }
-    Ok(outcomes.iter().all(Outcome::passed))
+    Ok(summary.failed.is_empty())
 }
 
 pub fn replay(args: ReplayArgs) -> anyhow::Result<bool> {
@@ -215,8 +211,9 @@ pub fn replay(args: ReplayArgs) -> anyhow::Result<bool> {
         unsafe { std::env::set_var("SPUR_SIM_TRACE", "1") };
     }
     let outcome = run_isolated(args.seed, args.profile, &ScenarioConfig::default());
-    println!("{}", serde_json::to_string_pretty(&outcome.to_json())?);
-    Ok(outcome.passed())
+    let record = ScenarioRecord::from(&outcome);
+    println!("{}", serde_json::to_string_pretty(&record)?);
+    Ok(record.passed)
 }
 
 pub fn compare(args: CompareArgs) -> anyhow::Result<bool> {
@@ -226,55 +223,63 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<bool> {
         args.profiles
     };
     let seeds = seeds_of(&args.seeds, None);
-    let mut results = Vec::new();
-    for profile in profiles {
-        let total = seeds.len();
-        let mut done = 0;
-        let outcomes = run_seeds(&seeds, profile, args.jobs, |_| {
-            done += 1;
-            eprint!("\r{profile}: {done}/{total}");
-            let _ = std::io::stderr().flush();
-        });
-        eprintln!();
-        results.push((profile, outcomes));
-    }
-    let table: Vec<(Profile, &Vec<Outcome>)> = results.iter().map(|(p, o)| (*p, o)).collect();
-    print_table(&table);
+    let summaries: Vec<Summary> = profiles
+        .into_iter()
+        .map(|profile| {
+            let records = run_with_progress(&seeds, profile, args.jobs, false);
+            Summary::of(profile.name(), &records)
+        })
+        .collect();
+    print!("{}", Table(&summaries));
+    // Comparing is the point: the older profiles are expected to fail.
     Ok(true)
 }
 
-fn print_table(rows: &[(Profile, &Vec<Outcome>)]) {
-    println!(
-        "{:<10} {:>9} {:>22} {:>22} {:>22} {:>5} {:>10}",
-        "profile",
-        "passed",
-        "registration p50/p99/max",
-        "submission p50/p99/max",
-        "status p50/p99/max",
-        "dups",
-        "rpcs/min"
-    );
-    for (profile, outcomes) in rows {
-        let fmt = |s: LagStats| {
-            format!(
-                "{:.1}/{:.1}/{:.1}s",
-                s.p50 as f64 / 1000.0,
-                s.p99 as f64 / 1000.0,
-                s.max as f64 / 1000.0
-            )
+/// `spur-sim merge`: joins the JSON lines of shards into one summary a profile.
+#[derive(Args, Debug)]
+pub struct MergeArgs {
+    /// Files holding the output of `spur-sim run --json` (one shard each); `-` for stdin.
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// The seed range the sweep covered: fail, naming them, when seeds have no result.
+    #[arg(long)]
+    pub seeds: Option<Seeds>,
+    /// Print the summaries as JSON lines instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn merge(args: MergeArgs) -> anyhow::Result<bool> {
+    let mut merged = Merged::default();
+    for input in &args.inputs {
+        let (name, text) = if input.as_os_str() == "-" {
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text)?;
+            ("stdin".to_owned(), text)
+        } else {
+            let text = std::fs::read_to_string(input)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", input.display()))?;
+            (input.display().to_string(), text)
         };
-        let passed = outcomes.iter().filter(|o| o.passed()).count();
-        println!(
-            "{:<10} {:>9} {:>22} {:>22} {:>22} {:>5} {:>10.1}",
-            profile.name(),
-            format!("{passed}/{}", outcomes.len()),
-            fmt(all(outcomes, |o| &o.registration_lags)),
-            fmt(all(outcomes, |o| &o.submission_lags)),
-            fmt(all(outcomes, |o| &o.status_lags)),
-            outcomes.iter().map(|o| o.duplicates).sum::<usize>(),
-            rpcs_per_minute(outcomes),
-        );
+        merged.add(&name, &text)?;
     }
+    if let Some(seeds) = &args.seeds {
+        merged.check_complete(seeds.0.clone())?;
+    }
+    let summaries = merged.summaries()?;
+    if args.json {
+        for s in &summaries {
+            println!("{}", s.to_json(None));
+        }
+    } else {
+        print!("{}", Table(&summaries));
+        for s in &summaries {
+            for (seed, replay) in &s.failed {
+                println!("seed {seed} ({}) failed; replay: {replay}", s.profile);
+            }
+        }
+    }
+    Ok(summaries.iter().all(|s| s.failed.is_empty()))
 }
 
 /// Scenarios per second and simulated seconds per wall second, on one thread.

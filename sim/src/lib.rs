@@ -7,6 +7,8 @@
 //! - [`operator`]: the real operator on a simulated host.
 //! - [`world`]: one turmoil simulation per seed, with the replicas, faults and the trace.
 //! - [`trace`] and [`determinism`]: what makes a seed replay exactly, and the proof.
+//! - [`scenario`]: seeded fault scenarios and their checks; [`report`]: their JSON lines,
+//!   summaries, and the merging of sweep shards; [`cli`]: `spur-sim`'s commands.
 //! - [`smoke`]: `spur-sim world-smoke`, a fixed scenario printing its trace hash.
 
 pub mod cli;
@@ -19,6 +21,7 @@ pub mod kubelet;
 pub mod net;
 pub mod operator;
 pub mod profiles;
+pub mod report;
 pub mod scenario;
 pub mod smoke;
 pub mod trace;

@@ -5,7 +5,8 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(
     name = "spur-sim",
-    about = "Deterministic simulation of spur-operator's world"
+    about = "Deterministic simulation of spur-operator's world",
+    after_help = "Exit status: 0 when every scenario passed, 1 when a scenario failed its checks, 2 on an error (bad arguments or input)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -20,6 +21,8 @@ enum Command {
     Replay(spur_sim::cli::ReplayArgs),
     /// Run the same seeds under several profiles and print one table.
     Compare(spur_sim::cli::CompareArgs),
+    /// Join the `run --json` output of sweep shards into one summary a profile.
+    Merge(spur_sim::cli::MergeArgs),
     /// Scenarios per second and simulated seconds per wall second, on one thread.
     Bench {
         #[arg(long, default_value_t = 10)]
@@ -38,8 +41,8 @@ enum Command {
     Controllers(spur_sim::controller::tcp::ControllersArgs),
     /// Serve the simulated Kubernetes API server over TCP (and write a kubeconfig for it).
     KubeApi(spur_sim::kube_api::cli::KubeApiArgs),
-    /// Runs a small fixed scenario and prints its trace hash. A temporary harness until the
-    /// scenario runner exists; the same seed must print the same hash in any process.
+    /// Runs a small fixed scenario and prints its trace hash: the same seed must print the
+    /// same hash in any process (the cross-process determinism test runs it).
     WorldSmoke {
         /// The seed.
         #[arg(long, default_value_t = 1)]
@@ -47,28 +50,36 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<std::process::ExitCode> {
-    let ok = |passed: bool| {
-        Ok(if passed {
-            std::process::ExitCode::SUCCESS
-        } else {
-            std::process::ExitCode::FAILURE
-        })
-    };
-    match Cli::parse().command {
-        Command::Run(args) => return ok(spur_sim::cli::run(args)?),
-        Command::Replay(args) => return ok(spur_sim::cli::replay(args)?),
-        Command::Compare(args) => return ok(spur_sim::cli::compare(args)?),
-        Command::Bench { seeds } => return ok(spur_sim::cli::bench(seeds)?),
-        Command::BenchNodes { nodes, rtt_ms } => {
-            return ok(spur_sim::cli::bench_nodes(nodes, rtt_ms)?);
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse().command) {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::from(1),
+        Err(e) => {
+            eprintln!("spur-sim: {e:#}");
+            std::process::ExitCode::from(2)
         }
-        Command::Controllers(args) => spur_sim::controller::tcp::main(args)?,
+    }
+}
+
+/// Whether every scenario passed (commands without scenarios pass when they succeed).
+fn run(command: Command) -> anyhow::Result<bool> {
+    match command {
+        Command::Run(args) => spur_sim::cli::run(args),
+        Command::Replay(args) => spur_sim::cli::replay(args),
+        Command::Compare(args) => spur_sim::cli::compare(args),
+        Command::Merge(args) => spur_sim::cli::merge(args),
+        Command::Bench { seeds } => spur_sim::cli::bench(seeds),
+        Command::BenchNodes { nodes, rtt_ms } => spur_sim::cli::bench_nodes(nodes, rtt_ms),
+        Command::Controllers(args) => {
+            spur_sim::controller::tcp::main(args)?;
+            Ok(true)
+        }
         Command::KubeApi(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
             runtime.block_on(spur_sim::kube_api::cli::run(args))?;
+            Ok(true)
         }
         Command::WorldSmoke { seed } => {
             let report = spur_sim::smoke::run(seed)?;
@@ -76,7 +87,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
                 "seed={} trace_hash={} sim_secs={:.3} events={} job_ids={:?}",
                 report.seed, report.trace_hash, report.sim_secs, report.events, report.job_ids
             );
+            Ok(true)
         }
     }
-    Ok(std::process::ExitCode::SUCCESS)
 }

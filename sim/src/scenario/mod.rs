@@ -9,7 +9,7 @@ use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::harness::Sim;
 use crate::kube_api::OutageMode;
@@ -79,31 +79,6 @@ impl Outcome {
             "cargo run --release -p spur-sim -- replay --seed {} --profile {}",
             self.seed, self.profile
         )
-    }
-
-    /// The JSON object sim.md describes.
-    pub fn to_json(&self) -> Value {
-        let lag = |v: &[u64]| {
-            let s = LagStats::of(v);
-            json!({"count": s.count, "p50": s.p50, "p99": s.p99, "max": s.max})
-        };
-        json!({
-            "seed": self.seed,
-            "profile": self.profile.name(),
-            "passed": self.passed(),
-            "violations": self.violations.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            "trace_hash": self.trace_hash,
-            "sim_secs": (self.sim_secs * 10.0).round() / 10.0,
-            "wall_ms": self.wall_ms,
-            "faults": self.faults,
-            "metrics": {
-                "registration_lag_ms": lag(&self.registration_lags),
-                "submission_lag_ms": lag(&self.submission_lags),
-                "status_lag_ms": lag(&self.status_lags),
-                "duplicates": self.duplicates,
-                "rpcs": self.rpcs,
-            },
-        })
     }
 }
 

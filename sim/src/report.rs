@@ -1,0 +1,435 @@
+//! Scenario results as the JSON lines of sim.md, their summary and table, and `spur-sim
+//! merge`, which joins the lines of sweep shards run on different machines into one
+//! summary exactly as if one process had run every seed.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::scenario::{LagStats, Outcome};
+
+/// One scenario's line: sim.md's fields, plus every lag it measured (`lags_ms`), so that
+/// percentiles over many shards can be computed exactly rather than averaged.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioRecord {
+    pub seed: u64,
+    pub profile: String,
+    pub passed: bool,
+    pub violations: Vec<String>,
+    pub trace_hash: String,
+    pub sim_secs: f64,
+    pub wall_ms: u64,
+    pub faults: Vec<String>,
+    pub metrics: RecordMetrics,
+    pub lags_ms: Lags,
+    pub replay: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecordMetrics {
+    pub registration_lag_ms: LagSummary,
+    pub submission_lag_ms: LagSummary,
+    pub status_lag_ms: LagSummary,
+    pub duplicates: usize,
+    /// Calls the controller replicas answered.
+    pub rpcs: usize,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LagSummary {
+    pub count: usize,
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+impl From<LagStats> for LagSummary {
+    fn from(s: LagStats) -> LagSummary {
+        LagSummary {
+            count: s.count,
+            p50: s.p50,
+            p99: s.p99,
+            max: s.max,
+        }
+    }
+}
+
+/// Every lag one scenario measured, in milliseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Lags {
+    pub registration: Vec<u64>,
+    pub submission: Vec<u64>,
+    pub status: Vec<u64>,
+}
+
+impl From<&Outcome> for ScenarioRecord {
+    fn from(o: &Outcome) -> ScenarioRecord {
+        let lag = |v: &[u64]| LagSummary::from(LagStats::of(v));
+        ScenarioRecord {
+            seed: o.seed,
+            profile: o.profile.name().to_owned(),
+            passed: o.passed(),
+            violations: o.violations.iter().map(ToString::to_string).collect(),
+            trace_hash: o.trace_hash.clone(),
+            sim_secs: (o.sim_secs * 10.0).round() / 10.0,
+            wall_ms: u64::try_from(o.wall_ms).unwrap_or(u64::MAX),
+            faults: o.faults.clone(),
+            metrics: RecordMetrics {
+                registration_lag_ms: lag(&o.registration_lags),
+                submission_lag_ms: lag(&o.submission_lags),
+                status_lag_ms: lag(&o.status_lags),
+                duplicates: o.duplicates,
+                rpcs: o.rpcs,
+            },
+            lags_ms: Lags {
+                registration: o.registration_lags.clone(),
+                submission: o.submission_lags.clone(),
+                status: o.status_lags.clone(),
+            },
+            replay: o.replay_command(),
+        }
+    }
+}
+
+impl ScenarioRecord {
+    /// The record as one JSON line, fields in sim.md's order.
+    pub fn to_line(&self) -> String {
+        serde_json::to_string(self).expect("a record serializes")
+    }
+}
+
+/// What many scenarios of one profile came to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    pub profile: String,
+    pub scenarios: usize,
+    pub passed: usize,
+    /// Seed and replay command of each failed scenario, in seed order.
+    pub failed: Vec<(u64, String)>,
+    pub registration: LagStats,
+    pub submission: LagStats,
+    pub status: LagStats,
+    pub duplicates: usize,
+    pub rpcs_per_sim_minute: f64,
+}
+
+impl Summary {
+    pub fn of(profile: &str, records: &[ScenarioRecord]) -> Summary {
+        let all = |lags: fn(&ScenarioRecord) -> &[u64]| {
+            let values: Vec<u64> = records
+                .iter()
+                .flat_map(|r| lags(r).iter().copied())
+                .collect();
+            LagStats::of(&values)
+        };
+        let mut failed: Vec<(u64, String)> = records
+            .iter()
+            .filter(|r| !r.passed)
+            .map(|r| (r.seed, r.replay.clone()))
+            .collect();
+        failed.sort();
+        let rpcs: usize = records.iter().map(|r| r.metrics.rpcs).sum();
+        let minutes: f64 = records.iter().map(|r| r.sim_secs).sum::<f64>() / 60.0;
+        Summary {
+            profile: profile.to_owned(),
+            scenarios: records.len(),
+            passed: records.iter().filter(|r| r.passed).count(),
+            failed,
+            registration: all(|r| &r.lags_ms.registration),
+            submission: all(|r| &r.lags_ms.submission),
+            status: all(|r| &r.lags_ms.status),
+            duplicates: records.iter().map(|r| r.metrics.duplicates).sum(),
+            rpcs_per_sim_minute: if minutes > 0.0 {
+                (rpcs as f64 / minutes * 10.0).round() / 10.0
+            } else {
+                0.0
+            },
+        }
+    }
+
+    pub fn to_json(&self, wall_ms: Option<u128>) -> Value {
+        let lag =
+            |s: &LagStats| json!({"count": s.count, "p50": s.p50, "p99": s.p99, "max": s.max});
+        let mut summary = json!({
+            "profile": self.profile,
+            "scenarios": self.scenarios,
+            "passed": self.passed,
+            "failed": self.failed.iter().map(|(seed, replay)| json!({"seed": seed, "replay": replay})).collect::<Vec<_>>(),
+            "registration_lag_ms": lag(&self.registration),
+            "submission_lag_ms": lag(&self.submission),
+            "status_lag_ms": lag(&self.status),
+            "duplicates": self.duplicates,
+            "rpcs_per_sim_minute": self.rpcs_per_sim_minute,
+        });
+        if let Some(wall_ms) = wall_ms {
+            summary["wall_ms"] = json!(wall_ms);
+        }
+        json!({ "summary": summary })
+    }
+}
+
+/// The table a person reads: one row a profile.
+pub struct Table<'a>(pub &'a [Summary]);
+
+impl fmt::Display for Table<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{:<10} {:>9} {:>22} {:>22} {:>22} {:>5} {:>10}",
+            "profile",
+            "passed",
+            "registration p50/p99/max",
+            "submission p50/p99/max",
+            "status p50/p99/max",
+            "dups",
+            "rpcs/min"
+        )?;
+        let secs = |s: &LagStats| {
+            format!(
+                "{:.1}/{:.1}/{:.1}s",
+                s.p50 as f64 / 1000.0,
+                s.p99 as f64 / 1000.0,
+                s.max as f64 / 1000.0
+            )
+        };
+        for s in self.0 {
+            writeln!(
+                f,
+                "{:<10} {:>9} {:>22} {:>22} {:>22} {:>5} {:>10.1}",
+                s.profile,
+                format!("{}/{}", s.passed, s.scenarios),
+                secs(&s.registration),
+                secs(&s.submission),
+                secs(&s.status),
+                s.duplicates,
+                s.rpcs_per_sim_minute,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Why shards could not be merged.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum MergeError {
+    #[error("{source_name}:{line}: not a scenario line of `spur-sim run --json`: {reason}")]
+    Malformed {
+        source_name: String,
+        line: usize,
+        reason: String,
+    },
+    #[error(
+        "seed {seed} ({profile}) appears twice with different results ({first} and {second}): shards of different builds or settings"
+    )]
+    Conflict {
+        seed: u64,
+        profile: String,
+        first: String,
+        second: String,
+    },
+    #[error(
+        "{missing} of the expected seeds have no result (the first: {first:?}); a shard is missing or incomplete"
+    )]
+    Missing { missing: usize, first: Vec<u64> },
+    #[error("no scenario lines in the input")]
+    Empty,
+}
+
+/// Scenario lines joined across shards: by profile, then seed.
+#[derive(Debug, Default)]
+pub struct Merged {
+    by_profile: BTreeMap<String, BTreeMap<u64, (ScenarioRecord, String)>>,
+}
+
+impl Merged {
+    /// Adds the lines of one shard's output. Summary lines are skipped (they are
+    /// recomputed); a seed seen before with the same trace hash (a retried pod) is kept
+    /// once; with another hash it is a conflict.
+    pub fn add(&mut self, source_name: &str, text: &str) -> Result<(), MergeError> {
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let malformed = |reason: String| MergeError::Malformed {
+                source_name: source_name.to_owned(),
+                line: i + 1,
+                reason,
+            };
+            let value: Value = serde_json::from_str(line).map_err(|e| malformed(e.to_string()))?;
+            if value.get("summary").is_some() {
+                continue;
+            }
+            let record: ScenarioRecord =
+                serde_json::from_value(value).map_err(|e| malformed(e.to_string()))?;
+            let here = format!("{source_name}:{}", i + 1);
+            let seeds = self.by_profile.entry(record.profile.clone()).or_default();
+            match seeds.get(&record.seed) {
+                Some((seen, _)) if seen.trace_hash == record.trace_hash => {}
+                Some((_, there)) => {
+                    return Err(MergeError::Conflict {
+                        seed: record.seed,
+                        profile: record.profile,
+                        first: there.clone(),
+                        second: here,
+                    });
+                }
+                None => {
+                    seeds.insert(record.seed, (record, here));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails when any profile lacks a seed of `expected`.
+    pub fn check_complete(&self, expected: std::ops::Range<u64>) -> Result<(), MergeError> {
+        if self.by_profile.is_empty() {
+            return Err(MergeError::Empty);
+        }
+        let mut missing = Vec::new();
+        for seeds in self.by_profile.values() {
+            missing.extend(expected.clone().filter(|s| !seeds.contains_key(s)));
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(MergeError::Missing {
+                missing: missing.len(),
+                first: missing.into_iter().take(5).collect(),
+            })
+        }
+    }
+
+    /// One summary a profile, in name order.
+    pub fn summaries(&self) -> Result<Vec<Summary>, MergeError> {
+        if self.by_profile.is_empty() {
+            return Err(MergeError::Empty);
+        }
+        Ok(self
+            .by_profile
+            .iter()
+            .map(|(profile, seeds)| {
+                let records: Vec<ScenarioRecord> = seeds.values().map(|(r, _)| r.clone()).collect();
+                Summary::of(profile, &records)
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(seed: u64, hash: &str, passed: bool, registration: Vec<u64>) -> ScenarioRecord {
+        ScenarioRecord {
+            seed,
+            profile: "default".into(),
+            passed,
+            violations: if passed { vec![] } else { vec!["late".into()] },
+            trace_hash: hash.into(),
+            sim_secs: 60.0,
+            wall_ms: 10,
+            faults: vec![],
+            metrics: RecordMetrics {
+                registration_lag_ms: LagStats::of(&registration).into(),
+                submission_lag_ms: LagSummary::default(),
+                status_lag_ms: LagSummary::default(),
+                duplicates: 0,
+                rpcs: 30,
+            },
+            lags_ms: Lags {
+                registration,
+                ..Lags::default()
+            },
+            replay: format!("replay {seed}"),
+        }
+    }
+
+    fn lines(records: &[ScenarioRecord]) -> String {
+        let mut text: String = records
+            .iter()
+            .map(|r| format!("{}\n", r.to_line()))
+            .collect();
+        let summary = Summary::of("default", records).to_json(Some(5));
+        text.push_str(&format!("{summary}\n"));
+        text
+    }
+
+    #[test]
+    fn shards_merge_to_the_summary_of_one_run() {
+        let all: Vec<ScenarioRecord> = (0..6)
+            .map(|s| record(s, &format!("h{s}"), s != 4, vec![s * 100, 5000 - s]))
+            .collect();
+        let mut merged = Merged::default();
+        merged
+            .add(
+                "shard-0",
+                &lines(&[all[0].clone(), all[2].clone(), all[4].clone()]),
+            )
+            .unwrap();
+        merged
+            .add(
+                "shard-1",
+                &lines(&[all[1].clone(), all[3].clone(), all[5].clone()]),
+            )
+            .unwrap();
+        merged.check_complete(0..6).unwrap();
+        let summaries = merged.summaries().unwrap();
+        assert_eq!(summaries, vec![Summary::of("default", &all)]);
+        assert_eq!(summaries[0].passed, 5);
+        assert_eq!(summaries[0].failed, vec![(4, "replay 4".to_owned())]);
+        // Exact percentiles over every lag, not an average of the shards' percentiles.
+        assert_eq!(summaries[0].registration.max, 5000);
+        assert_eq!(summaries[0].registration.count, 12);
+    }
+
+    #[test]
+    fn a_retried_shard_counts_once_and_a_conflict_is_named() {
+        let mut merged = Merged::default();
+        merged
+            .add("a", &lines(&[record(1, "h1", true, vec![1])]))
+            .unwrap();
+        merged
+            .add("a-retry", &lines(&[record(1, "h1", true, vec![1])]))
+            .unwrap();
+        assert_eq!(merged.summaries().unwrap()[0].scenarios, 1);
+        let err = merged
+            .add("b", &lines(&[record(1, "other", true, vec![1])]))
+            .unwrap_err();
+        assert_eq!(
+            err,
+            MergeError::Conflict {
+                seed: 1,
+                profile: "default".into(),
+                first: "a:1".into(),
+                second: "b:1".into()
+            }
+        );
+    }
+
+    #[test]
+    fn missing_seeds_and_malformed_lines_are_errors_that_say_where() {
+        let mut merged = Merged::default();
+        merged
+            .add("a", &lines(&[record(0, "h0", true, vec![])]))
+            .unwrap();
+        assert_eq!(
+            merged.check_complete(0..3),
+            Err(MergeError::Missing {
+                missing: 2,
+                first: vec![1, 2]
+            })
+        );
+        let err = merged.add("b", "{\"seed\": 3}\n").unwrap_err();
+        assert!(
+            matches!(&err, MergeError::Malformed { source_name, line: 1, .. } if source_name == "b"),
+            "{err}"
+        );
+        assert_eq!(Merged::default().summaries(), Err(MergeError::Empty));
+    }
+}

@@ -1,0 +1,61 @@
+//! `spur-sim`'s command line end to end: shards run apart and merged give the summary of
+//! one run over every seed, and the exit status says whether scenarios failed.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn spur_sim(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_spur-sim"))
+        .args(args)
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8(out.stdout).unwrap())
+}
+
+/// The summary line of `run --json` or `merge --json`, without its wall time.
+fn summary(output: &str) -> Value {
+    let line = output
+        .lines()
+        .find(|l| l.starts_with("{\"summary\""))
+        .unwrap_or_else(|| panic!("no summary in {output}"));
+    let mut value: Value = serde_json::from_str(line).unwrap();
+    value["summary"].as_object_mut().unwrap().remove("wall_ms");
+    value
+}
+
+#[test]
+fn merged_shards_summarise_exactly_like_one_run() {
+    let dir = std::env::temp_dir().join(format!("spur-sim-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut shards = Vec::new();
+    for i in 0..2 {
+        let shard = format!("--shard={i}/2");
+        let (code, out) = spur_sim(&["run", "--seeds=0..4", &shard, "--json", "--jobs=1"]);
+        assert_eq!(code, Some(0), "{out}");
+        // One line a scenario of this shard, then the summary; seeds in sim.md's format.
+        let lines: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert_eq!(lines[0]["seed"], i);
+        assert!(lines[0]["trace_hash"].is_string() && lines[0]["metrics"]["rpcs"].is_u64());
+        let path = dir.join(format!("shard-{i}.json"));
+        std::fs::write(&path, &out).unwrap();
+        shards.push(path.to_str().unwrap().to_owned());
+    }
+    let (code, whole) = spur_sim(&["run", "--seeds=0..4", "--json", "--jobs=1"]);
+    assert_eq!(code, Some(0), "{whole}");
+    let mut args = vec!["merge", "--json", "--seeds=0..4"];
+    args.extend(shards.iter().map(String::as_str));
+    let (code, merged) = spur_sim(&args);
+    assert_eq!(code, Some(0), "{merged}");
+    assert_eq!(summary(&merged), summary(&whole));
+    assert_eq!(summary(&merged)["summary"]["scenarios"], 4);
+
+    // A missing shard is an error (exit 2) that says so, not a smaller sweep.
+    let (code, _) = spur_sim(&["merge", "--seeds=0..4", &shards[0]]);
+    assert_eq!(code, Some(2));
+    let _ = std::fs::remove_dir_all(&dir);
+}
