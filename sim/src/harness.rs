@@ -13,6 +13,7 @@ use spur_operator::jobs::SpurJob;
 use spur_operator::operator::Handles;
 
 use crate::index::ObjectIndex;
+use crate::kube_api::clock::Clock;
 use crate::kube_api::store::StoreConfig;
 use crate::kube_api::{ApiServer, ApiServerConfig, seed};
 use crate::operator::{KUBE_API_HOST, KUBE_API_PORT, config_from_flags, run_operator};
@@ -61,7 +62,7 @@ impl Sim {
                 seed,
                 ..Default::default()
             },
-            clock: None,
+            clock: Some(Clock::of_world(world.time())),
         });
         let index = ObjectIndex::attach(&api);
         api.create(json!({

@@ -19,6 +19,8 @@
 
 use std::collections::BTreeSet;
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use spur_proto::SlurmControllerServer;
@@ -88,6 +90,26 @@ pub struct World {
     /// Actions due at a simulated time, in (time, order added).
     actions: Vec<(Duration, u64, Action)>,
     actions_added: u64,
+    /// Simulated time as of the last step, for clocks read outside any host.
+    time: WorldTime,
+}
+
+/// The world's simulated time, readable from outside any turmoil host (a harness between
+/// steps, an action due at a time), where `turmoil::sim_elapsed` has no answer.
+#[derive(Clone, Debug, Default)]
+pub struct WorldTime(Arc<AtomicU64>);
+
+impl WorldTime {
+    pub fn elapsed(&self) -> Duration {
+        Duration::from_nanos(self.0.load(Ordering::Relaxed))
+    }
+
+    fn set(&self, elapsed: Duration) {
+        self.0.store(
+            u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
 }
 
 impl World {
@@ -126,6 +148,7 @@ impl World {
             hosts: BTreeSet::new(),
             actions: Vec::new(),
             actions_added: 0,
+            time: WorldTime::default(),
         }
     }
 
@@ -157,6 +180,11 @@ impl World {
     /// Simulated time since the start.
     pub fn elapsed(&self) -> Duration {
         self.sim.elapsed()
+    }
+
+    /// The world's simulated time, for clocks read outside any host.
+    pub fn time(&self) -> WorldTime {
+        self.time.clone()
     }
 
     /// The current leader's host, if a leader is elected and alive.
@@ -313,12 +341,15 @@ impl World {
     /// every client finished.
     pub fn step(&mut self) -> turmoil::Result<bool> {
         let now = self.sim.elapsed();
+        self.time.set(now);
         while self.actions.first().is_some_and(|(at, _, _)| *at <= now) {
             let (_, _, action) = self.actions.remove(0);
             action(self);
         }
         self.cluster.tick(now);
-        self.sim.step()
+        let done = self.sim.step();
+        self.time.set(self.sim.elapsed());
+        done
     }
 
     /// Runs until every client finished (an error if one failed or time ran out).

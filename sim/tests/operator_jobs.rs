@@ -66,6 +66,20 @@ fn a_spurjob_runs_to_completion() {
     );
     // Exactly one submission.
     assert_eq!(sim.world.cluster().job_ids(), vec![id]);
+    // The submission lag is measured from the SpurJob's creation, in simulated time: one
+    // observation, below the few seconds the submission took.
+    let metrics = sim.operator("operator").unwrap().metrics.encode();
+    assert!(
+        metrics.contains("spur_operator_spurjob_submission_lag_seconds_count 1"),
+        "{metrics}"
+    );
+    let sum: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("spur_operator_spurjob_submission_lag_seconds_sum "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((0.0..5.0).contains(&sum), "submission lag {sum}s");
 }
 
 #[test]

@@ -17,6 +17,7 @@ pub mod net;
 pub mod nodes;
 pub mod operator;
 pub mod quantity;
+pub mod reference;
 pub mod retry;
 pub mod selector;
 pub mod telemetry;

@@ -10,6 +10,7 @@ use spur_operator::clock::WallClock;
 use spur_operator::config::{ControllerArgs, RunArgs};
 use spur_operator::net::TcpNetwork;
 use spur_operator::operator::{self, World};
+use spur_operator::reference::{README_BEGIN, README_END, config_table, splice};
 use spur_operator::telemetry::{self, LogFormat};
 
 /// Kubernetes operator for the Spur workload manager.
@@ -41,6 +42,21 @@ enum Command {
     CheckController(Box<ControllerArgs>),
     /// Print the SpurJob CustomResourceDefinition as YAML (what deploy/crd.yaml holds).
     Crd,
+    /// Print the Markdown table of `run`'s flags (README.md's configuration reference).
+    /// With `--write`, replace the table in the README at that path instead.
+    ConfigTable {
+        #[arg(long)]
+        write: Option<std::path::PathBuf>,
+    },
+}
+
+/// `spur-operator run`'s flags, global ones included.
+fn run_command() -> clap::Command {
+    let mut cli = <Cli as clap::CommandFactory>::command();
+    cli.build();
+    cli.find_subcommand("run")
+        .expect("the run subcommand")
+        .clone()
 }
 
 #[tokio::main]
@@ -49,7 +65,7 @@ async fn main() -> ExitCode {
     // The check speaks in its one result line; the client's own warnings would repeat it.
     let default_level = match cli.command {
         Command::Run(_) => "info",
-        Command::CheckController(_) | Command::Crd => "error",
+        Command::CheckController(_) | Command::Crd | Command::ConfigTable { .. } => "error",
     };
     telemetry::init(cli.log_format, default_level);
     match cli.command {
@@ -63,6 +79,27 @@ async fn main() -> ExitCode {
         Command::Crd => {
             print!("{}", spur_operator::jobs::crd::crd_yaml());
             ExitCode::SUCCESS
+        }
+        Command::ConfigTable { write } => {
+            let table = config_table(&run_command());
+            let Some(path) = write else {
+                print!("{table}");
+                return ExitCode::SUCCESS;
+            };
+            let written = std::fs::read_to_string(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|readme| {
+                    splice(&readme, &table)
+                        .ok_or_else(|| format!("no {README_BEGIN} ... {README_END} markers"))
+                })
+                .and_then(|readme| std::fs::write(&path, readme).map_err(|e| e.to_string()));
+            match written {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("spur-operator: {}: {e}", path.display());
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::CheckController(args) => {
             let settings = match args.validate() {
@@ -130,5 +167,75 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_configuration_table_is_current() {
+        let readme = include_str!("../../../README.md");
+        let expected = splice(readme, &config_table(&run_command()))
+            .expect("README.md has the configuration table's markers");
+        assert!(
+            readme == expected,
+            "README.md's configuration table is stale: run `cargo run -p spur-operator -- config-table --write README.md`"
+        );
+    }
+
+    /// Every metric family the operator exports is in README.md's list, and every one
+    /// listed is exported.
+    #[test]
+    fn the_readme_lists_exactly_the_exported_metrics() {
+        let readme = include_str!("../../../README.md");
+        let section = readme
+            .split("## Metrics")
+            .nth(1)
+            .and_then(|rest| rest.split("\n## ").next())
+            .expect("README.md has a Metrics section");
+        // A labelled family shows in the exposition once it has a series.
+        let metrics = spur_operator::metrics::Metrics::new();
+        metrics.observe_rpc("Ping", tonic::Code::Ok, std::time::Duration::from_millis(1));
+        metrics.reconcile_error("node", "register");
+        metrics
+            .reconciles
+            .get_or_create(&spur_operator::metrics::ReconcileLabels { kind: "node" })
+            .inc();
+        let exported: std::collections::BTreeSet<String> = metrics
+            .encode()
+            .lines()
+            .filter_map(|l| l.strip_prefix("# HELP "))
+            .map(|l| l.split(' ').next().unwrap().to_owned())
+            .collect();
+        let listed: std::collections::BTreeSet<String> = section
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .map(|l| {
+                l.split(['`', '{'])
+                    .next()
+                    .unwrap()
+                    .trim_end_matches("_total")
+                    .to_owned()
+            })
+            .collect();
+        assert!(!exported.is_empty());
+        assert_eq!(
+            exported, listed,
+            "README.md's Metrics table against the exported families"
+        );
+    }
+
+    #[test]
+    fn the_table_lists_global_and_run_flags_with_their_environment() {
+        let table = config_table(&run_command());
+        for row in [
+            "| `--log-format` | `SPUR_OPERATOR_LOG_FORMAT` | `text` |",
+            "| `--controller-connect-timeout` | `SPUR_OPERATOR_CONTROLLER_CONNECT_TIMEOUT` | `2s` |",
+            "| `--agent-address` | `SPUR_OPERATOR_AGENT_ADDRESS` | (unset) |",
+        ] {
+            assert!(table.contains(row), "{row} missing from\n{table}");
+        }
     }
 }

@@ -46,6 +46,7 @@ pub struct Metrics {
     pub nodes_registered: Gauge,
     pub registration_lag_seconds: Histogram,
     pub heartbeat_failures: Counter,
+    pub submission_lag_seconds: Histogram,
     pub reconciles: Family<ReconcileLabels, Counter>,
     pub reconcile_errors: Family<ReconcileErrorLabels, Counter>,
     pub leader: Gauge,
@@ -111,6 +112,14 @@ impl Metrics {
             "Node heartbeats that failed",
             heartbeat_failures.clone(),
         );
+        // 10 ms to ~5.5 min, as registration: a submission within a second, one held up
+        // by an election, and one held up for minutes all land in their own buckets.
+        let submission_lag_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 16));
+        registry.register(
+            "spurjob_submission_lag_seconds",
+            "From a SpurJob's creation to spurctld accepting its job (or the operator adopting the job a lost reply left)",
+            submission_lag_seconds.clone(),
+        );
         let reconciles = Family::<ReconcileLabels, Counter>::default();
         registry.register("reconciles", "Reconciliations by kind", reconciles.clone());
         let reconcile_errors = Family::<ReconcileErrorLabels, Counter>::default();
@@ -135,6 +144,7 @@ impl Metrics {
             nodes_registered,
             registration_lag_seconds,
             heartbeat_failures,
+            submission_lag_seconds,
             reconciles,
             reconcile_errors,
             leader,
@@ -219,6 +229,7 @@ mod tests {
             "spur_operator_reconcile_errors_total{kind=\"spurjob\",error=\"invalid_spec\"} 1",
             "# TYPE spur_operator_nodes_registered gauge",
             "# TYPE spur_operator_node_registration_lag_seconds histogram",
+            "# TYPE spur_operator_spurjob_submission_lag_seconds histogram",
             "spur_operator_heartbeat_failures_total 0",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");

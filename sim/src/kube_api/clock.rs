@@ -56,6 +56,12 @@ impl Clock {
         })
     }
 
+    /// Turmoil's simulated time on a host; outside any host (a harness between steps, a
+    /// world action), the world's time as of its last step.
+    pub fn of_world(time: crate::world::WorldTime) -> Self {
+        Self::from_fn(move || epoch_plus(turmoil::sim_elapsed().unwrap_or_else(|| time.elapsed())))
+    }
+
     /// Now, by this clock.
     pub fn now(&self) -> Timestamp {
         (self.0)()

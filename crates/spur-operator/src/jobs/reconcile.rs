@@ -185,6 +185,12 @@ async fn apply(
     };
     let submission = submit_once(&ctx.controller, spec, &uid).await?;
     let job_id = submission.job_id();
+    if let Some(created) = &job.metadata.creation_timestamp {
+        let lag = ctx.clock.timestamp().duration_since(created.0);
+        ctx.metrics
+            .submission_lag_seconds
+            .observe(lag.as_secs_f64().max(0.0));
+    }
     let mut next = SpurJobStatus {
         state: Some("PENDING".to_owned()),
         spur_job_id: Some(job_id),
