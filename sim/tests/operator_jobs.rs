@@ -167,3 +167,65 @@ fn deleting_a_running_spurjob_cancels_its_job_and_removes_its_pods() {
     );
     assert!(sim.pods("default").is_empty());
 }
+
+/// A world whose controllers sign agent calls with `controller_key`, and an operator that
+/// requires tokens under `operator_key`.
+fn start_with_agent_keys(seed: u64, controller_key: &[u8], operator_key: &[u8]) -> Sim {
+    use spur_sim::world::WorldConfig;
+    let mut config = WorldConfig::default();
+    config.controller.agent_key = Some(controller_key.to_vec());
+    let mut sim = Sim::with_config(seed, config);
+    sim.add_nodes(2);
+    sim.start_kubelet();
+    let path =
+        std::env::temp_dir().join(format!("spur-sim-agent-key-{}-{seed}", std::process::id()));
+    std::fs::write(&path, operator_key).unwrap();
+    let flag_path = path.to_str().unwrap().to_owned();
+    sim.start_operator(
+        "operator",
+        &[
+            "--agent-auth",
+            "required",
+            "--agent-auth-key-file",
+            &flag_path,
+        ],
+    );
+    // The key is read when the flags are validated, at start.
+    std::fs::remove_file(path).unwrap();
+    sim
+}
+
+const AGENT_KEY: &[u8] = b"spurctld-agent-key-32-bytes-long";
+
+#[test]
+fn with_agent_auth_required_a_signed_launch_runs_and_a_forged_one_is_refused() {
+    let job = json!({"image": "busybox", "env": {"SIM_RUN_SECONDS": "2"}});
+
+    let mut sim = start_with_agent_keys(23, AGENT_KEY, AGENT_KEY);
+    sim.world.run_until(secs(10)).unwrap();
+    sim.create_spurjob("default", "signed", job.clone());
+    sim.world.run_until(secs(60)).unwrap();
+    let status = &sim.spurjob("default", "signed").unwrap()["status"];
+    assert_eq!(status["state"], "COMPLETED", "{status:#}");
+
+    let mut sim = start_with_agent_keys(23, b"a-different-key-of-32-bytes-long", AGENT_KEY);
+    sim.world.run_until(secs(10)).unwrap();
+    sim.create_spurjob("default", "forged", job);
+    sim.world.run_until(secs(60)).unwrap();
+    let status = &sim.spurjob("default", "forged").unwrap()["status"];
+    assert_ne!(status["state"], "COMPLETED", "{status:#}");
+    assert!(
+        sim.pods("default").is_empty(),
+        "no pod for a refused launch"
+    );
+    let refused = sim.world.trace().find("Unauthenticated");
+    assert!(
+        !refused.is_empty(),
+        "the controller saw its launches refused"
+    );
+    let metrics = sim.operator("operator").unwrap().metrics.encode();
+    assert!(
+        metrics.contains("spur_operator_agent_calls_total{result=\"refused\"}"),
+        "{metrics}"
+    );
+}

@@ -12,10 +12,12 @@ use spur_proto as pb;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use crate::agent_auth::AgentAuth;
 use crate::jobs::convert::uid_in_comment;
 use crate::jobs::pods::{build_pod, build_service, rank};
 use crate::jobs::reconcile::delete_job_objects;
 use crate::jobs::{LABEL_JOB_ID, SpurJob};
+use crate::metrics::Metrics;
 use crate::net::{Listener, incoming};
 use crate::nodes::Registered;
 
@@ -180,14 +182,20 @@ impl pb::SlurmAgent for Agent {
     }
 }
 
-/// Serves the agent on `listener` until `shutdown` completes.
+/// Serves the agent on `listener` until `shutdown` completes; `auth` checks each call's
+/// token before the agent sees it.
 pub async fn serve<L: Listener>(
     agent: Agent,
+    auth: AgentAuth,
+    metrics: Metrics,
     listener: L,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
-        .add_service(pb::SlurmAgentServer::new(agent))
+        .add_service(pb::SlurmAgentServer::with_interceptor(
+            agent,
+            auth.interceptor(metrics),
+        ))
         .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use clap::Args;
 use clap::builder::TypedValueParser as _;
 
+use crate::agent_auth::AgentAuthMode;
 use crate::controller::{AddressError, ControllerAddr, Scheme};
 use crate::lease::LeaseConfig;
 use crate::nodes::heartbeat::HeartbeatConfig;
@@ -452,9 +453,30 @@ pub struct RunArgs {
     pub agent_listen: SocketAddr,
 
     /// Address spurctld dials back to reach the agent: this pod's IP (Downward API
-    /// status.podIP) or a Service name in front of the operator.
+    /// status.podIP). Not a load-balanced Service: spurctld must reach the acting replica,
+    /// and the standby refuses launches.
     #[arg(long, env = "SPUR_OPERATOR_AGENT_ADDRESS")]
     pub agent_address: Option<String>,
+
+    /// How the agent treats spurctld's bearer tokens (HS256 JWTs under
+    /// --agent-auth-key-file): `required` refuses a call without a valid one; `permissive`
+    /// refuses an invalid token but admits a call with none (counted in
+    /// spur_operator_agent_calls_total), so tokens can be rolled out before they are
+    /// enforced; `disabled` ignores them. Permissive by default: a spurctld that sends no
+    /// token keeps working, and one that sends a token has it checked.
+    #[arg(long, env = "SPUR_OPERATOR_AGENT_AUTH", value_enum, default_value_t)]
+    pub agent_auth: AgentAuthMode,
+
+    /// File holding the HS256 key spurctld signs agent tokens with (its bytes; one trailing
+    /// newline is ignored; at least 32 bytes, as RFC 7518 asks of an HS256 key). Without
+    /// it no token is checked, which `--agent-auth required` does not allow.
+    #[arg(long, env = "SPUR_OPERATOR_AGENT_AUTH_KEY_FILE")]
+    pub agent_auth_key_file: Option<PathBuf>,
+
+    /// Clock skew forgiven when checking a token's `exp` and `nbf`. 30 s: nodes kept by NTP
+    /// differ by milliseconds, and a token long expired is still refused.
+    #[arg(long, env = "SPUR_OPERATOR_AGENT_AUTH_LEEWAY", default_value = "30s", value_parser = parse_duration)]
+    pub agent_auth_leeway: Duration,
 
     /// Address of /healthz, /readyz and /metrics. All interfaces: kubelet probes and
     /// Prometheus scrape the pod IP.
@@ -553,10 +575,55 @@ pub struct RunArgs {
     pub failure_log_interval: Duration,
 }
 
+/// The agent's token check, validated.
+#[derive(Clone, Debug)]
+pub struct AgentAuthConfig {
+    pub mode: AgentAuthMode,
+    pub key: Option<AgentKey>,
+    pub leeway: Duration,
+}
+
+/// The agent key's bytes; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AgentKey(pub Vec<u8>);
+
+impl fmt::Debug for AgentKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AgentKey(<{} bytes>)", self.0.len())
+    }
+}
+
+/// Smallest HS256 key RFC 7518 (section 3.2) allows: the hash's output size.
+const MIN_AGENT_KEY_BYTES: usize = 32;
+
+fn read_agent_key(path: &Path) -> Result<AgentKey, ConfigError> {
+    const FLAG: &str = "--agent-auth-key-file";
+    let mut key = read_file(FLAG, path)?;
+    // Files written by `echo` or an editor end in a newline that is not part of the key.
+    if key.ends_with(b"\n") {
+        key.pop();
+        if key.ends_with(b"\r") {
+            key.pop();
+        }
+    }
+    if key.len() < MIN_AGENT_KEY_BYTES {
+        return Err(ConfigError::Invalid {
+            flag: FLAG,
+            reason: format!(
+                "{} holds {} bytes; an HS256 key needs at least {MIN_AGENT_KEY_BYTES}",
+                path.display(),
+                key.len()
+            ),
+        });
+    }
+    Ok(AgentKey(key))
+}
+
 /// The validated form of [`RunArgs`].
 #[derive(Clone, Debug)]
 pub struct OperatorConfig {
     pub controller: ControllerSettings,
+    pub agent_auth: AgentAuthConfig,
     pub kubeconfig: Option<PathBuf>,
     pub node_selector: Selector,
     pub agent_listen: SocketAddr,
@@ -587,6 +654,19 @@ impl RunArgs {
                     "required: the address spurctld dials back (the pod IP, from the Downward API)"
                         .into(),
             })?;
+        let agent_key = self
+            .agent_auth_key_file
+            .as_deref()
+            .map(read_agent_key)
+            .transpose()?;
+        if self.agent_auth == AgentAuthMode::Required && agent_key.is_none() {
+            return Err(ConfigError::Invalid {
+                flag: "--agent-auth",
+                reason:
+                    "`required` needs --agent-auth-key-file: without a key no token can be verified"
+                        .into(),
+            });
+        }
         if !(0.0..=1.0).contains(&self.retry_jitter) {
             return Err(ConfigError::Invalid {
                 flag: "--retry-jitter",
@@ -635,6 +715,11 @@ impl RunArgs {
         })?;
         Ok(OperatorConfig {
             controller,
+            agent_auth: AgentAuthConfig {
+                mode: self.agent_auth,
+                key: agent_key,
+                leeway: self.agent_auth_leeway,
+            },
             kubeconfig: self.kubeconfig.clone(),
             node_selector,
             agent_listen: self.agent_listen,
@@ -788,6 +873,61 @@ mod tests {
         assert!(err.contains("visible ASCII"), "{err}");
         let err = parse(&["--controller-token-file", empty.to_str().unwrap()]).unwrap_err();
         assert!(err.contains("is empty"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[derive(Parser)]
+    struct RunCli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn parse_run(args: &[&str]) -> Result<OperatorConfig, String> {
+        let base = ["test", "--agent-address", "127.0.0.1", "--identity", "op-0"];
+        let cli = RunCli::try_parse_from(base.iter().chain(args.iter()).copied())
+            .map_err(|e| e.to_string())?;
+        cli.run.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn agent_auth_needs_a_long_enough_key_when_required() {
+        let dir = std::env::temp_dir().join(format!("spur-agent-key-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good");
+        std::fs::write(&good, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let short = dir.join("short");
+        std::fs::write(&short, "too-short\n").unwrap();
+
+        let config = parse_run(&[]).unwrap();
+        assert_eq!(config.agent_auth.mode, AgentAuthMode::Permissive);
+        assert!(config.agent_auth.key.is_none());
+        assert_eq!(config.agent_auth.leeway, Duration::from_secs(30));
+
+        let err = parse_run(&["--agent-auth", "required"]).unwrap_err();
+        assert!(
+            err.contains("--agent-auth: `required` needs --agent-auth-key-file"),
+            "{err}"
+        );
+        let config = parse_run(&[
+            "--agent-auth",
+            "required",
+            "--agent-auth-key-file",
+            good.to_str().unwrap(),
+        ])
+        .unwrap();
+        // The trailing newline is not part of the key, and the key is never printed.
+        assert_eq!(
+            config.agent_auth.key.as_ref().unwrap().0,
+            b"0123456789abcdef0123456789abcdef"
+        );
+        assert!(!format!("{config:?}").contains("0123456789abcdef"));
+        let err = parse_run(&["--agent-auth-key-file", short.to_str().unwrap()]).unwrap_err();
+        assert!(
+            err.contains("holds 9 bytes; an HS256 key needs at least 32"),
+            "{err}"
+        );
+        let err = parse_run(&["--agent-auth", "sometimes"]).unwrap_err();
+        assert!(err.contains("required, permissive, disabled"), "{err}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

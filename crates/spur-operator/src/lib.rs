@@ -4,6 +4,7 @@
 //! world (see `../shared/DESIGN.md`, "The seams").
 
 pub mod agent;
+pub mod agent_auth;
 pub mod check;
 pub mod clock;
 pub mod config;

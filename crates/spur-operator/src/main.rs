@@ -199,6 +199,7 @@ mod tests {
         let metrics = spur_operator::metrics::Metrics::new();
         metrics.observe_rpc("Ping", tonic::Code::Ok, std::time::Duration::from_millis(1));
         metrics.reconcile_error("node", "register");
+        metrics.agent_auth("verified");
         metrics
             .reconciles
             .get_or_create(&spur_operator::metrics::ReconcileLabels { kind: "node" })

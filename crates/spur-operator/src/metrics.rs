@@ -22,6 +22,12 @@ pub struct MethodLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AgentCallLabels {
+    /// The token check's result: `verified`, `without_token`, `unchecked`, `refused`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReconcileLabels {
     /// What was reconciled: `node`, `spurjob`, `pod`.
     pub kind: &'static str,
@@ -46,6 +52,7 @@ pub struct Metrics {
     pub nodes_registered: Gauge,
     pub registration_lag_seconds: Histogram,
     pub heartbeat_failures: Counter,
+    pub agent_calls: Family<AgentCallLabels, Counter>,
     pub submission_lag_seconds: Histogram,
     pub reconciles: Family<ReconcileLabels, Counter>,
     pub reconcile_errors: Family<ReconcileErrorLabels, Counter>,
@@ -120,6 +127,12 @@ impl Metrics {
             "From a SpurJob's creation to spurctld accepting its job (or the operator adopting the job a lost reply left)",
             submission_lag_seconds.clone(),
         );
+        let agent_calls = Family::<AgentCallLabels, Counter>::default();
+        registry.register(
+            "agent_calls",
+            "Calls to the virtual agent by token check result: verified, without_token (admitted by permissive), unchecked, refused",
+            agent_calls.clone(),
+        );
         let reconciles = Family::<ReconcileLabels, Counter>::default();
         registry.register("reconciles", "Reconciliations by kind", reconciles.clone());
         let reconcile_errors = Family::<ReconcileErrorLabels, Counter>::default();
@@ -144,6 +157,7 @@ impl Metrics {
             nodes_registered,
             registration_lag_seconds,
             heartbeat_failures,
+            agent_calls,
             submission_lag_seconds,
             reconciles,
             reconcile_errors,
@@ -162,6 +176,12 @@ impl Metrics {
         self.rpc_seconds
             .get_or_create(&MethodLabels { method })
             .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn agent_auth(&self, result: &'static str) {
+        self.agent_calls
+            .get_or_create(&AgentCallLabels { result })
+            .inc();
     }
 
     pub fn reconcile_error(&self, kind: &'static str, error: &'static str) {

@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::agent::Agent;
+use crate::agent_auth::AgentAuth;
 use crate::clock::WallClock;
 use crate::config::OperatorConfig;
 use crate::controller::{ControllerClient, ControllerError};
@@ -111,8 +112,17 @@ pub async fn run_with_handles<N: Network>(
     let registered = Registered::default();
     let agent_listener = listen(&world.network, config.agent_listen, "the agent").await?;
     let agent = Agent::new(world.kube.clone(), jobs_rx, registered.clone());
+    let auth = &config.agent_auth;
+    let agent_auth = AgentAuth::new(
+        auth.mode,
+        auth.key.as_ref().map(|k| k.0.as_slice()),
+        auth.leeway,
+        world.clock.clone(),
+    );
     let agent_task = tokio::spawn(crate::agent::serve(
         agent,
+        agent_auth,
+        metrics.clone(),
         agent_listener,
         wait_for(stopping.clone()),
     ));

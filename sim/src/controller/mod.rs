@@ -46,6 +46,10 @@ pub struct ControllerConfig {
     pub agent_request_timeout: Duration,
     /// The version string `Ping` answers.
     pub version: String,
+    /// When set, the key the replicas sign a bearer token with (HS256, valid 5 minutes
+    /// from the simulated time) on each call to an agent, as a spurctld configured with an
+    /// agent key does.
+    pub agent_key: Option<Vec<u8>>,
 }
 
 impl Default for ControllerConfig {
@@ -60,6 +64,7 @@ impl Default for ControllerConfig {
             agent_connect_timeout: Duration::from_secs(5),
             agent_request_timeout: Duration::from_secs(10),
             version: "spur-sim".to_owned(),
+            agent_key: None,
         }
     }
 }

@@ -64,6 +64,23 @@ async fn agent_client<D: Dialer>(
     Ok(SlurmAgentClient::new(channel))
 }
 
+/// `message` as a call to an agent, with a bearer token when the replicas have an agent key.
+fn agent_request<D: Dialer, T>(replica: &Replica<D>, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(key) = &replica.cluster().config().agent_key {
+        let exp = (crate::determinism::EPOCH + replica.now()).as_secs() + 300;
+        let token = spur_operator::agent_auth::sign(
+            key,
+            &serde_json::json!({"sub": "spurctld", "exp": exp}),
+        );
+        let value = format!("Bearer {token}")
+            .parse()
+            .expect("a token is visible ASCII");
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
+}
+
 async fn launch_on_agent<D: Dialer>(replica: &Replica<D>, launch: Launch) {
     let request = pb::LaunchJobRequest {
         job_id: launch.job_id,
@@ -77,7 +94,7 @@ async fn launch_on_agent<D: Dialer>(replica: &Replica<D>, launch: Launch) {
         run_attempt: launch.attempt,
     };
     let result = match agent_client(replica, &launch.address, launch.port).await {
-        Ok(mut client) => match client.launch_job(request).await {
+        Ok(mut client) => match client.launch_job(agent_request(replica, request)).await {
             Ok(response) if response.get_ref().success => Ok(()),
             Ok(response) => Err(format!("refused: {}", response.get_ref().error)),
             Err(status) => Err(format!("{:?} {}", status.code(), status.message())),
@@ -116,7 +133,10 @@ pub(super) async fn cancel_on_agent<D: Dialer>(
 ) {
     let result = match agent_client(replica, address, port).await {
         Ok(mut client) => client
-            .cancel_job(pb::AgentCancelJobRequest { job_id, signal: 0 })
+            .cancel_job(agent_request(
+                replica,
+                pb::AgentCancelJobRequest { job_id, signal: 0 },
+            ))
             .await
             .map(|_| ())
             .map_err(|status| format!("{:?} {}", status.code(), status.message())),
