@@ -358,3 +358,130 @@ pub fn bench_nodes(nodes: usize, rtt_ms: u64) -> anyhow::Result<bool> {
     );
     Ok(true)
 }
+
+/// The controller calls per second the operator makes with `jobs` active SpurJobs, in the
+/// steady state after all are submitted (simulated time): the status poller's one GetJobs
+/// per interval for all of them, not one call per job.
+pub fn measure_active_jobs(jobs: usize) -> anyhow::Result<ActiveJobsLoad> {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use crate::harness::Sim;
+    use crate::world::WorldConfig;
+
+    const WINDOW: Duration = Duration::from_secs(60);
+    let config = WorldConfig {
+        max_duration: Duration::from_secs(3600),
+        ..WorldConfig::default()
+    };
+    // No nodes: every job stays PENDING, so all of them stay active and polled.
+    let mut sim = Sim::with_config(1, config);
+    sim.start_operator("operator", &[]);
+    sim.world
+        .run_until(Duration::from_secs(5))
+        .map_err(|e| anyhow::anyhow!("the simulation failed: {e}"))?;
+    for i in 0..jobs {
+        sim.create_spurjob(
+            "default",
+            &format!("job-{i:05}"),
+            json!({"image": "busybox", "command": ["true"]}),
+        );
+    }
+    let created_at = sim.world.elapsed();
+    let mut now = created_at;
+    let submitted_at = loop {
+        now += Duration::from_secs(1);
+        sim.world
+            .run_until(now)
+            .map_err(|e| anyhow::anyhow!("the simulation failed: {e}"))?;
+        let submitted = sim.world.cluster().job_ids().len();
+        if submitted >= jobs {
+            break now;
+        }
+        if now - created_at > Duration::from_secs(1800) {
+            anyhow::bail!("only {submitted} of {jobs} SpurJobs submitted after 1800 s");
+        }
+    };
+    // Let the status writes of the first round settle, then count one window of the calls
+    // the operator made (its own counter: a call a follower forwards is still one call).
+    let calls = |sim: &Sim| -> BTreeMap<String, usize> {
+        let text = sim
+            .operator("operator")
+            .expect("the operator runs")
+            .metrics
+            .encode();
+        let mut by_method = BTreeMap::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("spur_operator_controller_rpcs_total{method=\"")
+            else {
+                continue;
+            };
+            let (method, rest) = rest.split_once('"').unwrap_or_default();
+            let count: f64 = rest
+                .rsplit(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0.0);
+            *by_method.entry(method.to_owned()).or_default() += count as usize;
+        }
+        by_method
+    };
+    let window_start = submitted_at + Duration::from_secs(30);
+    sim.world
+        .run_until(window_start)
+        .map_err(|e| anyhow::anyhow!("the simulation failed: {e}"))?;
+    let before = calls(&sim);
+    sim.world
+        .run_until(window_start + WINDOW)
+        .map_err(|e| anyhow::anyhow!("the simulation failed: {e}"))?;
+    let mut by_method = calls(&sim);
+    for (method, count) in &mut by_method {
+        *count -= before.get(method).copied().unwrap_or(0);
+    }
+    by_method.retain(|_, count| *count > 0);
+    Ok(ActiveJobsLoad {
+        submitted_after: submitted_at - created_at,
+        window: WINDOW,
+        calls: by_method,
+    })
+}
+
+/// What [`measure_active_jobs`] found.
+#[derive(Debug)]
+pub struct ActiveJobsLoad {
+    /// From creating the SpurJobs to the controller holding every job (simulated).
+    pub submitted_after: std::time::Duration,
+    /// The steady-state window the calls were counted over (simulated).
+    pub window: std::time::Duration,
+    /// Calls the operator made in the window, by method.
+    pub calls: std::collections::BTreeMap<String, usize>,
+}
+
+impl ActiveJobsLoad {
+    pub fn per_second(&self, calls: usize) -> f64 {
+        calls as f64 / self.window.as_secs_f64()
+    }
+}
+
+/// `spur-sim bench-jobs`: [`measure_active_jobs`], printed.
+pub fn bench_jobs(jobs: usize) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    let load = measure_active_jobs(jobs)?;
+    let total: usize = load.calls.values().sum();
+    println!(
+        "{jobs} active SpurJobs, all submitted {:.1} s after creation; steady state over {} s (simulated): {:.2} controller RPCs/s",
+        load.submitted_after.as_secs_f64(),
+        load.window.as_secs(),
+        load.per_second(total)
+    );
+    for (method, count) in &load.calls {
+        println!(
+            "  {method:<16} {count:>6} calls  {:.2}/s",
+            load.per_second(*count)
+        );
+    }
+    println!("{:.1} s of wall time", started.elapsed().as_secs_f64());
+    Ok(true)
+}

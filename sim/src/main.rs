@@ -36,6 +36,11 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         rtt_ms: u64,
     },
+    /// Controller calls per second with many active SpurJobs (simulated time).
+    BenchJobs {
+        #[arg(long, default_value_t = 10_000)]
+        jobs: usize,
+    },
     /// The simulated controller replicas over real TCP: three replicas and the `spurctld`
     /// Service on `--listen`, for local use and comparison with a real spurctld.
     Controllers(spur_sim::controller::tcp::ControllersArgs),
@@ -70,6 +75,7 @@ fn run(command: Command) -> anyhow::Result<bool> {
         Command::Merge(args) => spur_sim::cli::merge(args),
         Command::Bench { seeds } => spur_sim::cli::bench(seeds),
         Command::BenchNodes { nodes, rtt_ms } => spur_sim::cli::bench_nodes(nodes, rtt_ms),
+        Command::BenchJobs { jobs } => spur_sim::cli::bench_jobs(jobs),
         Command::Controllers(args) => {
             spur_sim::controller::tcp::main(args)?;
             Ok(true)

@@ -229,3 +229,17 @@ fn with_agent_auth_required_a_signed_launch_runs_and_a_forged_one_is_refused() {
         "{metrics}"
     );
 }
+
+/// The status poller reads every active job with one GetJobs per interval (2 s), however
+/// many there are: no call per job in the steady state.
+#[test]
+fn many_active_spurjobs_cost_one_getjobs_per_interval() {
+    let load = spur_sim::cli::measure_active_jobs(300).unwrap();
+    assert_eq!(
+        load.calls.keys().collect::<Vec<_>>(),
+        ["GetJobs"],
+        "{load:?}"
+    );
+    assert_eq!(load.per_second(load.calls["GetJobs"]), 0.5, "{load:?}");
+    assert!(load.submitted_after < secs(10), "{load:?}");
+}

@@ -498,6 +498,13 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u16).range(1..=1024).map(usize::from))]
     pub register_concurrency: usize,
 
+    /// SpurJob and pod reconciliations in flight at once. kube-runtime's default is
+    /// unbounded: an operator starting with 10,000 SpurJobs would open 10,000 calls to
+    /// spurctld and the API server at the same moment. 32, as for node registration.
+    #[arg(long, env = "SPUR_OPERATOR_RECONCILE_CONCURRENCY", default_value_t = 32,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub reconcile_concurrency: u16,
+
     /// Time between heartbeats of every registered node. spurctld marks a node DOWN after
     /// missing several; 30 s keeps well inside that at 5,000 nodes' worth of calls.
     #[arg(long, env = "SPUR_OPERATOR_HEARTBEAT_INTERVAL", default_value = "30s", value_parser = parse_duration)]
@@ -634,6 +641,7 @@ pub struct OperatorConfig {
     pub lease: LeaseConfig,
     pub shutdown_grace: Duration,
     pub status_poll_interval: Duration,
+    pub reconcile_concurrency: u16,
 }
 
 impl RunArgs {
@@ -747,6 +755,7 @@ impl RunArgs {
             lease,
             shutdown_grace: self.shutdown_grace,
             status_poll_interval: self.status_poll_interval,
+            reconcile_concurrency: self.reconcile_concurrency,
         })
     }
 }

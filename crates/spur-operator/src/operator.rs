@@ -198,6 +198,11 @@ pub async fn run_with_handles<N: Network>(
     Ok(())
 }
 
+/// How many reconciliations of one kind run at once.
+fn reconcile_limits(config: &OperatorConfig) -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default().concurrency(config.reconcile_concurrency)
+}
+
 /// What the leader's tasks share with the rest of the operator.
 struct Parts<'a> {
     controller: &'a ControllerClient,
@@ -230,6 +235,7 @@ fn start_leader_tasks<N: Network>(
         Api::<SpurJob>::all(kube.clone()),
         watcher::Config::default(),
     )
+    .with_config(reconcile_limits(config))
     .trigger_backoff(config.node_sync.retry.start(entropy.clone()));
     let store = jobs.store();
     let _ = jobs_tx.send(Some(store.clone()));
@@ -279,6 +285,7 @@ fn start_leader_tasks<N: Network>(
         Api::<Pod>::all(kube.clone()),
         watcher::Config::default().labels(&managed),
     )
+    .with_config(reconcile_limits(config))
     .trigger_backoff(config.node_sync.retry.start(entropy.clone()))
     .run(
         reconcile_pod,
