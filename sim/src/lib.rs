@@ -20,6 +20,7 @@ pub mod kube_api;
 pub mod kubelet;
 pub mod net;
 pub mod operator;
+pub mod prober;
 pub mod profiles;
 pub mod report;
 pub mod scenario;
