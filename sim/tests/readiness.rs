@@ -45,3 +45,46 @@ fn readyz_follows_the_controller_and_the_api_server() {
     // One probe a second, fewer while probes wait out their timeout.
     assert!(probes.len() >= 40, "{} probes in 60 s", probes.len());
 }
+
+/// Runs `sim` to `until`, judging readiness every 250 ms as the scenarios do.
+fn judge(mut sim: Sim, until: Duration) -> (Vec<String>, usize) {
+    use spur_sim::scenario::readiness::ReadinessJudge;
+    let probes = spur_sim::prober::start(
+        &mut sim.world,
+        "prober",
+        "operator",
+        8080,
+        "/readyz",
+        secs(5),
+        secs(3),
+    );
+    let mut judge = ReadinessJudge::new(secs(15), probes, "operator");
+    let mut violations = Vec::new();
+    let mut now = Duration::ZERO;
+    while now < until {
+        now += Duration::from_millis(250);
+        sim.world.run_until(now).unwrap();
+        violations.extend(judge.sample(&sim, now, true).map(|v| v.to_string()));
+    }
+    (violations, judge.judged)
+}
+
+#[test]
+fn the_readiness_check_passes_a_truthful_operator_and_flags_a_lying_one() {
+    let mut truthful = Sim::new(32);
+    truthful.start_operator("operator", &[]);
+    let (violations, judged) = judge(truthful, secs(60));
+    assert!(violations.is_empty(), "{violations:?}");
+    assert!(judged > 100, "the check judged {judged} samples");
+
+    // A probe bound no answer can meet: /readyz says not ready while everything is up.
+    let mut lying = Sim::new(32);
+    lying.start_operator("operator", &["--probe-timeout", "1ms"]);
+    let (violations, _) = judge(lying, secs(60));
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert!(
+        violations[0].starts_with("readiness operator/readyz")
+            && violations[0].contains("said not ready"),
+        "{violations:?}"
+    );
+}

@@ -18,6 +18,7 @@ pub struct Deadlines {
     pub submission: Duration,
     pub status: Duration,
     pub deletion: Duration,
+    pub readiness: Duration,
 }
 
 impl Default for Deadlines {
@@ -27,6 +28,7 @@ impl Default for Deadlines {
             submission: Duration::from_secs(20),
             status: Duration::from_secs(15),
             deletion: Duration::from_secs(20),
+            readiness: Duration::from_secs(15),
         }
     }
 }

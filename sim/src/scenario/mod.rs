@@ -4,6 +4,7 @@
 
 pub mod checks;
 pub mod plan;
+pub mod readiness;
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -17,9 +18,12 @@ use crate::profiles::Profile;
 use crate::world::{KillMode, World, WorldConfig};
 pub use checks::{Deadlines, Violation};
 pub use plan::{Fault, Plan, ScenarioConfig, plan};
+use readiness::ReadinessJudge;
 
 /// The operator's host in every scenario.
 pub const OPERATOR: &str = "operator";
+/// The host that probes the operator's `/readyz`, as a kubelet would.
+pub const PROBER: &str = "kubelet-prober";
 /// How often the checks sample the world: the resolution of every measured lag.
 const SAMPLE: Duration = Duration::from_millis(250);
 /// A killed controller pod is replaced after this long, as a StatefulSet does.
@@ -146,6 +150,25 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
     sim.add_nodes(plan.nodes);
     sim.start_kubelet();
     sim.start_operator(OPERATOR, &profile.flags());
+    // As the Deployment probes it: every 5 s, 3 s to answer; 8080 is the health port
+    // every profile keeps.
+    let probes = crate::prober::start(
+        &mut sim.world,
+        PROBER,
+        OPERATOR,
+        8080,
+        "/readyz",
+        Duration::from_secs(5),
+        Duration::from_secs(3),
+    );
+    let mut readiness = ReadinessJudge::new(Deadlines::default().readiness, probes, OPERATOR);
+    let mut restarts: Vec<Duration> = plan
+        .faults
+        .iter()
+        .filter(|f| f.fault == Fault::OperatorRestart)
+        .map(|f| f.at)
+        .collect();
+    restarts.reverse();
     sim.world.at(plan.controllers_at, |w| w.start_controllers());
 
     let api_up = Rc::new(Cell::new(true));
@@ -201,6 +224,12 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
             next_deletion += 1;
         }
         monitor.sample(&sim, now, true, api_up.get());
+        while restarts.last().is_some_and(|at| *at <= now) {
+            readiness.restarted(restarts.pop().expect("not empty"));
+        }
+        if let Some(v) = readiness.sample(&sim, now, api_up.get()) {
+            monitor.violations.push(v);
+        }
     }
     let duplicates = monitor.finish(&sim, now);
     let mut violations = std::mem::take(&mut monitor.violations);
