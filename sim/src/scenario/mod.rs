@@ -125,10 +125,12 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
         })
 }
 
-/// turmoil's step in scenarios: 10 ms resolves every bound the operator uses (the
-/// shortest is a 250 ms retry) and runs a 5-minute scenario ten times faster than 1 ms.
-/// `SIM_TICK_MS` overrides it.
-const DEFAULT_TICK: Duration = Duration::from_millis(10);
+/// turmoil's step in scenarios. 20 ms: a message's 0.2-5 ms latency becomes one step, so a
+/// round trip costs 40 ms, still far below every bound the operator uses (the shortest, a
+/// 250 ms retry or hedge, is 12 steps) and the 250 ms sampling of the checks. Over seeds
+/// 0..200 it gave the same pass rate and the same lag percentiles as 10 ms, in 63 % of the
+/// CPU time (1,390x real time on one core against 880x). `SIM_TICK_MS` overrides it.
+const DEFAULT_TICK: Duration = Duration::from_millis(20);
 
 fn tick() -> Duration {
     std::env::var("SIM_TICK_MS")
