@@ -11,20 +11,25 @@ fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
 }
 
-#[test]
-fn readyz_follows_the_controller_and_the_api_server() {
-    let mut sim = Sim::with_controllers_at(31, WorldConfig::default(), secs(20));
-    sim.add_nodes(1);
-    sim.start_operator("operator", &[]);
-    let probes = spur_sim::prober::start(
+/// A kubelet-like prober of the operator's /readyz every `period`, 3 s to answer.
+fn probe_operator(sim: &mut Sim, period: Duration) -> spur_sim::prober::ProbeLog {
+    spur_sim::prober::start(
         &mut sim.world,
         "prober",
         "operator",
         8080,
         "/readyz",
-        secs(1),
+        period,
         secs(3),
-    );
+    )
+}
+
+#[test]
+fn readyz_follows_the_controller_and_the_api_server() {
+    let mut sim = Sim::with_controllers_at(31, WorldConfig::default(), secs(20));
+    sim.add_nodes(1);
+    sim.start_operator("operator", &[]);
+    let probes = probe_operator(&mut sim, secs(1));
     sim.world.run_until(secs(18)).unwrap();
     assert_eq!(probes.at(secs(18)), Some(false), "no controller yet");
 
@@ -49,15 +54,7 @@ fn readyz_follows_the_controller_and_the_api_server() {
 /// Runs `sim` to `until`, judging readiness every 250 ms as the scenarios do.
 fn judge(mut sim: Sim, until: Duration) -> (Vec<String>, usize) {
     use spur_sim::scenario::readiness::ReadinessJudge;
-    let probes = spur_sim::prober::start(
-        &mut sim.world,
-        "prober",
-        "operator",
-        8080,
-        "/readyz",
-        secs(5),
-        secs(3),
-    );
+    let probes = probe_operator(&mut sim, secs(5));
     let mut judge = ReadinessJudge::new(secs(15), probes, "operator");
     let mut violations = Vec::new();
     let mut now = Duration::ZERO;

@@ -3,11 +3,14 @@
 //! The truth, from the world's state: the operator is ready when the API server answers and
 //! some ready endpoint of the controller's Service is alive and reachable from the
 //! operator. What `/readyz` says comes from a kubelet-like prober on its own host (see
-//! [`crate::prober`]). Once the truth (and the operator process, which a restart replaces)
-//! has held for the deadline, some probe of the last deadline must agree with it: a
-//! moment's disagreement (a channel to a pod that just died, until keepalive or the probe's
-//! bound ends it) is what a kubelet's failure threshold absorbs; disagreeing for the whole
-//! deadline is not telling the truth.
+//! [`crate::prober`]). "Within 15 s of a change" is judged from the last change of the
+//! world the answer depends on: the API server, the set of live ready endpoints the
+//! operator reaches, the quorum leader (a follower forwarding a read to a leader that died
+//! hangs until the election names another, which `/readyz` rightly reports), and the
+//! operator's own restarts. Once all of those have held for the deadline, some probe of
+//! the last deadline must agree with the truth: a moment's disagreement is what a
+//! kubelet's failure threshold absorbs; disagreeing for the whole deadline is not telling
+//! the truth.
 
 use std::time::Duration;
 
@@ -22,8 +25,8 @@ pub struct ReadinessJudge {
     deadline: Duration,
     probes: ProbeLog,
     operator: String,
-    /// The truth at the last sample, and since when it has held.
-    truth: Option<(bool, Duration)>,
+    /// The world the answer depends on at the last sample, and since when it has held.
+    world: Option<(WorldView, Duration)>,
     /// When the operator process last (re)started.
     started_at: Duration,
     /// A violation is reported once per stretch of unchanged truth.
@@ -39,7 +42,7 @@ impl ReadinessJudge {
             deadline,
             probes,
             operator: operator.to_owned(),
-            truth: None,
+            world: None,
             started_at: Duration::ZERO,
             flagged: false,
             judged: 0,
@@ -52,25 +55,33 @@ impl ReadinessJudge {
         self.flagged = false;
     }
 
-    /// Whether a live controller endpoint is ready and reachable from the operator.
-    fn controller_reachable(&self, sim: &Sim, now: Duration) -> bool {
+    /// What the readiness answer depends on, now.
+    fn view(&self, sim: &Sim, now: Duration, api_up: bool) -> WorldView {
         let net = sim.world.net();
-        net.ready_endpoints(CONTROLLER_SERVICE, now)
-            .iter()
-            .any(|e| !net.is_down(e) && net.can_reach(&self.operator, e))
+        let endpoints = net
+            .ready_endpoints(CONTROLLER_SERVICE, now)
+            .into_iter()
+            .filter(|e| !net.is_down(e) && net.can_reach(&self.operator, e))
+            .collect();
+        WorldView {
+            api_up,
+            endpoints,
+            leader: sim.world.cluster().leader_with_quorum(),
+        }
     }
 
     pub fn sample(&mut self, sim: &Sim, now: Duration, api_up: bool) -> Option<Violation> {
-        let reachable = self.controller_reachable(sim, now);
-        let truth = api_up && reachable;
-        let since = match self.truth {
-            Some((held, since)) if held == truth => since,
+        let view = self.view(sim, now, api_up);
+        let since = match &self.world {
+            Some((held, since)) if *held == view => *since,
             _ => {
                 self.flagged = false;
                 now
             }
         };
-        self.truth = Some((truth, since));
+        let truth = view.ready();
+        let reachable = !view.endpoints.is_empty();
+        self.world = Some((view, since));
         let settled_since = since.max(self.started_at);
         if now < settled_since + self.deadline || self.flagged {
             return None;
@@ -104,5 +115,21 @@ impl ReadinessJudge {
                 },
             ),
         })
+    }
+}
+
+/// The parts of the world `/readyz` reflects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct WorldView {
+    api_up: bool,
+    /// Live, ready controller endpoints the operator can reach.
+    endpoints: Vec<String>,
+    leader: Option<String>,
+}
+
+impl WorldView {
+    /// Whether the operator should say it is ready.
+    fn ready(&self) -> bool {
+        self.api_up && !self.endpoints.is_empty()
     }
 }
