@@ -62,6 +62,9 @@ pub struct Lags {
     pub registration: Vec<u64>,
     pub submission: Vec<u64>,
     pub status: Vec<u64>,
+    /// From a new leader's election to the id of each SpurJob waiting then.
+    #[serde(default)]
+    pub failover_submission: Vec<u64>,
 }
 
 impl From<&Outcome> for ScenarioRecord {
@@ -87,6 +90,7 @@ impl From<&Outcome> for ScenarioRecord {
                 registration: o.registration_lags.clone(),
                 submission: o.submission_lags.clone(),
                 status: o.status_lags.clone(),
+                failover_submission: o.failover_submission_lags.clone(),
             },
             replay: o.replay_command(),
         }
@@ -111,6 +115,7 @@ pub struct Summary {
     pub registration: LagStats,
     pub submission: LagStats,
     pub status: LagStats,
+    pub failover_submission: LagStats,
     pub duplicates: usize,
     pub rpcs_per_sim_minute: f64,
 }
@@ -140,6 +145,7 @@ impl Summary {
             registration: all(|r| &r.lags_ms.registration),
             submission: all(|r| &r.lags_ms.submission),
             status: all(|r| &r.lags_ms.status),
+            failover_submission: all(|r| &r.lags_ms.failover_submission),
             duplicates: records.iter().map(|r| r.metrics.duplicates).sum(),
             rpcs_per_sim_minute: if minutes > 0.0 {
                 (rpcs as f64 / minutes * 10.0).round() / 10.0
@@ -160,6 +166,7 @@ impl Summary {
             "registration_lag_ms": lag(&self.registration),
             "submission_lag_ms": lag(&self.submission),
             "status_lag_ms": lag(&self.status),
+            "failover_submission_lag_ms": lag(&self.failover_submission),
             "duplicates": self.duplicates,
             "rpcs_per_sim_minute": self.rpcs_per_sim_minute,
         });
@@ -177,11 +184,12 @@ impl fmt::Display for Table<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{:<10} {:>9} {:>22} {:>22} {:>22} {:>5} {:>10}",
+            "{:<10} {:>9} {:>24} {:>22} {:>26} {:>18} {:>5} {:>9}",
             "profile",
             "passed",
             "registration p50/p99/max",
             "submission p50/p99/max",
+            "after election p50/p99/max",
             "status p50/p99/max",
             "dups",
             "rpcs/min"
@@ -197,11 +205,12 @@ impl fmt::Display for Table<'_> {
         for s in self.0 {
             writeln!(
                 f,
-                "{:<10} {:>9} {:>22} {:>22} {:>22} {:>5} {:>10.1}",
+                "{:<10} {:>9} {:>24} {:>22} {:>26} {:>18} {:>5} {:>9.1}",
                 s.profile,
                 format!("{}/{}", s.passed, s.scenarios),
                 secs(&s.registration),
                 secs(&s.submission),
+                secs(&s.failover_submission),
                 secs(&s.status),
                 s.duplicates,
                 s.rpcs_per_sim_minute,

@@ -71,6 +71,8 @@ struct JobWatch {
     status_done: bool,
     status_flagged: bool,
     deleted_at: Option<Duration>,
+    /// When a new leader was elected while this job still waited for its id.
+    waiting_at_election: Option<Duration>,
     deletion_done: bool,
     deletion_flagged: bool,
 }
@@ -81,12 +83,17 @@ pub struct Lags {
     pub registration: Vec<u64>,
     pub submission: Vec<u64>,
     pub status: Vec<u64>,
+    /// From a new leader's election to the spurJobId of each SpurJob that was waiting
+    /// for one then (issue 8's "submission lag after a leader change").
+    pub failover_submission: Vec<u64>,
 }
 
 /// Samples the world and keeps the checks' state between samples.
 pub struct Monitor {
     deadlines: Deadlines,
     healthy_since: Option<Duration>,
+    /// The last leader with a quorum seen, to notice the election of another.
+    last_leader: Option<String>,
     nodes: BTreeMap<String, NodeWatch>,
     jobs: BTreeMap<String, JobWatch>,
     pub violations: Vec<Violation>,
@@ -102,6 +109,7 @@ impl Monitor {
         Self {
             deadlines,
             healthy_since: None,
+            last_leader: None,
             nodes: BTreeMap::new(),
             jobs: BTreeMap::new(),
             violations: Vec::new(),
@@ -154,6 +162,20 @@ impl Monitor {
             (true, since) => since,
             (false, _) => None,
         };
+        if let Some(current) = &leader {
+            if self
+                .last_leader
+                .as_ref()
+                .is_some_and(|last| last != current)
+            {
+                for watch in self.jobs.values_mut() {
+                    if watch.id.is_none() && watch.deleted_at.is_none() {
+                        watch.waiting_at_election = Some(now);
+                    }
+                }
+            }
+            self.last_leader = Some(current.clone());
+        }
         let Some(slot) = leader_slot else {
             return;
         };
@@ -262,6 +284,11 @@ impl Monitor {
                 (None, Some(new)) => {
                     if let Some(from) = self.waiting_from(created_at) {
                         self.lags.submission.push(ms(now.saturating_sub(from)));
+                    }
+                    if let Some(elected) = self.jobs[name].waiting_at_election {
+                        self.lags
+                            .failover_submission
+                            .push(ms(now.saturating_sub(elected)));
                     }
                     self.jobs.get_mut(name).expect("tracked").id = Some(new);
                 }

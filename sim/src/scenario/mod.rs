@@ -68,6 +68,7 @@ pub struct Outcome {
     pub registration_lags: Vec<u64>,
     pub submission_lags: Vec<u64>,
     pub status_lags: Vec<u64>,
+    pub failover_submission_lags: Vec<u64>,
     pub duplicates: usize,
     /// Calls the controller replicas answered.
     pub rpcs: usize,
@@ -119,6 +120,7 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
                 registration_lags: Vec::new(),
                 submission_lags: Vec::new(),
                 status_lags: Vec::new(),
+                failover_submission_lags: Vec::new(),
                 duplicates: 0,
                 rpcs: 0,
             }
@@ -261,6 +263,7 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
         registration_lags: monitor.lags.registration.clone(),
         submission_lags: monitor.lags.submission.clone(),
         status_lags: monitor.lags.status.clone(),
+        failover_submission_lags: monitor.lags.failover_submission.clone(),
         duplicates,
         rpcs,
     }
