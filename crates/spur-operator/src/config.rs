@@ -120,6 +120,10 @@ pub struct ChannelConfig {
     pub max_message_bytes: usize,
     /// Connect afresh once a channel is this old.
     pub max_age: Option<Duration>,
+    /// Send calls to the leader a follower's `x-spur-leader` names.
+    pub follow_leader: bool,
+    /// Bound on the Ping that probes each new Service channel, or no probe.
+    pub connect_probe: Option<Duration>,
     pub tls: Option<TlsConfig>,
 }
 
@@ -129,6 +133,7 @@ pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_MESSAGE_MIB: usize = 32;
 pub const DEFAULT_CHANNEL_MAX_AGE: Duration = Duration::from_secs(10);
+pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
 
 impl Default for ChannelConfig {
     fn default() -> Self {
@@ -142,6 +147,8 @@ impl Default for ChannelConfig {
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
             max_message_bytes: DEFAULT_MAX_MESSAGE_MIB << 20,
             max_age: Some(DEFAULT_CHANNEL_MAX_AGE),
+            follow_leader: true,
+            connect_probe: Some(DEFAULT_CONNECT_PROBE),
             tls: None,
         }
     }
@@ -156,6 +163,8 @@ impl ChannelConfig {
             keepalive: None,
             request_timeout: None,
             max_age: None,
+            follow_leader: false,
+            connect_probe: None,
             ..ChannelConfig::default()
         }
     }
@@ -255,6 +264,41 @@ pub struct ControllerArgs {
     )]
     pub controller_channel_max_age: Bound,
 
+    /// After a follower answers UNAVAILABLE with `x-spur-leader` (it could not forward to
+    /// the leader it names), send every call, writes and the status poller's reads alike,
+    /// straight to that address over a second channel with the same bounds, and go back
+    /// to the Service when that channel fails, when the leader answers that it does not
+    /// lead, or at the channel's maximum age. A follower cut off from the leader would
+    /// otherwise fail every call routed to it until a reconnect happens to pick another
+    /// replica; spurctld names its leader for exactly this. `false` always uses the
+    /// Service.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_FOLLOW_LEADER",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub controller_follow_leader: bool,
+
+    /// Bound on a Ping sent over each new channel through the Service before it is used,
+    /// or `off`. Reads are forwarded to the leader when the replica can (wire.md), so the
+    /// answer's `hostname` names whose state the channel's reads come from: the leader's
+    /// through a healthy replica, the replica's own when it is a leader cut off from its
+    /// peers. When a write on a channel went unanswered within the request bound (such a
+    /// replica cannot commit) that name is avoided for 30 s: a new channel whose probe
+    /// names it, or whose probe fails within this bound (a follower whose forward to the
+    /// leader hangs), is dropped and the Service is dialed again, up to 4 dials, the last
+    /// kept whatever its probe said. Without it the Service hands the operator back to the
+    /// cut replica one connect in three, each costing a request bound on a write and
+    /// stale reads meanwhile. A Ping takes milliseconds inside a cluster; 1 s also covers
+    /// the follower's forward. Costs one Ping per new channel.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_CONNECT_PROBE",
+        default_value = "1s"
+    )]
+    pub controller_connect_probe: Bound,
+
     /// Largest message sent or received, in MiB. GetJobs over 10,000 active jobs is about
     /// 2 MiB; 32 leaves room for large clusters without allowing unbounded memory.
     #[arg(
@@ -315,6 +359,8 @@ impl ControllerArgs {
             request_timeout: self.controller_request_timeout.0,
             max_message_bytes: self.controller_max_message_mib << 20,
             max_age: self.controller_channel_max_age.0,
+            follow_leader: self.controller_follow_leader,
+            connect_probe: self.controller_connect_probe.0,
             tls: self.tls(addr.scheme)?,
         };
         let token = self

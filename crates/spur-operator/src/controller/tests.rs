@@ -19,10 +19,19 @@ fn client_over(network: &MemoryNetwork, config: ChannelConfig) -> ControllerClie
     .unwrap()
 }
 
+/// The default channel without the connect probe, so the channel rule's tests count only
+/// their own calls.
+fn unprobed() -> ChannelConfig {
+    ChannelConfig {
+        connect_probe: None,
+        ..ChannelConfig::default()
+    }
+}
+
 fn setup() -> (ScriptedController, MemoryNetwork, ControllerClient) {
     let controller = ScriptedController::default();
     let network = MemoryNetwork::start(controller.clone());
-    let client = client_over(&network, ChannelConfig::default());
+    let client = client_over(&network, unprobed());
     (controller, network, client)
 }
 
@@ -149,7 +158,7 @@ async fn without_keepalive_the_request_bound_fires() {
     let network = MemoryNetwork::start(controller);
     let config = ChannelConfig {
         keepalive: None,
-        ..ChannelConfig::default()
+        ..unprobed()
     };
     let client = client_over(&network, config);
     network.set_peer(Peer::BlackHole);
@@ -247,4 +256,246 @@ async fn records_the_leader_hint_of_a_follower() {
         client.leader_hint().as_deref(),
         Some("spurctld-1.spurctld:6817")
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// Following `x-spur-leader`.
+// ---------------------------------------------------------------------------------------
+
+const LEADER: &str = "spurctld-1.spurctld";
+
+/// A Service controller, a leader reachable by name, and a client of the Service.
+fn with_leader(
+    config: ChannelConfig,
+) -> (
+    ScriptedController,
+    ScriptedController,
+    MemoryNetwork,
+    ControllerClient,
+) {
+    let service = ScriptedController::default();
+    let leader = ScriptedController::default();
+    let network = MemoryNetwork::start(service.clone());
+    network.add_host(LEADER, leader.clone());
+    let client = client_over(&network, config);
+    (service, leader, network, client)
+}
+
+fn calls(controller: &ScriptedController) -> usize {
+    controller.calls.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+#[tokio::test(start_paused = true)]
+async fn writes_and_reads_follow_the_leader_a_follower_names() {
+    let (service, leader, network, client) = with_leader(unprobed());
+    service.fail_next(not_leader(&format!("{LEADER}:6817")));
+    let err = client.submit_job(Default::default()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert_eq!(
+        client.pinned_leader().await.as_deref(),
+        Some("spurctld-1.spurctld:6817")
+    );
+
+    // The retried write and the poller's read both go to the leader, not the Service.
+    assert_eq!(
+        client.submit_job(Default::default()).await.unwrap().job_id,
+        7
+    );
+    client.get_jobs(Default::default()).await.unwrap();
+    client.ping().await.unwrap();
+    assert_eq!((calls(&service), calls(&leader)), (1, 3));
+    assert_eq!(network.dialed(), ["spurctld", LEADER]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unreachable_leader_falls_back_to_the_service_within_the_call() {
+    let (service, leader, network, client) = with_leader(unprobed());
+    network.set_host_peer(LEADER, Peer::Refuse);
+    service.fail_next(not_leader(&format!("{LEADER}:6817")));
+    client.submit_job(Default::default()).await.unwrap_err();
+
+    // The connect to the leader fails at once; the same call goes through the Service.
+    client.submit_job(Default::default()).await.unwrap();
+    assert_eq!(client.pinned_leader().await, None);
+    assert_eq!((calls(&service), calls(&leader)), (2, 0));
+
+    // The same hint again, soon after: not followed (one failed connect per hint, not one
+    // per call, while a follower still names a dead leader).
+    service.fail_next(not_leader(&format!("{LEADER}:6817")));
+    client.submit_job(Default::default()).await.unwrap_err();
+    assert_eq!(client.pinned_leader().await, None);
+    client.submit_job(Default::default()).await.unwrap();
+    let leader_dials = network.dialed().iter().filter(|h| *h == LEADER).count();
+    assert_eq!(leader_dials, 1, "{:?}", network.dialed());
+
+    // Once the hold-off (the channel's maximum age) passed, the hint is followed again.
+    network.set_host_peer(LEADER, Peer::Serve);
+    tokio::time::advance(ChannelConfig::default().max_age.unwrap()).await;
+    service.fail_next(not_leader(&format!("{LEADER}:6817")));
+    client.submit_job(Default::default()).await.unwrap_err();
+    client.submit_job(Default::default()).await.unwrap();
+    assert_eq!(calls(&leader), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transport_failure_on_the_leader_lets_it_go() {
+    let (service, leader, _network, client) = with_leader(unprobed());
+    service.fail_next(not_leader(&format!("{LEADER}:6817")));
+    client.submit_job(Default::default()).await.unwrap_err();
+    leader.fail_next(Status::deadline_exceeded("no quorum"));
+    let err = client.submit_job(Default::default()).await.unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded);
+    assert_eq!(client.pinned_leader().await, None);
+
+    let before = calls(&service);
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(
+        calls(&service),
+        before + 1,
+        "the read went through the Service"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pinned_replica_that_names_another_leader_hands_over() {
+    let (service, leader, network, client) = with_leader(unprobed());
+    let next = ScriptedController::default();
+    network.add_host("spurctld-2.spurctld", next.clone());
+    service.fail_next(not_leader(&format!("{LEADER}:6817")));
+    client.submit_job(Default::default()).await.unwrap_err();
+    leader.fail_next(not_leader("spurctld-2.spurctld:6817"));
+    client.submit_job(Default::default()).await.unwrap_err();
+    assert_eq!(
+        client.pinned_leader().await.as_deref(),
+        Some("spurctld-2.spurctld:6817")
+    );
+    client.submit_job(Default::default()).await.unwrap();
+    assert_eq!(calls(&next), 1);
+
+    // A replica that names itself but does not lead is let go.
+    next.fail_next(not_leader("spurctld-2.spurctld:6817"));
+    client.submit_job(Default::default()).await.unwrap_err();
+    assert_eq!(client.pinned_leader().await, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_pin_ends_with_the_channels_maximum_age() {
+    let (service, leader, _network, client) = with_leader(unprobed());
+    service.fail_next(not_leader(&format!("{LEADER}:6817")));
+    client.submit_job(Default::default()).await.unwrap_err();
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(calls(&leader), 1);
+
+    tokio::time::advance(ChannelConfig::default().max_age.unwrap()).await;
+    let before = calls(&service);
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(calls(&service), before + 1, "back through the Service");
+    assert_eq!(calls(&leader), 1);
+    assert_eq!(client.pinned_leader().await, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_follow_leader_every_call_stays_on_the_service() {
+    let config = ChannelConfig {
+        follow_leader: false,
+        ..unprobed()
+    };
+    let (service, leader, network, client) = with_leader(config);
+    service.fail_next(not_leader(&format!("{LEADER}:6817")));
+    client.submit_job(Default::default()).await.unwrap_err();
+    client.submit_job(Default::default()).await.unwrap();
+    assert_eq!((calls(&service), calls(&leader)), (2, 0));
+    assert_eq!(client.pinned_leader().await, None);
+    assert!(network.dialed().iter().all(|h| h == "spurctld"));
+}
+
+// ---------------------------------------------------------------------------------------
+// The connect probe: a replica whose write went unanswered is avoided.
+// ---------------------------------------------------------------------------------------
+
+/// A Service whose next picks the test scripts: `cut` (a leader cut off from its peers,
+/// answering reads from its own state and never a write) and `healthy` (a follower whose
+/// reads come from the new leader).
+fn cut_and_healthy() -> (
+    ScriptedController,
+    ScriptedController,
+    MemoryNetwork,
+    ControllerClient,
+) {
+    let cut = ScriptedController::named("spurctld-2");
+    let healthy = ScriptedController::named("spurctld-1");
+    let network = MemoryNetwork::start(ScriptedController::default());
+    network.add_host("cut", cut.clone());
+    network.add_host("healthy", healthy.clone());
+    let client = client_over(&network, ChannelConfig::default());
+    (cut, healthy, network, client)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_whose_write_went_unanswered_is_not_used_again() {
+    let (cut, healthy, network, client) = cut_and_healthy();
+    // The Service picks the cut replica three times in a row, then the healthy one.
+    network.redirect_next(&["cut", "cut", "healthy"]);
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(calls(&cut), 2, "the probe and the read");
+
+    // It takes the write and never answers: the request bound fires.
+    cut.set_delay(Duration::from_secs(3600));
+    let err = client.heartbeat(Default::default()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Cancelled, "{err}");
+
+    // The next channel's probe names the cut replica again: turned down, dialed again.
+    let before = calls(&healthy);
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(network.dialed(), ["cut", "cut", "healthy"]);
+    assert_eq!(calls(&healthy), before + 2, "the probe and the read");
+    assert_eq!(client.stats().connects, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_channel_whose_probe_goes_unanswered_is_dialed_again() {
+    let (_cut, healthy, network, client) = cut_and_healthy();
+    // A follower whose forward to the leader hangs: it accepts and never answers.
+    network.set_host_peer("hung", Peer::BlackHole);
+    network.redirect_next(&["hung", "healthy"]);
+    let started = Instant::now();
+    client.get_jobs(Default::default()).await.unwrap();
+    let probe = ChannelConfig::default().connect_probe.unwrap();
+    assert_eq!(
+        started.elapsed(),
+        probe,
+        "one probe bound, then the healthy replica"
+    );
+    assert_eq!(network.dialed(), ["hung", "healthy"]);
+    assert_eq!(calls(&healthy), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_last_dial_is_kept_whatever_its_probe_said() {
+    let (cut, _healthy, network, client) = cut_and_healthy();
+    network.redirect_next(&["cut", "cut", "cut", "cut", "cut"]);
+    client.get_jobs(Default::default()).await.unwrap();
+    cut.set_delay(Duration::from_secs(3600));
+    client.heartbeat(Default::default()).await.unwrap_err();
+    cut.set_delay(Duration::ZERO);
+    // Four dials all reach the cut replica: the fourth channel is used, not refused.
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(network.dialed().len(), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_probe_a_new_channel_is_used_at_once() {
+    let (cut, _healthy, network, client) = {
+        let (cut, healthy, network, _) = cut_and_healthy();
+        let client = client_over(&network, unprobed());
+        (cut, healthy, network, client)
+    };
+    network.redirect_next(&["cut", "cut"]);
+    client.get_jobs(Default::default()).await.unwrap();
+    cut.set_delay(Duration::from_secs(3600));
+    client.heartbeat(Default::default()).await.unwrap_err();
+    cut.set_delay(Duration::ZERO);
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(network.dialed(), ["cut", "cut"]);
+    assert_eq!(calls(&cut), 2, "two reads, no probe");
 }
