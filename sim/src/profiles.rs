@@ -6,7 +6,7 @@
 //!   still the doubling backoff 1 s..60 s.
 //!
 //! Both keep modelling the old operator: one channel through the Service, no rotation, no
-//! leader following, no connect probe.
+//! leader following, no connect probe, no hedged dials.
 //! - `default`: the operator's shipped defaults (no flags).
 
 use std::fmt;
@@ -57,6 +57,8 @@ impl Profile {
                 "false",
                 "--controller-connect-probe",
                 "off",
+                "--controller-connect-hedge",
+                "off",
             ],
             Profile::SeedFix => &[
                 "--controller-connect-timeout",
@@ -72,6 +74,8 @@ impl Profile {
                 "--controller-follow-leader",
                 "false",
                 "--controller-connect-probe",
+                "off",
+                "--controller-connect-hedge",
                 "off",
             ],
             Profile::Default => return Vec::new(),
@@ -111,6 +115,7 @@ mod tests {
             match profile {
                 Profile::Unbounded => {
                     assert!(!channel.follow_leader && channel.connect_probe.is_none());
+                    assert_eq!(channel.connect_hedge, None);
                     assert_eq!(channel.connect_timeout, None);
                     assert_eq!(channel.request_timeout, None);
                     assert_eq!(channel.keepalive, None);

@@ -124,6 +124,8 @@ pub struct ChannelConfig {
     pub follow_leader: bool,
     /// Bound on the Ping that probes each new Service channel, or no probe.
     pub connect_probe: Option<Duration>,
+    /// Dial again this often while a connect has not completed.
+    pub connect_hedge: Option<Duration>,
     pub tls: Option<TlsConfig>,
 }
 
@@ -134,6 +136,7 @@ pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_MESSAGE_MIB: usize = 32;
 pub const DEFAULT_CHANNEL_MAX_AGE: Duration = Duration::from_secs(10);
 pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
+pub const DEFAULT_CONNECT_HEDGE: Duration = Duration::from_millis(250);
 
 impl Default for ChannelConfig {
     fn default() -> Self {
@@ -149,6 +152,7 @@ impl Default for ChannelConfig {
             max_age: Some(DEFAULT_CHANNEL_MAX_AGE),
             follow_leader: true,
             connect_probe: Some(DEFAULT_CONNECT_PROBE),
+            connect_hedge: Some(DEFAULT_CONNECT_HEDGE),
             tls: None,
         }
     }
@@ -165,6 +169,7 @@ impl ChannelConfig {
             max_age: None,
             follow_leader: false,
             connect_probe: None,
+            connect_hedge: None,
             ..ChannelConfig::default()
         }
     }
@@ -214,6 +219,19 @@ pub struct ControllerArgs {
         default_value = "2s"
     )]
     pub controller_connect_timeout: Bound,
+
+    /// While a connect has not completed, dial again this often (the first stream wins),
+    /// or `off`. A Service with no ready endpoint may drop the SYN, and a dial whose SYN
+    /// was dropped waits out the whole connect timeout even when an endpoint became ready
+    /// a moment later: the first registration after a late controller then comes up to
+    /// 2 s after the Service could have answered. Dialing again every 250 ms bounds that
+    /// to about 250 ms, at the cost of a few SYNs per second while nothing is ready.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_CONNECT_HEDGE",
+        default_value = "250ms"
+    )]
+    pub controller_connect_hedge: Bound,
 
     /// Bound on each call, or `off`. No call on this channel streams, and spurctld answers
     /// in milliseconds when it answers at all. A follower forwards a write to the leader
@@ -355,6 +373,7 @@ impl ControllerArgs {
         }
         let channel = ChannelConfig {
             connect_timeout: self.controller_connect_timeout.0,
+            connect_hedge: self.controller_connect_hedge.0,
             keepalive,
             request_timeout: self.controller_request_timeout.0,
             max_message_bytes: self.controller_max_message_mib << 20,

@@ -499,3 +499,44 @@ async fn without_the_probe_a_new_channel_is_used_at_once() {
     assert_eq!(network.dialed(), ["cut", "cut"]);
     assert_eq!(calls(&cut), 2, "two reads, no probe");
 }
+
+// ---------------------------------------------------------------------------------------
+// Hedged dials: a dropped SYN does not hold the connect for its whole bound.
+// ---------------------------------------------------------------------------------------
+
+/// The first dial's SYN is dropped (no ready endpoint yet); the endpoint is ready for the
+/// next one.
+fn endpoint_ready_after_first_dial(config: ChannelConfig) -> (MemoryNetwork, ControllerClient) {
+    let network = MemoryNetwork::start(ScriptedController::default());
+    network.set_host_peer("dropped", Peer::NeverConnect);
+    network.redirect_next(&["dropped"]);
+    let client = client_over(&network, config);
+    (network, client)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedged_dial_connects_once_an_endpoint_is_ready() {
+    let (network, client) = endpoint_ready_after_first_dial(unprobed());
+    let started = Instant::now();
+    client.ping().await.unwrap();
+    let hedge = ChannelConfig::default().connect_hedge.unwrap();
+    assert_eq!(started.elapsed(), hedge);
+    assert_eq!(network.dialed(), ["dropped", "spurctld"]);
+    assert_eq!(client.stats().connect_failures, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_hedging_a_dropped_syn_holds_the_connect_for_its_bound() {
+    let config = ChannelConfig {
+        connect_hedge: None,
+        ..unprobed()
+    };
+    let (network, client) = endpoint_ready_after_first_dial(config);
+    let started = Instant::now();
+    client.ping().await.unwrap_err();
+    assert_eq!(
+        started.elapsed(),
+        ChannelConfig::default().connect_timeout.unwrap()
+    );
+    assert_eq!(network.dialed(), ["dropped"]);
+}
