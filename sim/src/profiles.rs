@@ -6,7 +6,7 @@
 //!   still the doubling backoff 1 s..60 s.
 //!
 //! Both keep modelling the old operator: one channel through the Service, no rotation, no
-//! leader following, no connect probe, no hedged dials.
+//! connect probe, no hedged dials.
 //! - `default`: the operator's shipped defaults (no flags).
 
 use std::fmt;
@@ -53,8 +53,6 @@ impl Profile {
                 "off",
                 "--controller-channel-max-age",
                 "off",
-                "--controller-follow-leader",
-                "false",
                 "--controller-connect-probe",
                 "off",
                 "--controller-connect-hedge",
@@ -71,8 +69,6 @@ impl Profile {
                 "20s",
                 "--controller-channel-max-age",
                 "off",
-                "--controller-follow-leader",
-                "false",
                 "--controller-connect-probe",
                 "off",
                 "--controller-connect-hedge",
@@ -114,7 +110,7 @@ mod tests {
             let channel = &config.controller.channel;
             match profile {
                 Profile::Unbounded => {
-                    assert!(!channel.follow_leader && channel.connect_probe.is_none());
+                    assert_eq!(channel.connect_probe, None);
                     assert_eq!(channel.connect_hedge, None);
                     assert_eq!(channel.connect_timeout, None);
                     assert_eq!(channel.request_timeout, None);
@@ -122,7 +118,6 @@ mod tests {
                 }
                 Profile::SeedFix | Profile::Default => {
                     assert!(channel.connect_timeout.is_some() && channel.keepalive.is_some());
-                    assert_eq!(channel.follow_leader, profile == Profile::Default);
                     assert_eq!(channel.connect_probe.is_some(), profile == Profile::Default);
                 }
             }

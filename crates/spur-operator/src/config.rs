@@ -120,8 +120,6 @@ pub struct ChannelConfig {
     pub max_message_bytes: usize,
     /// Connect afresh once a channel is this old.
     pub max_age: Option<Duration>,
-    /// Send calls to the leader a follower's `x-spur-leader` names.
-    pub follow_leader: bool,
     /// Bound on the Ping that probes each new Service channel, or no probe.
     pub connect_probe: Option<Duration>,
     /// Dial again this often while a connect has not completed.
@@ -150,7 +148,6 @@ impl Default for ChannelConfig {
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
             max_message_bytes: DEFAULT_MAX_MESSAGE_MIB << 20,
             max_age: Some(DEFAULT_CHANNEL_MAX_AGE),
-            follow_leader: true,
             connect_probe: Some(DEFAULT_CONNECT_PROBE),
             connect_hedge: Some(DEFAULT_CONNECT_HEDGE),
             tls: None,
@@ -167,7 +164,6 @@ impl ChannelConfig {
             keepalive: None,
             request_timeout: None,
             max_age: None,
-            follow_leader: false,
             connect_probe: None,
             connect_hedge: None,
             ..ChannelConfig::default()
@@ -282,22 +278,6 @@ pub struct ControllerArgs {
     )]
     pub controller_channel_max_age: Bound,
 
-    /// After a follower answers UNAVAILABLE with `x-spur-leader` (it could not forward to
-    /// the leader it names), send every call, writes and the status poller's reads alike,
-    /// straight to that address over a second channel with the same bounds, and go back
-    /// to the Service when that channel fails, when the leader answers that it does not
-    /// lead, or at the channel's maximum age. A follower cut off from the leader would
-    /// otherwise fail every call routed to it until a reconnect happens to pick another
-    /// replica; spurctld names its leader for exactly this. `false` always uses the
-    /// Service.
-    #[arg(
-        long,
-        env = "SPUR_OPERATOR_CONTROLLER_FOLLOW_LEADER",
-        default_value_t = true,
-        action = clap::ArgAction::Set
-    )]
-    pub controller_follow_leader: bool,
-
     /// Bound on a Ping sent over each new channel through the Service before it is used,
     /// or `off`. Reads are forwarded to the leader when the replica can (wire.md), so the
     /// answer's `hostname` names whose state the channel's reads come from: the leader's
@@ -378,7 +358,6 @@ impl ControllerArgs {
             request_timeout: self.controller_request_timeout.0,
             max_message_bytes: self.controller_max_message_mib << 20,
             max_age: self.controller_channel_max_age.0,
-            follow_leader: self.controller_follow_leader,
             connect_probe: self.controller_connect_probe.0,
             tls: self.tls(addr.scheme)?,
         };

@@ -139,8 +139,8 @@ pub struct Plan {
 
 /// Fault classes the generator draws from: every class of sim.md. (`PartitionReplica`,
 /// one replica cut off from the other two, was left out while the operator could not
-/// tell a cut replica from a healthy one; it came back with the operator following
-/// `x-spur-leader` and leaving a replica whose writes go unanswered.)
+/// tell a cut replica from a healthy one; it came back with the operator probing each new
+/// channel and leaving a replica whose writes go unanswered.)
 const DRAWN: [usize; 11] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
 
 pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {

@@ -17,25 +17,20 @@ use crate::config::ChannelConfig;
 use crate::metrics::Metrics;
 use crate::net::Dialer;
 
-type Connector =
-    dyn Fn(ControllerAddr) -> BoxFuture<'static, Result<Channel, ConnectError>> + Send + Sync;
+type Connector = dyn Fn() -> BoxFuture<'static, Result<Channel, ConnectError>> + Send + Sync;
 
 /// The operator's client of spurctld: cheap to clone, safe to share between tasks.
 ///
-/// It holds at most one channel through the configured address (the Service). A call that
-/// fails with a transport failure (UNAVAILABLE, UNKNOWN, CANCELLED, DEADLINE_EXCEEDED, or a
-/// failed connect) drops that channel, and the next call connects afresh: a request bound
-/// alone would cancel the call but leave the next one waiting on the same dead connection
-/// (the seed's runs 3 and 5). An answer such as NOT_FOUND keeps the channel.
+/// It holds at most one channel. A call that fails with a transport failure (UNAVAILABLE,
+/// UNKNOWN, CANCELLED, DEADLINE_EXCEEDED, or a failed connect) drops that channel, and the
+/// next call connects afresh: a request bound alone would cancel the call but leave the
+/// next one waiting on the same dead connection (the seed's runs 3 and 5). An answer such
+/// as NOT_FOUND keeps the channel.
 ///
-/// With `follow_leader`, a follower's `UNAVAILABLE` carrying `x-spur-leader` pins the
-/// leader it names: every later call (writes and reads alike) goes over a second channel
-/// to that address, opened through the same dialer with the same bounds. The pin is let
-/// go, and calls go through the Service again, when a connect to the leader fails, when a
-/// call on that channel fails in the transport, when the leader answers that it does not
-/// lead without naming another, and when the channel reaches its maximum age. An address
-/// whose pin failed is not pinned again for one maximum age (or 10 s), so a hint naming
-/// a dead leader costs one failed connect, not one per call.
+/// With a connect probe, each new channel is first Pinged: the answer's hostname names
+/// whose state the channel's reads come from. A write that went unanswered within the
+/// request bound marks that name, and a new channel whose probe names it (or fails) is
+/// dropped and dialed again, a few times at most.
 #[derive(Clone)]
 pub struct ControllerClient {
     inner: Arc<Inner>,
@@ -49,16 +44,10 @@ struct Inner {
     authorization: Option<AsciiMetadataValue>,
     /// Held across a connect, so concurrent callers share one connect instead of racing.
     slot: tokio::sync::Mutex<Slot>,
-    follow_leader: bool,
     /// Bound on the Ping that probes each new Service channel; `None`: no probe.
     probe: Option<std::time::Duration>,
     /// The view (probe hostname) of a channel whose write went unanswered, and when.
     stalled: SyncMutex<Option<(String, tokio::time::Instant)>>,
-    /// The channel to the leader named by a hint, while it is pinned.
-    pinned: tokio::sync::Mutex<Pinned>,
-    /// Generation of the next channel (of either kind), so a late failure on an old
-    /// channel cannot drop a newer one.
-    next_generation: AtomicU64,
     leader_hint: SyncMutex<Option<String>>,
     stats: Counters,
     metrics: Option<Metrics>,
@@ -72,6 +61,9 @@ struct Slot {
     /// The `hostname` the connect probe's Ping answered on this channel: whose state its
     /// reads come from (the leader's, through a follower that can forward).
     view: Option<String>,
+    /// Generation of the next channel, so a late failure on an old channel cannot drop a
+    /// newer one.
+    next_generation: u64,
 }
 
 impl Slot {
@@ -82,26 +74,6 @@ impl Slot {
         }
     }
 }
-
-/// The leader a hint named, and the channel to it.
-#[derive(Default)]
-struct Pinned {
-    target: Option<ControllerAddr>,
-    slot: Slot,
-    /// The last address whose pin failed, and when: not pinned again for a while.
-    failed: Option<(ControllerAddr, tokio::time::Instant)>,
-}
-
-/// Which channel a call went over.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Route {
-    Service,
-    Leader,
-}
-
-/// How long an address whose pin failed is not pinned again, when channels have no
-/// maximum age.
-const REPIN_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Dials through the Service for one channel when the probe turns channels down; the
 /// last one is kept whatever its probe said, so a wrong verdict costs a few dials, never
@@ -165,10 +137,10 @@ impl ControllerClient {
             .transpose()?;
         let max_message_bytes = config.max_message_bytes;
         let max_age = config.max_age;
-        let follow_leader = config.follow_leader;
         let probe = config.connect_probe;
-        let connector: Box<Connector> = Box::new(move |target: ControllerAddr| {
-            let (config, dialer) = (config.clone(), dialer.clone());
+        let target = addr.clone();
+        let connector: Box<Connector> = Box::new(move || {
+            let (target, config, dialer) = (target.clone(), config.clone(), dialer.clone());
             Box::pin(async move { connect(&target, &config, dialer).await })
         });
         Ok(ControllerClient {
@@ -179,11 +151,8 @@ impl ControllerClient {
                 max_age,
                 authorization,
                 slot: tokio::sync::Mutex::new(Slot::default()),
-                follow_leader,
                 probe,
                 stalled: SyncMutex::new(None),
-                pinned: tokio::sync::Mutex::new(Pinned::default()),
-                next_generation: AtomicU64::new(0),
                 leader_hint: SyncMutex::new(None),
                 stats: Counters::default(),
                 metrics: None,
@@ -224,18 +193,6 @@ impl ControllerClient {
     /// Whether a channel is open (for readiness and tests).
     pub async fn is_connected(&self) -> bool {
         self.inner.slot.lock().await.channel.is_some()
-            || self.inner.pinned.lock().await.slot.channel.is_some()
-    }
-
-    /// The leader calls are pinned to, if any (`host:port`).
-    pub async fn pinned_leader(&self) -> Option<String> {
-        self.inner
-            .pinned
-            .lock()
-            .await
-            .target
-            .as_ref()
-            .map(ControllerAddr::authority)
     }
 
     pub async fn ping(&self) -> Result<pb::PingResponse, ControllerError> {
@@ -353,7 +310,7 @@ impl ControllerClient {
         F: FnOnce(pb::SlurmControllerClient<Channel>, Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
-        let (route, generation, channel) = self.channel().await?;
+        let (generation, channel) = self.channel().await?;
         let client = pb::SlurmControllerClient::new(channel)
             .max_decoding_message_size(self.inner.max_message_bytes)
             .max_encoding_message_size(self.inner.max_message_bytes);
@@ -365,8 +322,7 @@ impl ControllerClient {
             Ok(response) => Ok(response.into_inner()),
             Err(status) => {
                 let leader_hint = leader_hint(status.metadata());
-                let not_leader = status.code() == Code::Unavailable && leader_hint.is_some();
-                if not_leader {
+                if status.code() == Code::Unavailable && leader_hint.is_some() {
                     *self.inner.leader_hint.lock().expect("leader hint lock") = leader_hint.clone();
                 }
                 let error = ControllerError::Status {
@@ -374,7 +330,7 @@ impl ControllerClient {
                     code: status.code(),
                     // The causes say which bound fired (e.g. "keep-alive timed out").
                     message: status_text(&status),
-                    leader_hint: leader_hint.clone(),
+                    leader_hint,
                 };
                 if classify(status.code()) == FailureKind::Transport {
                     // A write the replica took and never answered within the bound, on a
@@ -382,54 +338,21 @@ impl ControllerClient {
                     // from its peers). Its view is avoided for a while.
                     let stalled = is_write(method)
                         && matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded);
-                    self.drop_channel(route, generation, stalled, &error).await;
-                }
-                if self.inner.follow_leader
-                    && let Some(hint) = leader_hint.filter(|_| not_leader)
-                {
-                    self.pin(&hint).await;
+                    self.drop_channel(generation, stalled, &error).await;
                 }
                 Err(error)
             }
         }
     }
 
-    /// The channel for the next call: the pinned leader's when one is pinned and can be
-    /// opened, else the Service's.
-    async fn channel(&self) -> Result<(Route, u64, Channel), ControllerError> {
-        if self.inner.follow_leader {
-            let mut pinned = self.inner.pinned.lock().await;
-            if let Some(target) = pinned.target.clone() {
-                if pinned.slot.expired(self.inner.max_age) {
-                    // Back to the Service, which knows which replicas are ready; a
-                    // follower's next hint pins the leader again.
-                    tracing::debug!(leader = %target, "the pinned leader's channel reached its maximum age; back to the Service");
-                    *pinned = Pinned {
-                        failed: pinned.failed.take(),
-                        ..Pinned::default()
-                    };
-                } else {
-                    match self.open(&mut pinned.slot, &target).await {
-                        Ok((generation, channel)) => {
-                            return Ok((Route::Leader, generation, channel));
-                        }
-                        Err(error) => {
-                            tracing::warn!(leader = %target, %error, "cannot reach the leader a follower named; calls go through the Service again");
-                            *pinned = Pinned {
-                                failed: Some((target, tokio::time::Instant::now())),
-                                ..Pinned::default()
-                            };
-                        }
-                    }
-                }
-            }
-        }
+    /// The open channel, or a new one through the Service, probed when a probe is set.
+    async fn channel(&self) -> Result<(u64, Channel), ControllerError> {
         let mut slot = self.inner.slot.lock().await;
         if slot.expired(self.inner.max_age) && slot.channel.take().is_some() {
             tracing::debug!(addr = %self.inner.addr, "rotating the controller channel after its maximum age");
         }
         if let Some((generation, channel)) = &slot.channel {
-            return Ok((Route::Service, *generation, channel.clone()));
+            return Ok((*generation, channel.clone()));
         }
         let dials = if self.inner.probe.is_some() {
             PROBE_DIALS
@@ -437,9 +360,9 @@ impl ControllerClient {
             1
         };
         for dial in 1..=dials {
-            let (generation, channel) = self.open(&mut slot, &self.inner.addr).await?;
+            let (generation, channel) = self.open(&mut slot).await?;
             let Some(bound) = self.inner.probe else {
-                return Ok((Route::Service, generation, channel));
+                return Ok((generation, channel));
             };
             let view = self.probe(channel.clone(), bound).await;
             let refused = match &view {
@@ -455,7 +378,7 @@ impl ControllerClient {
                 }
                 _ => {
                     slot.view = view.ok();
-                    return Ok((Route::Service, generation, channel));
+                    return Ok((generation, channel));
                 }
             }
         }
@@ -482,52 +405,22 @@ impl ControllerClient {
             Some((stalled, at)) if stalled == view && at.elapsed() < STALL_MEMORY)
     }
 
-    /// Pins the leader `hint` names (after a not-leader answer).
-    async fn pin(&self, hint: &str) {
-        let Ok(mut target) = hint.parse::<ControllerAddr>() else {
-            tracing::debug!(hint, "x-spur-leader is not an address; not following it");
-            return;
-        };
-        // The leader speaks the scheme the Service does.
-        target.scheme = self.inner.addr.scheme;
-        let mut pinned = self.inner.pinned.lock().await;
-        if pinned.target.as_ref() == Some(&target) {
-            return;
-        }
-        // (A pinned replica that answers "not the Raft leader" naming itself lands here:
-        // its failure let it go a moment ago.)
-        let hold_off = self.inner.max_age.unwrap_or(REPIN_AFTER);
-        if matches!(&pinned.failed, Some((failed, at)) if *failed == target && at.elapsed() < hold_off)
-        {
-            return;
-        }
-        tracing::info!(leader = %target, "following the leader a follower named");
-        *pinned = Pinned {
-            target: Some(target),
-            slot: Slot::default(),
-            failed: pinned.failed.take(),
-        };
-    }
-
-    /// The open channel of `slot`, or a new one to `target`.
-    async fn open(
-        &self,
-        slot: &mut Slot,
-        target: &ControllerAddr,
-    ) -> Result<(u64, Channel), ControllerError> {
+    /// The open channel of `slot`, or a new one.
+    async fn open(&self, slot: &mut Slot) -> Result<(u64, Channel), ControllerError> {
         if let Some((generation, channel)) = &slot.channel {
             return Ok((*generation, channel.clone()));
         }
-        match (self.inner.connector)(target.clone()).await {
+        match (self.inner.connector)().await {
             Ok(channel) => {
-                let generation = self.inner.next_generation.fetch_add(1, Ordering::Relaxed);
+                let generation = slot.next_generation;
+                slot.next_generation += 1;
                 slot.channel = Some((generation, channel.clone()));
                 slot.opened = Some(tokio::time::Instant::now());
                 self.inner.stats.connects.fetch_add(1, Ordering::Relaxed);
                 if let Some(m) = &self.inner.metrics {
                     m.channel_connects.inc();
                 }
-                tracing::debug!(addr = %target, generation, "connected to spurctld");
+                tracing::debug!(addr = %self.inner.addr, generation, "connected to spurctld");
                 Ok((generation, channel))
             }
             Err(source) => {
@@ -539,58 +432,31 @@ impl ControllerClient {
                     m.channel_connect_failures.inc();
                 }
                 Err(ControllerError::Connect {
-                    addr: target.to_string(),
+                    addr: self.inner.addr.to_string(),
                     source,
                 })
             }
         }
     }
 
-    /// Drops `route`'s channel of `generation` after a transport failure; a pinned leader
-    /// whose channel failed is let go, so the next call goes through the Service. When
-    /// `stalled` (a write went unanswered), the channel's view is avoided for a while.
-    async fn drop_channel(
-        &self,
-        route: Route,
-        generation: u64,
-        stalled: bool,
-        cause: &ControllerError,
-    ) {
-        let dropped = match route {
-            Route::Service => {
-                let mut slot = self.inner.slot.lock().await;
-                let current = matches!(slot.channel, Some((g, _)) if g == generation);
-                if current {
-                    slot.channel = None;
-                    if let Some(view) = slot.view.take().filter(|_| stalled) {
-                        tracing::warn!(%view, "a write went unanswered on a channel whose reads come from {view}; avoiding it");
-                        *self.inner.stalled.lock().expect("stalled lock") =
-                            Some((view, tokio::time::Instant::now()));
-                    }
-                }
-                current
+    /// Drops the channel of `generation` after a transport failure. When `stalled` (a
+    /// write went unanswered), the channel's view is avoided for a while.
+    async fn drop_channel(&self, generation: u64, stalled: bool, cause: &ControllerError) {
+        let mut slot = self.inner.slot.lock().await;
+        if matches!(slot.channel, Some((current, _)) if current == generation) {
+            slot.channel = None;
+            if let Some(view) = slot.view.take().filter(|_| stalled) {
+                tracing::warn!(%view, "a write went unanswered on a channel whose reads come from {view}; avoiding it");
+                *self.inner.stalled.lock().expect("stalled lock") =
+                    Some((view, tokio::time::Instant::now()));
             }
-            Route::Leader => {
-                let mut pinned = self.inner.pinned.lock().await;
-                let current = matches!(pinned.slot.channel, Some((g, _)) if g == generation);
-                if current && let Some(target) = pinned.target.take() {
-                    tracing::warn!(leader = %target, %cause, "the pinned leader failed; calls go through the Service again");
-                    *pinned = Pinned {
-                        failed: Some((target, tokio::time::Instant::now())),
-                        ..Pinned::default()
-                    };
-                }
-                current
-            }
-        };
-        if dropped {
             self.inner.stats.drops.fetch_add(1, Ordering::Relaxed);
             if let Some(m) = &self.inner.metrics {
                 m.channel_drops.inc();
             }
             // Once per channel: concurrent calls failing on the same dead connection find
             // the slot already empty and stay quiet.
-            tracing::warn!(addr = %self.inner.addr, ?route, %cause, "dropping the controller channel; the next call connects afresh");
+            tracing::warn!(addr = %self.inner.addr, %cause, "dropping the controller channel; the next call connects afresh");
         }
     }
 }
