@@ -265,7 +265,7 @@ fn a_follower_whose_forwarding_client_died_in_a_partition_is_turned_down_by_the_
         unprobed.picks
     );
     assert!(
-        unprobed.picks.iter().any(|p| *p == unprobed.cut),
+        unprobed.picks.contains(&unprobed.cut),
         "precondition: the Service must route the operator to the rejoined follower"
     );
     assert!(
