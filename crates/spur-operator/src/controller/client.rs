@@ -28,9 +28,10 @@ type Connector = dyn Fn() -> BoxFuture<'static, Result<Channel, ConnectError>> +
 /// as NOT_FOUND keeps the channel.
 ///
 /// With a connect probe, each new channel is first Pinged: the answer's hostname names
-/// whose state the channel's reads come from. A write that went unanswered within the
-/// request bound marks that name, and a new channel whose probe names it (or fails) is
-/// dropped and dialed again, a few times at most.
+/// whose state the channel's reads come from. When a write went unanswered within the
+/// request bound while a Ping on the same channel is answered, that name is marked, and a
+/// new channel whose probe names it (or fails) is dropped and dialed again, a few times
+/// at most.
 #[derive(Clone)]
 pub struct ControllerClient {
     inner: Arc<Inner>,
@@ -58,9 +59,6 @@ struct Slot {
     channel: Option<(u64, Channel)>,
     /// When the current channel was opened (for the maximum age).
     opened: Option<tokio::time::Instant>,
-    /// The `hostname` the connect probe's Ping answered on this channel: whose state its
-    /// reads come from (the leader's, through a follower that can forward).
-    view: Option<String>,
     /// Generation of the next channel, so a late failure on an old channel cannot drop a
     /// newer one.
     next_generation: u64,
@@ -311,7 +309,7 @@ impl ControllerClient {
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
         let (generation, channel) = self.channel().await?;
-        let client = pb::SlurmControllerClient::new(channel)
+        let client = pb::SlurmControllerClient::new(channel.clone())
             .max_decoding_message_size(self.inner.max_message_bytes)
             .max_encoding_message_size(self.inner.max_message_bytes);
         let mut request = Request::new(message);
@@ -333,11 +331,19 @@ impl ControllerClient {
                     leader_hint,
                 };
                 if classify(status.code()) == FailureKind::Transport {
-                    // A write the replica took and never answered within the bound, on a
-                    // channel whose probe it answered: it cannot commit (a replica cut off
-                    // from its peers). Its view is avoided for a while.
-                    let stalled = is_write(method)
+                    // A write the replica took and never answered within the bound: if it
+                    // still answers a read on the same channel, it serves reads it cannot
+                    // back with commits (a leader cut off from its peers), and the name its
+                    // Ping gives is avoided for a while. A replica whose reads hang too (a
+                    // follower whose forward hangs) is not named: the probe of any new
+                    // channel to it fails anyway, and the name it would give is the
+                    // leader's, which every healthy replica gives too.
+                    let unanswered_write = is_write(method)
                         && matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded);
+                    let stalled = match self.inner.probe {
+                        Some(bound) if unanswered_write => self.probe(channel, bound).await.ok(),
+                        _ => None,
+                    };
                     self.drop_channel(generation, stalled, &error).await;
                 }
                 Err(error)
@@ -376,10 +382,7 @@ impl ControllerClient {
                     tracing::info!(addr = %self.inner.addr, dial, %why, "turning a new controller channel down; dialing again");
                     slot.channel = None;
                 }
-                _ => {
-                    slot.view = view.ok();
-                    return Ok((generation, channel));
-                }
+                _ => return Ok((generation, channel)),
             }
         }
         unreachable!("the last dial returns")
@@ -439,14 +442,20 @@ impl ControllerClient {
         }
     }
 
-    /// Drops the channel of `generation` after a transport failure. When `stalled` (a
-    /// write went unanswered), the channel's view is avoided for a while.
-    async fn drop_channel(&self, generation: u64, stalled: bool, cause: &ControllerError) {
+    /// Drops the channel of `generation` after a transport failure. `stalled` names the
+    /// replica's view when a write went unanswered while reads were answered: it is
+    /// avoided for a while.
+    async fn drop_channel(
+        &self,
+        generation: u64,
+        stalled: Option<String>,
+        cause: &ControllerError,
+    ) {
         let mut slot = self.inner.slot.lock().await;
         if matches!(slot.channel, Some((current, _)) if current == generation) {
             slot.channel = None;
-            if let Some(view) = slot.view.take().filter(|_| stalled) {
-                tracing::warn!(%view, "a write went unanswered on a channel whose reads come from {view}; avoiding it");
+            if let Some(view) = stalled {
+                tracing::warn!(%view, "a write went unanswered on a channel whose reads {view} answers; avoiding it");
                 *self.inner.stalled.lock().expect("stalled lock") =
                     Some((view, tokio::time::Instant::now()));
             }

@@ -217,6 +217,8 @@ pub struct ScriptedController {
     pub max_in_flight: Arc<AtomicUsize>,
     /// The `hostname` Ping answers (`spurctld-0` when unset).
     hostname: Arc<Mutex<Option<String>>>,
+    /// How long Ping waits before answering.
+    ping_delay: Arc<Mutex<std::time::Duration>>,
 }
 
 impl ScriptedController {
@@ -243,6 +245,11 @@ impl ScriptedController {
 
     pub fn knows(&self, node: &str) -> bool {
         self.known.lock().unwrap().contains(node)
+    }
+
+    /// Ping waits `delay` before answering (a follower whose forward to the leader hangs).
+    pub fn set_ping_delay(&self, delay: std::time::Duration) {
+        *self.ping_delay.lock().unwrap() = delay;
     }
 
     pub fn set_delay(&self, delay: std::time::Duration) {
@@ -291,6 +298,8 @@ impl pb::SlurmController for ScriptedController {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
+        let ping_delay = *self.ping_delay.lock().unwrap();
+        tokio::time::sleep(ping_delay).await;
         let hostname = self.hostname.lock().unwrap().clone();
         self.answer(pb::PingResponse {
             hostname: hostname.unwrap_or_else(|| "spurctld-0".into()),

@@ -306,6 +306,30 @@ async fn a_replica_whose_write_went_unanswered_is_not_used_again() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_follower_whose_reads_hang_too_does_not_mark_the_leaders_name() {
+    // Through a follower, Ping is forwarded: it names the leader, as the healthy replica
+    // does. Cut off, the follower holds reads and writes alike.
+    let follower = ScriptedController::named("spurctld-0");
+    let healthy = ScriptedController::named("spurctld-0");
+    let network = MemoryNetwork::start(ScriptedController::default());
+    network.add_host("follower", follower.clone());
+    network.add_host("healthy", healthy.clone());
+    let client = client_over(&network, ChannelConfig::default());
+    network.redirect_next(&["follower", "healthy"]);
+    client.get_jobs(Default::default()).await.unwrap();
+
+    follower.set_delay(Duration::from_secs(3600));
+    follower.set_ping_delay(Duration::from_secs(3600));
+    let err = client.heartbeat(Default::default()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Cancelled, "{err}");
+
+    // The healthy replica's probe names the leader too: it is used, not turned down.
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(network.dialed(), ["follower", "healthy"]);
+    assert_eq!(calls(&healthy), 2, "the probe and the read");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_channel_whose_probe_goes_unanswered_is_dialed_again() {
     let (_cut, healthy, network, client) = cut_and_healthy();
     // A follower whose forward to the leader hangs: it accepts and never answers.
