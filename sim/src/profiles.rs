@@ -4,6 +4,9 @@
 //!   no request bound, doubling backoff 1 s..60 s.
 //! - `seed-fix`: the seed's fix: 10 s connect timeout, keepalive, 30 s request bound, and
 //!   still the doubling backoff 1 s..60 s.
+//!
+//! Both keep modelling the old operator: one channel through the Service, no rotation, no
+//! connect probe, no hedged dials.
 //! - `default`: the operator's shipped defaults (no flags).
 
 use std::fmt;
@@ -50,6 +53,10 @@ impl Profile {
                 "off",
                 "--controller-channel-max-age",
                 "off",
+                "--controller-connect-probe",
+                "off",
+                "--controller-connect-hedge",
+                "off",
             ],
             Profile::SeedFix => &[
                 "--controller-connect-timeout",
@@ -61,6 +68,10 @@ impl Profile {
                 "--controller-keepalive-timeout",
                 "20s",
                 "--controller-channel-max-age",
+                "off",
+                "--controller-connect-probe",
+                "off",
+                "--controller-connect-hedge",
                 "off",
             ],
             Profile::Default => return Vec::new(),
@@ -99,12 +110,15 @@ mod tests {
             let channel = &config.controller.channel;
             match profile {
                 Profile::Unbounded => {
+                    assert_eq!(channel.connect_probe, None);
+                    assert_eq!(channel.connect_hedge, None);
                     assert_eq!(channel.connect_timeout, None);
                     assert_eq!(channel.request_timeout, None);
                     assert_eq!(channel.keepalive, None);
                 }
                 Profile::SeedFix | Profile::Default => {
                     assert!(channel.connect_timeout.is_some() && channel.keepalive.is_some());
+                    assert_eq!(channel.connect_probe.is_some(), profile == Profile::Default);
                 }
             }
             assert_eq!(profile.name().parse::<Profile>(), Ok(profile));

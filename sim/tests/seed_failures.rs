@@ -209,6 +209,66 @@ fn a_first_registration_behind_a_dropped_syn() {
     assert!(unbounded.lag().unwrap() > REGISTRATION_DEADLINE);
 }
 
+/// The first registration after controllers that start at `start`, with the operator's
+/// `flags`: its lag from "a leader exists and the Service has a ready endpoint", and
+/// whether a SYN of the operator's was dropped by the endpoint-less Service.
+fn late_controller(seed: u64, start: Duration, flags: &[&str]) -> (Option<Duration>, bool) {
+    let mut sim = Sim::with_controllers_at(seed, WorldConfig::default(), start);
+    sim.add_nodes(2);
+    sim.start_operator("operator", flags);
+    let registered_at =
+        run_until_true(&mut sim, secs(120), |sim| sim.registered_nodes().len() == 2);
+    let leader_at = leader_elected_after(&sim, Duration::ZERO).expect("a leader was elected");
+    let ready_at = service_ready_at(&sim)
+        .expect("the Service got an endpoint")
+        .max(leader_at);
+    let dropped = !sim
+        .world
+        .trace()
+        .find("service spurctld: no endpoint, SYN dropped")
+        .is_empty();
+    (registered_at.map(|at| at.saturating_sub(ready_at)), dropped)
+}
+
+/// When the controllers start in the hedged-dial scenario: the Service gets its endpoint
+/// 0.2 s after the operator's dial went out (found by trying start times; the lag
+/// without hedging below holds it).
+const CONTROLLERS_START_HEDGE: Duration = Duration::from_millis(13_880);
+
+/// Issue 8: registration within a second of "a leader exists and the Service has a ready
+/// endpoint". The operator's dial in flight when the endpoint became ready had its SYN
+/// dropped; it holds the connect for the whole 2 s connect timeout unless the operator
+/// dials again meanwhile (`--controller-connect-hedge`, every 250 ms by default).
+#[test]
+fn a_hedged_dial_registers_within_a_second_of_the_first_endpoint() {
+    let target = secs(1);
+    let (hedged, dropped) = late_controller(SEED_A, CONTROLLERS_START_HEDGE, &[]);
+    assert!(
+        dropped,
+        "precondition: a SYN met the Service without an endpoint"
+    );
+    eprintln!("hedged: lag {:?}", hedged.map(s));
+    assert!(
+        hedged.is_some_and(|lag| lag <= target),
+        "default: registered {:?} after the Service could answer; target {}",
+        hedged.map(s),
+        s(target)
+    );
+    let (unhedged, _) = late_controller(
+        SEED_A,
+        CONTROLLERS_START_HEDGE,
+        &["--controller-connect-hedge", "off"],
+    );
+    eprintln!("unhedged: lag {:?}", unhedged.map(s));
+    assert!(
+        unhedged.is_some_and(|lag| lag > target),
+        "without hedging: registered {:?} after the Service could answer; expected the \
+         dropped SYN to hold it past {}",
+        unhedged.map(s),
+        s(target)
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // (b) The leader pod killed silently under the operator's channel.
 // ---------------------------------------------------------------------------------------

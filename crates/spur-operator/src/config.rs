@@ -121,6 +121,10 @@ pub struct ChannelConfig {
     pub max_message_bytes: usize,
     /// Connect afresh once a channel is this old.
     pub max_age: Option<Duration>,
+    /// Bound on the Ping that probes each new Service channel, or no probe.
+    pub connect_probe: Option<Duration>,
+    /// Dial again this often while a connect has not completed.
+    pub connect_hedge: Option<Duration>,
     pub tls: Option<TlsConfig>,
 }
 
@@ -130,6 +134,8 @@ pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_MESSAGE_MIB: usize = 32;
 pub const DEFAULT_CHANNEL_MAX_AGE: Duration = Duration::from_secs(10);
+pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
+pub const DEFAULT_CONNECT_HEDGE: Duration = Duration::from_millis(250);
 
 impl Default for ChannelConfig {
     fn default() -> Self {
@@ -143,6 +149,8 @@ impl Default for ChannelConfig {
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
             max_message_bytes: DEFAULT_MAX_MESSAGE_MIB << 20,
             max_age: Some(DEFAULT_CHANNEL_MAX_AGE),
+            connect_probe: Some(DEFAULT_CONNECT_PROBE),
+            connect_hedge: Some(DEFAULT_CONNECT_HEDGE),
             tls: None,
         }
     }
@@ -157,6 +165,8 @@ impl ChannelConfig {
             keepalive: None,
             request_timeout: None,
             max_age: None,
+            connect_probe: None,
+            connect_hedge: None,
             ..ChannelConfig::default()
         }
     }
@@ -207,6 +217,19 @@ pub struct ControllerArgs {
     )]
     pub controller_connect_timeout: Bound,
 
+    /// While a connect has not completed, dial again this often (the first stream wins),
+    /// or `off`. A Service with no ready endpoint may drop the SYN, and a dial whose SYN
+    /// was dropped waits out the whole connect timeout even when an endpoint became ready
+    /// a moment later: the first registration after a late controller then comes up to
+    /// 2 s after the Service could have answered. Dialing again every 250 ms bounds that
+    /// to about 250 ms, at the cost of a few SYNs per second while nothing is ready.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_CONNECT_HEDGE",
+        default_value = "250ms"
+    )]
+    pub controller_connect_hedge: Bound,
+
     /// Bound on each call, or `off`. No call on this channel streams, and spurctld answers
     /// in milliseconds when it answers at all. A follower forwards a write to the leader
     /// over a client with no bound of its own, so after a leader's pod vanishes that write
@@ -255,6 +278,26 @@ pub struct ControllerArgs {
         default_value = "10s"
     )]
     pub controller_channel_max_age: Bound,
+
+    /// Bound on a Ping sent over each new channel through the Service before it is used,
+    /// or `off`. Reads are forwarded to the leader when the replica can (wire.md), so the
+    /// answer's `hostname` names whose state the channel's reads come from: the leader's
+    /// through a healthy replica, the replica's own when it is a leader cut off from its
+    /// peers. When a write went unanswered within the request bound and a Ping on the same
+    /// channel is still answered (reads served, writes never committed), the name it gives
+    /// is avoided for 30 s: a new channel whose probe names it, or whose probe fails within
+    /// this bound (a follower whose forward to the leader hangs), is dropped and the
+    /// Service dialed again, up to 4 dials, the last kept whatever its probe said. Without
+    /// it the Service hands the operator back to the cut replica one connect in three,
+    /// each costing a request bound on a write and stale reads meanwhile. A Ping takes
+    /// milliseconds inside a cluster; 1 s also covers the follower's forward. Costs one
+    /// Ping per new channel.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_CONNECT_PROBE",
+        default_value = "1s"
+    )]
+    pub controller_connect_probe: Bound,
 
     /// Largest message sent or received, in MiB. GetJobs over 10,000 active jobs is about
     /// 2 MiB; 32 leaves room for large clusters without allowing unbounded memory.
@@ -312,10 +355,12 @@ impl ControllerArgs {
         }
         let channel = ChannelConfig {
             connect_timeout: self.controller_connect_timeout.0,
+            connect_hedge: self.controller_connect_hedge.0,
             keepalive,
             request_timeout: self.controller_request_timeout.0,
             max_message_bytes: self.controller_max_message_mib << 20,
             max_age: self.controller_channel_max_age.0,
+            connect_probe: self.controller_connect_probe.0,
             tls: self.tls(addr.scheme)?,
         };
         let token = self

@@ -141,22 +141,11 @@ impl Monitor {
             .world
             .net()
             .ready_endpoints(crate::world::CONTROLLER_SERVICE, now);
-        // A ready endpoint cut off from the leader answers reads from its stale copy on a
-        // healthy connection, and the operator cannot tell (it rotates its channel every
-        // 10 s, so it leaves such a replica with probability 2/3 each time). The deadlines
-        // are not judged while one is in the Service (the generator also leaves such
-        // partitions out for now: see `plan::DRAWN`). Routing by the leader's hint is the
-        // open work that would let the checks judge it.
-        let endpoints_consistent = leader.as_ref().is_some_and(|leader| {
-            endpoints
-                .iter()
-                .all(|e| e == leader || sim.world.net().can_reach(e, leader))
-        });
-        let healthy = leader_slot.is_some()
-            && !endpoints.is_empty()
-            && endpoints_consistent
-            && operator_up
-            && api_up;
+        // Healthy from "a leader with a quorum exists and the Service has a ready
+        // endpoint": a ready endpoint cut off from that leader (a partitioned replica, which
+        // stays in the Service and may serve stale reads) is the operator's problem to get
+        // around, not a reason to stop judging.
+        let healthy = leader_slot.is_some() && !endpoints.is_empty() && operator_up && api_up;
         self.healthy_since = match (healthy, self.healthy_since) {
             (true, None) => Some(now),
             (true, since) => since,

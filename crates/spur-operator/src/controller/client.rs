@@ -26,6 +26,12 @@ type Connector = dyn Fn() -> BoxFuture<'static, Result<Channel, ConnectError>> +
 /// next call connects afresh: a request bound alone would cancel the call but leave the
 /// next one waiting on the same dead connection (the seed's runs 3 and 5). An answer such
 /// as NOT_FOUND keeps the channel.
+///
+/// With a connect probe, each new channel is first Pinged: the answer's hostname names
+/// whose state the channel's reads come from. When a write went unanswered within the
+/// request bound while a Ping on the same channel is answered, that name is marked, and a
+/// new channel whose probe names it (or fails) is dropped and dialed again, a few times
+/// at most.
 #[derive(Clone)]
 pub struct ControllerClient {
     inner: Arc<Inner>,
@@ -39,6 +45,10 @@ struct Inner {
     authorization: Option<AsciiMetadataValue>,
     /// Held across a connect, so concurrent callers share one connect instead of racing.
     slot: tokio::sync::Mutex<Slot>,
+    /// Bound on the Ping that probes each new Service channel; `None`: no probe.
+    probe: Option<std::time::Duration>,
+    /// The view (probe hostname) of a channel whose write went unanswered, and when.
+    stalled: SyncMutex<Option<(String, tokio::time::Instant)>>,
     leader_hint: SyncMutex<Option<String>>,
     stats: Counters,
     metrics: Option<Metrics>,
@@ -52,6 +62,44 @@ struct Slot {
     /// Generation of the next channel, so a late failure on an old channel cannot drop a
     /// newer one.
     next_generation: u64,
+}
+
+impl Slot {
+    fn expired(&self, max_age: Option<std::time::Duration>) -> bool {
+        match (max_age, self.opened) {
+            (Some(max_age), Some(opened)) => opened.elapsed() >= max_age,
+            _ => false,
+        }
+    }
+
+    /// Keeps `channel` as the one every call shares, from now.
+    fn keep(&mut self, generation: u64, channel: Channel) {
+        self.channel = Some((generation, channel));
+        self.opened = Some(tokio::time::Instant::now());
+    }
+}
+
+/// Dials through the Service for one channel when the probe turns channels down; the
+/// last one is kept whatever its probe said, so a wrong verdict costs a few dials, never
+/// the channel.
+const PROBE_DIALS: usize = 4;
+
+/// How long a view whose write went unanswered is avoided. A cut replica stays cut for
+/// as long as the partition lasts; once it rejoins, its reads forward to the leader and
+/// its probe names the leader, so a long memory costs nothing then.
+const STALL_MEMORY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether a call changes state (only the Raft leader applies it; wire.md).
+fn is_write(method: &str) -> bool {
+    matches!(
+        method,
+        "RegisterAgent"
+            | "Heartbeat"
+            | "UpdateNode"
+            | "SubmitJob"
+            | "CancelJob"
+            | "ReportJobStatus"
+    )
 }
 
 #[derive(Default)]
@@ -93,6 +141,7 @@ impl ControllerClient {
             .transpose()?;
         let max_message_bytes = config.max_message_bytes;
         let max_age = config.max_age;
+        let probe = config.connect_probe;
         let target = addr.clone();
         let connector: Box<Connector> = Box::new(move || {
             let (target, config, dialer) = (target.clone(), config.clone(), dialer.clone());
@@ -106,6 +155,8 @@ impl ControllerClient {
                 max_age,
                 authorization,
                 slot: tokio::sync::Mutex::new(Slot::default()),
+                probe,
+                stalled: SyncMutex::new(None),
                 leader_hint: SyncMutex::new(None),
                 stats: Counters::default(),
                 metrics: None,
@@ -264,7 +315,7 @@ impl ControllerClient {
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
         let (generation, channel) = self.channel().await?;
-        let client = pb::SlurmControllerClient::new(channel)
+        let client = pb::SlurmControllerClient::new(channel.clone())
             .max_decoding_message_size(self.inner.max_message_bytes)
             .max_encoding_message_size(self.inner.max_message_bytes);
         let mut request = Request::new(message);
@@ -286,31 +337,94 @@ impl ControllerClient {
                     leader_hint,
                 };
                 if classify(status.code()) == FailureKind::Transport {
-                    self.drop_channel(generation, &error).await;
+                    // A write the replica took and never answered within the bound: if it
+                    // still answers a read on the same channel, it serves reads it cannot
+                    // back with commits (a leader cut off from its peers), and the name its
+                    // Ping gives is avoided for a while. A replica whose reads hang too (a
+                    // follower whose forward hangs) is not named: the probe of any new
+                    // channel to it fails anyway, and the name it would give is the
+                    // leader's, which every healthy replica gives too.
+                    let unanswered_write = is_write(method)
+                        && matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded);
+                    let stalled = match self.inner.probe {
+                        Some(bound) if unanswered_write => self.probe(channel, bound).await.ok(),
+                        _ => None,
+                    };
+                    self.drop_channel(generation, stalled, &error).await;
                 }
                 Err(error)
             }
         }
     }
 
+    /// The open channel, or a new one through the Service, probed when a probe is set.
     async fn channel(&self) -> Result<(u64, Channel), ControllerError> {
         let mut slot = self.inner.slot.lock().await;
-        let expired = match (self.inner.max_age, slot.opened) {
-            (Some(max_age), Some(opened)) => opened.elapsed() >= max_age,
-            _ => false,
-        };
-        if expired && slot.channel.take().is_some() {
+        if slot.expired(self.inner.max_age) && slot.channel.take().is_some() {
             tracing::debug!(addr = %self.inner.addr, "rotating the controller channel after its maximum age");
         }
         if let Some((generation, channel)) = &slot.channel {
             return Ok((*generation, channel.clone()));
         }
+        let dials = if self.inner.probe.is_some() {
+            PROBE_DIALS
+        } else {
+            1
+        };
+        for dial in 1..=dials {
+            let (generation, channel) = self.open(&mut slot).await?;
+            let Some(bound) = self.inner.probe else {
+                slot.keep(generation, channel.clone());
+                return Ok((generation, channel));
+            };
+            let view = self.probe(channel.clone(), bound).await;
+            let refused = match &view {
+                Ok(view) => self
+                    .is_stalled(view)
+                    .then(|| format!("its reads come from {view}, whose writes went unanswered")),
+                Err(error) => Some(format!("its probe failed: {error}")),
+            };
+            match refused {
+                Some(why) if dial < dials => {
+                    tracing::info!(addr = %self.inner.addr, dial, %why, "turning a new controller channel down; dialing again");
+                }
+                _ => {
+                    slot.keep(generation, channel.clone());
+                    return Ok((generation, channel));
+                }
+            }
+        }
+        unreachable!("the last dial returns")
+    }
+
+    /// Pings over a new channel within `bound`: the hostname that answered.
+    async fn probe(&self, channel: Channel, bound: std::time::Duration) -> Result<String, String> {
+        let mut client = pb::SlurmControllerClient::new(channel);
+        let mut request = Request::new(());
+        request.set_timeout(bound);
+        if let Some(auth) = &self.inner.authorization {
+            request.metadata_mut().insert("authorization", auth.clone());
+        }
+        match tokio::time::timeout(bound, client.ping(request)).await {
+            Ok(Ok(answer)) => Ok(answer.into_inner().hostname),
+            Ok(Err(status)) => Err(format!("{:?} {}", status.code(), status.message())),
+            Err(_) => Err(format!("no answer within {bound:?}")),
+        }
+    }
+
+    fn is_stalled(&self, view: &str) -> bool {
+        matches!(&*self.inner.stalled.lock().expect("stalled lock"),
+            Some((stalled, at)) if stalled == view && at.elapsed() < STALL_MEMORY)
+    }
+
+    /// A new channel with its generation. The caller keeps it in `slot` only once its probe
+    /// accepted it: a caller cancelled mid-probe (a readiness probe's bound, a request's)
+    /// must not leave an unvetted channel behind for every other call to use.
+    async fn open(&self, slot: &mut Slot) -> Result<(u64, Channel), ControllerError> {
         match (self.inner.connector)().await {
             Ok(channel) => {
                 let generation = slot.next_generation;
                 slot.next_generation += 1;
-                slot.channel = Some((generation, channel.clone()));
-                slot.opened = Some(tokio::time::Instant::now());
                 self.inner.stats.connects.fetch_add(1, Ordering::Relaxed);
                 if let Some(m) = &self.inner.metrics {
                     m.channel_connects.inc();
@@ -334,10 +448,23 @@ impl ControllerClient {
         }
     }
 
-    async fn drop_channel(&self, generation: u64, cause: &ControllerError) {
+    /// Drops the channel of `generation` after a transport failure. `stalled` names the
+    /// replica's view when a write went unanswered while reads were answered: it is
+    /// avoided for a while.
+    async fn drop_channel(
+        &self,
+        generation: u64,
+        stalled: Option<String>,
+        cause: &ControllerError,
+    ) {
         let mut slot = self.inner.slot.lock().await;
         if matches!(slot.channel, Some((current, _)) if current == generation) {
             slot.channel = None;
+            if let Some(view) = stalled {
+                tracing::warn!(%view, "a write went unanswered on a channel whose reads {view} answers; avoiding it");
+                *self.inner.stalled.lock().expect("stalled lock") =
+                    Some((view, tokio::time::Instant::now()));
+            }
             self.inner.stats.drops.fetch_add(1, Ordering::Relaxed);
             if let Some(m) = &self.inner.metrics {
                 m.channel_drops.inc();

@@ -33,6 +33,7 @@ pub async fn connect<D: Dialer>(
         host: addr.host.clone(),
         port: addr.port,
         timeout: config.connect_timeout,
+        hedge: config.connect_hedge,
     };
     let connecting = endpoint.connect_with_connector(dial);
     let result = match config.connect_timeout {
@@ -91,6 +92,40 @@ struct DialService<D> {
     host: String,
     port: u16,
     timeout: Option<Duration>,
+    hedge: Option<Duration>,
+}
+
+/// Dials `host:port`, and again every `hedge` while no dial has completed; the first
+/// stream wins and the others are dropped. A dial whose SYN a Service with no ready
+/// endpoint dropped never completes; the next one, made once an endpoint is ready,
+/// connects at once. A dial that fails ends the connect when no other is pending (a
+/// refusal is an answer, not a lost SYN).
+async fn hedged_dial<D: Dialer>(
+    dialer: D,
+    host: String,
+    port: u16,
+    hedge: Option<Duration>,
+) -> io::Result<D::Stream> {
+    use futures::StreamExt as _;
+    let Some(every) = hedge else {
+        return dialer.dial(&host, port).await;
+    };
+    let mut dials = futures::stream::FuturesUnordered::new();
+    dials.push(dialer.dial(&host, port));
+    let mut next = tokio::time::Instant::now() + every;
+    loop {
+        tokio::select! {
+            Some(result) = dials.next() => match result {
+                Ok(stream) => return Ok(stream),
+                Err(error) if dials.is_empty() => return Err(error),
+                Err(_) => {}
+            },
+            _ = tokio::time::sleep_until(next) => {
+                dials.push(dialer.dial(&host, port));
+                next += every;
+            }
+        }
+    }
 }
 
 impl<D: Dialer> tower::Service<Uri> for DialService<D> {
@@ -105,7 +140,12 @@ impl<D: Dialer> tower::Service<Uri> for DialService<D> {
     fn call(&mut self, _uri: Uri) -> Self::Future {
         // The URI is the one built from the same address; dialing the parsed host and port
         // avoids re-parsing brackets and defaults.
-        let dialing = self.dialer.dial(&self.host, self.port);
+        let dialing = hedged_dial(
+            self.dialer.clone(),
+            self.host.clone(),
+            self.port,
+            self.hedge,
+        );
         let timeout = self.timeout;
         Box::pin(async move {
             let stream = match timeout {

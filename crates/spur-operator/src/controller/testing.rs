@@ -4,7 +4,7 @@
 //! tokio's paused clock and the real bounds (10 s, 30 s) apply without waiting: no OS
 //! socket is involved whose progress the paused clock would race.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,53 +35,121 @@ pub enum Peer {
     Refuse,
 }
 
+type ToServer = mpsc::UnboundedSender<io::Result<Pipe>>;
+
 /// A dialer whose connections end in a [`ScriptedController`] (or nowhere), counting dials.
+/// Every host leads to the first controller unless [`MemoryNetwork::add_host`] gave it
+/// one of its own (a replica dialed by name, as a leader hint names it).
 #[derive(Clone)]
 pub struct MemoryNetwork {
     peer: Arc<Mutex<Peer>>,
+    host_peers: Arc<Mutex<BTreeMap<String, Peer>>>,
     dials: Arc<AtomicUsize>,
-    to_server: mpsc::UnboundedSender<io::Result<Pipe>>,
+    dialed: Arc<Mutex<Vec<String>>>,
+    to_server: ToServer,
+    hosts: Arc<Mutex<BTreeMap<String, ToServer>>>,
+    /// Hosts the next dials lead to instead of the one dialed (a Service's picks).
+    redirects: Arc<Mutex<VecDeque<String>>>,
     held: Arc<Mutex<Vec<DuplexStream>>>,
+}
+
+fn serve(controller: ScriptedController) -> ToServer {
+    let (to_server, incoming) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(pb::SlurmControllerServer::new(controller))
+            .serve_with_incoming(UnboundedReceiverStream::new(incoming))
+            .await
+            .expect("scripted controller serves");
+    });
+    to_server
 }
 
 impl MemoryNetwork {
     /// Starts `controller` on its own task and returns the network that leads to it.
     pub fn start(controller: ScriptedController) -> MemoryNetwork {
-        let (to_server, incoming) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .add_service(pb::SlurmControllerServer::new(controller))
-                .serve_with_incoming(UnboundedReceiverStream::new(incoming))
-                .await
-                .expect("scripted controller serves");
-        });
         MemoryNetwork {
             peer: Arc::new(Mutex::new(Peer::Serve)),
+            host_peers: Arc::default(),
             dials: Arc::new(AtomicUsize::new(0)),
-            to_server,
+            dialed: Arc::default(),
+            to_server: serve(controller),
+            hosts: Arc::default(),
+            redirects: Arc::default(),
             held: Arc::default(),
         }
+    }
+
+    /// Dials of `host` reach `controller` (started on its own task).
+    pub fn add_host(&self, host: &str, controller: ScriptedController) {
+        self.hosts
+            .lock()
+            .unwrap()
+            .insert(host.to_owned(), serve(controller));
     }
 
     pub fn set_peer(&self, peer: Peer) {
         *self.peer.lock().unwrap() = peer;
     }
 
+    /// What the far end of a dial of `host` does, whatever [`MemoryNetwork::set_peer`] says.
+    pub fn set_host_peer(&self, host: &str, peer: Peer) {
+        self.host_peers
+            .lock()
+            .unwrap()
+            .insert(host.to_owned(), peer);
+    }
+
     pub fn dials(&self) -> usize {
         self.dials.load(Ordering::SeqCst)
+    }
+
+    /// The next dials, whatever host they name, lead to `hosts` in turn (as a Service
+    /// picks a replica for each connection).
+    pub fn redirect_next(&self, hosts: &[&str]) {
+        self.redirects
+            .lock()
+            .unwrap()
+            .extend(hosts.iter().map(|h| (*h).to_owned()));
+    }
+
+    /// The hosts dialed, in order.
+    pub fn dialed(&self) -> Vec<String> {
+        self.dialed.lock().unwrap().clone()
     }
 }
 
 impl Dialer for MemoryNetwork {
     type Stream = Pipe;
 
-    fn dial(&self, _host: &str, _port: u16) -> BoxFuture<'static, io::Result<Pipe>> {
+    fn dial(&self, host: &str, _port: u16) -> BoxFuture<'static, io::Result<Pipe>> {
         self.dials.fetch_add(1, Ordering::SeqCst);
-        let peer = *self.peer.lock().unwrap();
+        let host = self
+            .redirects
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or_else(|| host.to_owned());
+        let host = host.as_str();
+        self.dialed.lock().unwrap().push(host.to_owned());
+        let peer = self
+            .host_peers
+            .lock()
+            .unwrap()
+            .get(host)
+            .copied()
+            .unwrap_or(*self.peer.lock().unwrap());
         let (client, server) = tokio::io::duplex(64 * 1024);
         match peer {
             Peer::Serve => {
-                let _ = self.to_server.send(Ok(Pipe(server)));
+                let to_server = self
+                    .hosts
+                    .lock()
+                    .unwrap()
+                    .get(host)
+                    .cloned()
+                    .unwrap_or_else(|| self.to_server.clone());
+                let _ = to_server.send(Ok(Pipe(server)));
                 Box::pin(async move { Ok(Pipe(client)) })
             }
             Peer::BlackHole => {
@@ -147,9 +215,20 @@ pub struct ScriptedController {
     delay: Arc<Mutex<std::time::Duration>>,
     in_flight: Arc<AtomicUsize>,
     pub max_in_flight: Arc<AtomicUsize>,
+    /// The `hostname` Ping answers (`spurctld-0` when unset).
+    hostname: Arc<Mutex<Option<String>>>,
+    /// How long Ping waits before answering.
+    ping_delay: Arc<Mutex<std::time::Duration>>,
 }
 
 impl ScriptedController {
+    /// A controller whose Ping answers `hostname`.
+    pub fn named(hostname: &str) -> Self {
+        let controller = ScriptedController::default();
+        *controller.hostname.lock().unwrap() = Some(hostname.to_owned());
+        controller
+    }
+
     pub fn fail_next(&self, status: Status) {
         self.failures.lock().unwrap().push_back(status);
     }
@@ -166,6 +245,11 @@ impl ScriptedController {
 
     pub fn knows(&self, node: &str) -> bool {
         self.known.lock().unwrap().contains(node)
+    }
+
+    /// Ping waits `delay` before answering (a follower whose forward to the leader hangs).
+    pub fn set_ping_delay(&self, delay: std::time::Duration) {
+        *self.ping_delay.lock().unwrap() = delay;
     }
 
     pub fn set_delay(&self, delay: std::time::Duration) {
@@ -214,8 +298,11 @@ impl pb::SlurmController for ScriptedController {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
+        let ping_delay = *self.ping_delay.lock().unwrap();
+        tokio::time::sleep(ping_delay).await;
+        let hostname = self.hostname.lock().unwrap().clone();
         self.answer(pb::PingResponse {
-            hostname: "spurctld-0".into(),
+            hostname: hostname.unwrap_or_else(|| "spurctld-0".into()),
             server_time: None,
             version: auth,
         })

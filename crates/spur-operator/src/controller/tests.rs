@@ -19,10 +19,19 @@ fn client_over(network: &MemoryNetwork, config: ChannelConfig) -> ControllerClie
     .unwrap()
 }
 
+/// The default channel without the connect probe, so the channel rule's tests count only
+/// their own calls.
+fn unprobed() -> ChannelConfig {
+    ChannelConfig {
+        connect_probe: None,
+        ..ChannelConfig::default()
+    }
+}
+
 fn setup() -> (ScriptedController, MemoryNetwork, ControllerClient) {
     let controller = ScriptedController::default();
     let network = MemoryNetwork::start(controller.clone());
-    let client = client_over(&network, ChannelConfig::default());
+    let client = client_over(&network, unprobed());
     (controller, network, client)
 }
 
@@ -149,7 +158,7 @@ async fn without_keepalive_the_request_bound_fires() {
     let network = MemoryNetwork::start(controller);
     let config = ChannelConfig {
         keepalive: None,
-        ..ChannelConfig::default()
+        ..unprobed()
     };
     let client = client_over(&network, config);
     network.set_peer(Peer::BlackHole);
@@ -247,4 +256,164 @@ async fn records_the_leader_hint_of_a_follower() {
         client.leader_hint().as_deref(),
         Some("spurctld-1.spurctld:6817")
     );
+}
+
+fn calls(controller: &ScriptedController) -> usize {
+    controller.calls.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+// ---------------------------------------------------------------------------------------
+// The connect probe: a replica whose write went unanswered is avoided.
+// ---------------------------------------------------------------------------------------
+
+/// A Service whose next picks the test scripts: `cut` (a leader cut off from its peers,
+/// answering reads from its own state and never a write) and `healthy` (a follower whose
+/// reads come from the new leader).
+fn cut_and_healthy() -> (
+    ScriptedController,
+    ScriptedController,
+    MemoryNetwork,
+    ControllerClient,
+) {
+    let cut = ScriptedController::named("spurctld-2");
+    let healthy = ScriptedController::named("spurctld-1");
+    let network = MemoryNetwork::start(ScriptedController::default());
+    network.add_host("cut", cut.clone());
+    network.add_host("healthy", healthy.clone());
+    let client = client_over(&network, ChannelConfig::default());
+    (cut, healthy, network, client)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_whose_write_went_unanswered_is_not_used_again() {
+    let (cut, healthy, network, client) = cut_and_healthy();
+    // The Service picks the cut replica three times in a row, then the healthy one.
+    network.redirect_next(&["cut", "cut", "healthy"]);
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(calls(&cut), 2, "the probe and the read");
+
+    // It takes the write and never answers: the request bound fires.
+    cut.set_delay(Duration::from_secs(3600));
+    let err = client.heartbeat(Default::default()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Cancelled, "{err}");
+
+    // The next channel's probe names the cut replica again: turned down, dialed again.
+    let before = calls(&healthy);
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(network.dialed(), ["cut", "cut", "healthy"]);
+    assert_eq!(calls(&healthy), before + 2, "the probe and the read");
+    assert_eq!(client.stats().connects, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_whose_reads_hang_too_does_not_mark_the_leaders_name() {
+    // Through a follower, Ping is forwarded: it names the leader, as the healthy replica
+    // does. Cut off, the follower holds reads and writes alike.
+    let follower = ScriptedController::named("spurctld-0");
+    let healthy = ScriptedController::named("spurctld-0");
+    let network = MemoryNetwork::start(ScriptedController::default());
+    network.add_host("follower", follower.clone());
+    network.add_host("healthy", healthy.clone());
+    let client = client_over(&network, ChannelConfig::default());
+    network.redirect_next(&["follower", "healthy"]);
+    client.get_jobs(Default::default()).await.unwrap();
+
+    follower.set_delay(Duration::from_secs(3600));
+    follower.set_ping_delay(Duration::from_secs(3600));
+    let err = client.heartbeat(Default::default()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Cancelled, "{err}");
+
+    // The healthy replica's probe names the leader too: it is used, not turned down.
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(network.dialed(), ["follower", "healthy"]);
+    assert_eq!(calls(&healthy), 2, "the probe and the read");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_channel_whose_probe_goes_unanswered_is_dialed_again() {
+    let (_cut, healthy, network, client) = cut_and_healthy();
+    // A follower whose forward to the leader hangs: it accepts and never answers.
+    network.set_host_peer("hung", Peer::BlackHole);
+    network.redirect_next(&["hung", "healthy"]);
+    let started = Instant::now();
+    client.get_jobs(Default::default()).await.unwrap();
+    let probe = ChannelConfig::default().connect_probe.unwrap();
+    assert_eq!(
+        started.elapsed(),
+        probe,
+        "one probe bound, then the healthy replica"
+    );
+    assert_eq!(network.dialed(), ["hung", "healthy"]);
+    assert_eq!(calls(&healthy), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_last_dial_is_kept_whatever_its_probe_said() {
+    let (cut, _healthy, network, client) = cut_and_healthy();
+    network.redirect_next(&["cut", "cut", "cut", "cut", "cut"]);
+    client.get_jobs(Default::default()).await.unwrap();
+    cut.set_delay(Duration::from_secs(3600));
+    client.heartbeat(Default::default()).await.unwrap_err();
+    cut.set_delay(Duration::ZERO);
+    // Four dials all reach the cut replica: the fourth channel is used, not refused.
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(network.dialed().len(), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_probe_a_new_channel_is_used_at_once() {
+    let (cut, _healthy, network, client) = {
+        let (cut, healthy, network, _) = cut_and_healthy();
+        let client = client_over(&network, unprobed());
+        (cut, healthy, network, client)
+    };
+    network.redirect_next(&["cut", "cut"]);
+    client.get_jobs(Default::default()).await.unwrap();
+    cut.set_delay(Duration::from_secs(3600));
+    client.heartbeat(Default::default()).await.unwrap_err();
+    cut.set_delay(Duration::ZERO);
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(network.dialed(), ["cut", "cut"]);
+    assert_eq!(calls(&cut), 2, "two reads, no probe");
+}
+
+// ---------------------------------------------------------------------------------------
+// Hedged dials: a dropped SYN does not hold the connect for its whole bound.
+// ---------------------------------------------------------------------------------------
+
+/// The first dial's SYN is dropped (no ready endpoint yet); the endpoint is ready for the
+/// next one.
+fn endpoint_ready_after_first_dial(config: ChannelConfig) -> (MemoryNetwork, ControllerClient) {
+    let network = MemoryNetwork::start(ScriptedController::default());
+    network.set_host_peer("dropped", Peer::NeverConnect);
+    network.redirect_next(&["dropped"]);
+    let client = client_over(&network, config);
+    (network, client)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedged_dial_connects_once_an_endpoint_is_ready() {
+    let (network, client) = endpoint_ready_after_first_dial(unprobed());
+    let started = Instant::now();
+    client.ping().await.unwrap();
+    let hedge = ChannelConfig::default().connect_hedge.unwrap();
+    assert_eq!(started.elapsed(), hedge);
+    assert_eq!(network.dialed(), ["dropped", "spurctld"]);
+    assert_eq!(client.stats().connect_failures, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_hedging_a_dropped_syn_holds_the_connect_for_its_bound() {
+    let config = ChannelConfig {
+        connect_hedge: None,
+        ..unprobed()
+    };
+    let (network, client) = endpoint_ready_after_first_dial(config);
+    let started = Instant::now();
+    client.ping().await.unwrap_err();
+    assert_eq!(
+        started.elapsed(),
+        ChannelConfig::default().connect_timeout.unwrap()
+    );
+    assert_eq!(network.dialed(), ["dropped"]);
 }

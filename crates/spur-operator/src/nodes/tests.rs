@@ -40,7 +40,11 @@ fn start(concurrency: usize) -> Harness {
     let network = MemoryNetwork::start(controller.clone());
     let client = ControllerClient::new(
         ControllerAddr::new("spurctld", 6817),
-        ChannelConfig::default(),
+        // Without the connect probe: these tests script every call the controller sees.
+        ChannelConfig {
+            connect_probe: None,
+            ..ChannelConfig::default()
+        },
         None,
         network,
     )
