@@ -8,32 +8,16 @@
 
 use std::time::Duration;
 
+mod common;
+use common::{run_until_true, s};
+
 use serde_json::json;
 use spur_sim::harness::Sim;
 
 /// Issue 8's target for a submission after a leader change (max).
 const SUBMISSION_TARGET: Duration = Duration::from_secs(6);
-const SAMPLE: Duration = Duration::from_millis(100);
-
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
-}
-
-fn s(d: Duration) -> String {
-    format!("{:.1}s", d.as_secs_f64())
-}
-
-fn run_until_true(sim: &mut Sim, limit: Duration, done: impl Fn(&Sim) -> bool) -> Option<Duration> {
-    loop {
-        if done(sim) {
-            return Some(sim.world.elapsed());
-        }
-        if sim.world.elapsed() >= limit {
-            return None;
-        }
-        let next = sim.world.elapsed() + SAMPLE;
-        sim.world.run_until(next).expect("the world runs");
-    }
 }
 
 /// The replicas the Service picked for the operator's connections after `after`, in order.

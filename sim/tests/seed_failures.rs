@@ -8,6 +8,9 @@
 
 use std::time::Duration;
 
+mod common;
+use common::{run_until_true, s};
+
 use serde_json::{Value, json};
 use spur_operator::jobs::convert::uid_in_comment;
 use spur_sim::controller::{ControllerConfig, LostReply, RefusalKind};
@@ -19,30 +22,8 @@ use spur_sim::world::{KillMode, WorldConfig};
 const REGISTRATION_DEADLINE: Duration = Duration::from_secs(15);
 const SUBMISSION_DEADLINE: Duration = Duration::from_secs(20);
 
-/// How finely the scenarios sample the world when measuring a lag.
-const SAMPLE: Duration = Duration::from_millis(100);
-
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
-}
-
-fn s(d: Duration) -> String {
-    format!("{:.1}s", d.as_secs_f64())
-}
-
-/// Runs until `done` holds (sampled every [`SAMPLE`]) or until `limit`; returns when it
-/// first held.
-fn run_until_true(sim: &mut Sim, limit: Duration, done: impl Fn(&Sim) -> bool) -> Option<Duration> {
-    loop {
-        if done(sim) {
-            return Some(sim.world.elapsed());
-        }
-        if sim.world.elapsed() >= limit {
-            return None;
-        }
-        let next = sim.world.elapsed() + SAMPLE;
-        sim.world.run_until(next).expect("the world runs");
-    }
 }
 
 /// When the first leader elected at or after `after` took over, from the trace.

@@ -85,3 +85,30 @@ pub fn submit(name: &str) -> pb::SubmitJobRequest {
         spec: Some(job(name)),
     }
 }
+
+/// How finely the named scenarios sample the world when measuring a lag.
+pub const SAMPLE: Duration = Duration::from_millis(100);
+
+/// A duration as the scenarios print it.
+pub fn s(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+/// Runs until `done` holds (sampled every [`SAMPLE`]) or until `limit`; returns when it
+/// first held.
+pub fn run_until_true(
+    sim: &mut spur_sim::harness::Sim,
+    limit: Duration,
+    done: impl Fn(&spur_sim::harness::Sim) -> bool,
+) -> Option<Duration> {
+    loop {
+        if done(sim) {
+            return Some(sim.world.elapsed());
+        }
+        if sim.world.elapsed() >= limit {
+            return None;
+        }
+        let next = sim.world.elapsed() + SAMPLE;
+        sim.world.run_until(next).expect("the world runs");
+    }
+}
