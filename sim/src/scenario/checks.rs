@@ -83,8 +83,9 @@ pub struct Lags {
     pub registration: Vec<u64>,
     pub submission: Vec<u64>,
     pub status: Vec<u64>,
-    /// From a new leader's election to the spurJobId of each SpurJob that was waiting
-    /// for one then (issue 8's "submission lag after a leader change").
+    /// From a new leader's election (or the world being whole again after it) to the
+    /// spurJobId of each SpurJob that was waiting for one then (issue 8's "submission lag
+    /// after a leader change").
     pub failover_submission: Vec<u64>,
 }
 
@@ -151,6 +152,9 @@ impl Monitor {
             (true, since) => since,
             (false, _) => None,
         };
+        // SpurJobs are noted as they appear, leader or not: one created mid-election is
+        // waiting when the next leader is elected.
+        self.note_new_jobs(sim, now);
         if let Some(current) = &leader {
             if self
                 .last_leader
@@ -181,6 +185,22 @@ impl Monitor {
             });
         self.check_nodes(sim, now, &registered);
         self.check_jobs(sim, now, &jobs);
+    }
+
+    fn note_new_jobs(&mut self, sim: &Sim, now: Duration) {
+        let index = sim.index.lock();
+        for key in index.spurjobs.keys() {
+            let name = key.rsplit('/').next().unwrap_or(key);
+            if !self.jobs.contains_key(name) {
+                self.jobs.insert(
+                    name.to_owned(),
+                    JobWatch {
+                        created_at: now,
+                        ..Default::default()
+                    },
+                );
+            }
+        }
     }
 
     /// Since when a waiting object has had a healthy world: the later of its own start
@@ -253,10 +273,6 @@ impl Monitor {
             )
         };
         for (name, view) in &by_name {
-            self.jobs.entry(name.clone()).or_insert_with(|| JobWatch {
-                created_at: now,
-                ..Default::default()
-            });
             let id = view.spur_job_id;
             let state = view.state.clone();
             let (created_at, known_id, deleted) = {
@@ -274,10 +290,15 @@ impl Monitor {
                     if let Some(from) = self.waiting_from(created_at) {
                         self.lags.submission.push(ms(now.saturating_sub(from)));
                     }
-                    if let Some(elected) = self.jobs[name].waiting_at_election {
+                    // From the election, or from when the world was whole again when
+                    // something else (the API server, the Service) was still down then:
+                    // the same "could have been submitted" as the submission deadline.
+                    if let Some(elected) = self.jobs[name].waiting_at_election
+                        && let Some(from) = self.waiting_from(elected)
+                    {
                         self.lags
                             .failover_submission
-                            .push(ms(now.saturating_sub(elected)));
+                            .push(ms(now.saturating_sub(from)));
                     }
                     self.jobs.get_mut(name).expect("tracked").id = Some(new);
                 }

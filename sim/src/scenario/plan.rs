@@ -28,6 +28,11 @@ pub struct ScenarioConfig {
     pub pod_run_time: (Duration, Duration),
     /// Fraction of pods that fail (exit code 1).
     pub pod_failure_fraction: f64,
+    /// After each fault that ends the leader (a leader kill), one more SpurJob is created
+    /// within this long of it, while the replicas elect a new leader: issue 8's "submission
+    /// after a leader change" gets a sample from every such fault instead of from the rare
+    /// job that happened to wait through one.
+    pub election_job_within: Duration,
 }
 
 impl Default for ScenarioConfig {
@@ -42,6 +47,7 @@ impl Default for ScenarioConfig {
             quiet_period: Duration::from_secs(120),
             pod_run_time: (Duration::from_secs(5), Duration::from_secs(60)),
             pod_failure_fraction: 0.1,
+            election_job_within: Duration::from_secs(4),
         }
     }
 }
@@ -99,6 +105,11 @@ impl Fault {
             Fault::NodeNotReadyFlap { .. } => "node-not-ready-flap",
             Fault::NodeResourcesChanged { .. } => "node-resources-changed",
         }
+    }
+
+    /// Whether the fault always takes the leader away, so the replicas elect another.
+    pub fn ends_the_leader(&self) -> bool {
+        matches!(self, Fault::LeaderKillSilent | Fault::LeaderKillGraceful)
     }
 
     /// How long after it starts the world is whole again.
@@ -208,6 +219,25 @@ pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
         faults.push(PlannedFault { at, fault });
     }
     faults.sort_by_key(|f| f.at);
+    for (i, f) in faults.iter().enumerate() {
+        if !f.fault.ends_the_leader() {
+            continue;
+        }
+        let create_at = f.at
+            + Duration::from_millis(
+                rng.random_range(0..=config.election_job_within.as_millis() as u64),
+            );
+        let run_secs =
+            rng.random_range(config.pod_run_time.0.as_secs()..=config.pod_run_time.1.as_secs());
+        jobs.push(PlannedJob {
+            name: format!("election-{i}"),
+            create_at,
+            run_secs,
+            exit_code: 0,
+            delete_at: None,
+        });
+    }
+    jobs.sort_by_key(|j| j.create_at);
 
     let healed = faults
         .iter()
@@ -255,5 +285,27 @@ mod tests {
         }
         assert_eq!(seen.len(), DRAWN.len(), "{seen:?}");
         assert!(seen.contains("partition-replica"));
+    }
+
+    #[test]
+    fn a_job_is_created_during_each_election_a_leader_kill_starts() {
+        let config = ScenarioConfig::default();
+        let mut kills = 0;
+        for seed in 0..200 {
+            let plan = plan(seed, &config);
+            for (i, f) in plan.faults.iter().enumerate() {
+                let job = plan.jobs.iter().find(|j| j.name == format!("election-{i}"));
+                if f.fault.ends_the_leader() {
+                    kills += 1;
+                    let job = job.expect("a job for each leader kill");
+                    assert!(job.create_at >= f.at);
+                    assert!(job.create_at <= f.at + config.election_job_within);
+                } else {
+                    assert!(job.is_none(), "seed {seed}: {:?}", f.fault);
+                }
+            }
+            assert!(plan.jobs.is_sorted_by_key(|j| j.create_at));
+        }
+        assert!(kills > 20, "{kills} leader kills in 200 seeds");
     }
 }
