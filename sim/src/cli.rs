@@ -87,6 +87,11 @@ pub struct ReplayArgs {
     /// Print the whole trace.
     #[arg(long)]
     pub trace: bool,
+    /// Also print the operator's own log lines at these levels (an `EnvFilter`, e.g.
+    /// `spur_operator=debug`), interleaved with the trace. They carry no time of their own:
+    /// the wall clock would mean nothing, and the trace lines around them give the sim's.
+    #[arg(long)]
+    pub log: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -209,6 +214,15 @@ pub fn replay(args: ReplayArgs) -> anyhow::Result<bool> {
     if args.trace {
         // SAFETY: set before any thread that reads the environment is started.
         unsafe { std::env::set_var("SPUR_SIM_TRACE", "1") };
+    }
+    if let Some(filter) = &args.log {
+        let filter = tracing_subscriber::EnvFilter::try_new(filter)
+            .map_err(|e| anyhow::anyhow!("--log {filter}: {e}"))?;
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .without_time()
+            .with_writer(std::io::stderr)
+            .init();
     }
     let outcome = run_isolated(args.seed, args.profile, &ScenarioConfig::default());
     let record = ScenarioRecord::from(&outcome);

@@ -57,6 +57,8 @@ impl Profile {
                 "off",
                 "--controller-connect-hedge",
                 "off",
+                "--controller-leader-recheck",
+                "off",
             ],
             Profile::SeedFix => &[
                 "--controller-connect-timeout",
@@ -72,6 +74,8 @@ impl Profile {
                 "--controller-connect-probe",
                 "off",
                 "--controller-connect-hedge",
+                "off",
+                "--controller-leader-recheck",
                 "off",
             ],
             Profile::Default => return Vec::new(),

@@ -125,6 +125,8 @@ pub struct ChannelConfig {
     pub connect_probe: Option<Duration>,
     /// Dial again this often while a connect has not completed.
     pub connect_hedge: Option<Duration>,
+    /// A call outstanding this long asks a fresh channel whose state the replicas serve.
+    pub leader_recheck: Option<Duration>,
     pub tls: Option<TlsConfig>,
 }
 
@@ -136,6 +138,7 @@ pub const DEFAULT_MAX_MESSAGE_MIB: usize = 32;
 pub const DEFAULT_CHANNEL_MAX_AGE: Duration = Duration::from_secs(10);
 pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
 pub const DEFAULT_CONNECT_HEDGE: Duration = Duration::from_millis(250);
+pub const DEFAULT_LEADER_RECHECK: Duration = Duration::from_secs(1);
 
 impl Default for ChannelConfig {
     fn default() -> Self {
@@ -151,6 +154,7 @@ impl Default for ChannelConfig {
             max_age: Some(DEFAULT_CHANNEL_MAX_AGE),
             connect_probe: Some(DEFAULT_CONNECT_PROBE),
             connect_hedge: Some(DEFAULT_CONNECT_HEDGE),
+            leader_recheck: Some(DEFAULT_LEADER_RECHECK),
             tls: None,
         }
     }
@@ -167,6 +171,7 @@ impl ChannelConfig {
             max_age: None,
             connect_probe: None,
             connect_hedge: None,
+            leader_recheck: None,
             ..ChannelConfig::default()
         }
     }
@@ -299,6 +304,26 @@ pub struct ControllerArgs {
     )]
     pub controller_connect_probe: Bound,
 
+    /// How long a call may wait for its answer before the operator asks a fresh channel
+    /// through the Service whose state the replicas serve (a Ping, as the connect probe;
+    /// needs it), or `off`. When that names another replica than the call's channel did
+    /// when it was probed, leadership moved meanwhile: the call is stuck behind a
+    /// follower's forward to a leader that is gone (spurctld's forwards have no bound,
+    /// wire.md) or on a leader cut off from its peers, so it is abandoned and retried on
+    /// the fresh channel instead of waiting out the request bound after the new leader is
+    /// already elected. A slow answer from a healthy cluster gives the same name and is
+    /// left alone. Calls answer in milliseconds inside a cluster, so 1 s only fires on a
+    /// call already in trouble; it costs one connect and one Ping per second while some
+    /// call waits longer than that, shared by all waiting calls. An abandoned write may
+    /// still have applied, as when the request bound fires: SubmitJob looks for its
+    /// SpurJob's UID before submitting again.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_LEADER_RECHECK",
+        default_value = "1s"
+    )]
+    pub controller_leader_recheck: Bound,
+
     /// Largest message sent or received, in MiB. GetJobs over 10,000 active jobs is about
     /// 2 MiB; 32 leaves room for large clusters without allowing unbounded memory.
     #[arg(
@@ -361,6 +386,7 @@ impl ControllerArgs {
             max_message_bytes: self.controller_max_message_mib << 20,
             max_age: self.controller_channel_max_age.0,
             connect_probe: self.controller_connect_probe.0,
+            leader_recheck: self.controller_leader_recheck.0,
             tls: self.tls(addr.scheme)?,
         };
         let token = self

@@ -28,10 +28,16 @@ type Connector = dyn Fn() -> BoxFuture<'static, Result<Channel, ConnectError>> +
 /// as NOT_FOUND keeps the channel.
 ///
 /// With a connect probe, each new channel is first Pinged: the answer's hostname names
-/// whose state the channel's reads come from. When a write went unanswered within the
-/// request bound while a Ping on the same channel is answered, that name is marked, and a
-/// new channel whose probe names it (or fails) is dropped and dialed again, a few times
-/// at most.
+/// whose state the channel's reads come from (its view). When a write went unanswered
+/// within the request bound while a Ping on the same channel still gives the same view,
+/// that name is marked, and a new channel whose probe names it (or fails) is dropped and
+/// dialed again, a few times at most.
+///
+/// With a leader recheck as well, a call outstanding for longer than the recheck asks a
+/// fresh channel through the Service for its view; when that names another replica than
+/// the call's channel did, leadership moved since the channel was vetted, and the call
+/// (stuck behind a forward to a leader that is gone, or on a leader cut off from its
+/// peers) is abandoned and the fresh channel takes its place.
 #[derive(Clone)]
 pub struct ControllerClient {
     inner: Arc<Inner>,
@@ -49,6 +55,11 @@ struct Inner {
     probe: Option<std::time::Duration>,
     /// The view (probe hostname) of a channel whose write went unanswered, and when.
     stalled: SyncMutex<Option<(String, tokio::time::Instant)>>,
+    /// How long a call may be outstanding before a fresh channel is asked for its view;
+    /// `None`: calls wait for their own bound.
+    recheck: Option<std::time::Duration>,
+    /// The last fresh view taken for a recheck, shared by the calls waiting at the time.
+    fresh: tokio::sync::Mutex<Option<Fresh>>,
     leader_hint: SyncMutex<Option<String>>,
     stats: Counters,
     metrics: Option<Metrics>,
@@ -57,6 +68,8 @@ struct Inner {
 #[derive(Default)]
 struct Slot {
     channel: Option<(u64, Channel)>,
+    /// Whose state the current channel's reads came from when it was probed.
+    view: Option<String>,
     /// When the current channel was opened (for the maximum age).
     opened: Option<tokio::time::Instant>,
     /// Generation of the next channel, so a late failure on an old channel cannot drop a
@@ -72,11 +85,35 @@ impl Slot {
         }
     }
 
-    /// Keeps `channel` as the one every call shares, from now.
-    fn keep(&mut self, generation: u64, channel: Channel) {
-        self.channel = Some((generation, channel));
+    /// Keeps `channel` (whose probe gave `view`) as the one every call shares, from now;
+    /// returns them for the caller.
+    fn keep(
+        &mut self,
+        generation: u64,
+        channel: Channel,
+        view: Option<String>,
+    ) -> (u64, Channel, Option<String>) {
+        self.channel = Some((generation, channel.clone()));
+        self.view = view.clone();
         self.opened = Some(tokio::time::Instant::now());
+        (generation, channel, view)
     }
+}
+
+/// A channel dialed and probed to see whose state the Service's replicas serve now, or
+/// the failure to: taken at most once per recheck interval, whatever the number of
+/// waiting calls.
+#[derive(Clone)]
+struct Fresh {
+    at: tokio::time::Instant,
+    probed: Option<(String, Channel)>,
+}
+
+/// The outcome of a call raced against the recheck.
+enum Outcome<T> {
+    Answered(Result<Response<T>, Status>),
+    /// Leadership moved while the call waited: the fresh channel's view and the channel.
+    Abandoned(String, Channel),
 }
 
 /// Dials through the Service for one channel when the probe turns channels down; the
@@ -142,6 +179,8 @@ impl ControllerClient {
         let max_message_bytes = config.max_message_bytes;
         let max_age = config.max_age;
         let probe = config.connect_probe;
+        // Views come from the probe: without one there is nothing to compare.
+        let recheck = config.leader_recheck.filter(|_| probe.is_some());
         let target = addr.clone();
         let connector: Box<Connector> = Box::new(move || {
             let (target, config, dialer) = (target.clone(), config.clone(), dialer.clone());
@@ -157,6 +196,8 @@ impl ControllerClient {
                 slot: tokio::sync::Mutex::new(Slot::default()),
                 probe,
                 stalled: SyncMutex::new(None),
+                recheck,
+                fresh: tokio::sync::Mutex::new(None),
                 leader_hint: SyncMutex::new(None),
                 stats: Counters::default(),
                 metrics: None,
@@ -314,7 +355,7 @@ impl ControllerClient {
         F: FnOnce(pb::SlurmControllerClient<Channel>, Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
-        let (generation, channel) = self.channel().await?;
+        let (generation, channel, view) = self.channel().await?;
         let client = pb::SlurmControllerClient::new(channel.clone())
             .max_decoding_message_size(self.inner.max_message_bytes)
             .max_encoding_message_size(self.inner.max_message_bytes);
@@ -322,9 +363,47 @@ impl ControllerClient {
         if let Some(auth) = &self.inner.authorization {
             request.metadata_mut().insert("authorization", auth.clone());
         }
-        match rpc(client, request).await {
-            Ok(response) => Ok(response.into_inner()),
-            Err(status) => {
+        let started = tokio::time::Instant::now();
+        let answer = rpc(client, request);
+        let outcome = match self.inner.recheck {
+            Some(every) => tokio::select! {
+                answer = answer => Outcome::Answered(answer),
+                (fresh_view, fresh) = self.until_view_moves(view.as_deref(), every) => {
+                    Outcome::Abandoned(fresh_view, fresh)
+                }
+            },
+            None => Outcome::Answered(answer.await),
+        };
+        match outcome {
+            Outcome::Answered(Ok(response)) => {
+                if is_write(method) {
+                    self.forgive(view.as_deref());
+                }
+                Ok(response.into_inner())
+            }
+            Outcome::Abandoned(fresh_view, fresh) => {
+                let error = ControllerError::Status {
+                    method,
+                    code: Code::Cancelled,
+                    message: format!(
+                        "abandoned after {:?}: the replicas answer for {fresh_view} now, this channel's reads came from {}",
+                        started.elapsed(),
+                        view.as_deref()
+                            .unwrap_or("a replica whose probe got no answer")
+                    ),
+                    leader_hint: None,
+                };
+                let stalled = match self.inner.probe {
+                    Some(bound) if is_write(method) => {
+                        self.still_serves(channel, view.as_deref(), bound).await
+                    }
+                    _ => None,
+                };
+                self.drop_channel(generation, stalled, &error).await;
+                self.offer(fresh, fresh_view).await;
+                Err(error)
+            }
+            Outcome::Answered(Err(status)) => {
                 let leader_hint = leader_hint(status.metadata());
                 if status.code() == Code::Unavailable && leader_hint.is_some() {
                     *self.inner.leader_hint.lock().expect("leader hint lock") = leader_hint.clone();
@@ -337,17 +416,12 @@ impl ControllerClient {
                     leader_hint,
                 };
                 if classify(status.code()) == FailureKind::Transport {
-                    // A write the replica took and never answered within the bound: if it
-                    // still answers a read on the same channel, it serves reads it cannot
-                    // back with commits (a leader cut off from its peers), and the name its
-                    // Ping gives is avoided for a while. A replica whose reads hang too (a
-                    // follower whose forward hangs) is not named: the probe of any new
-                    // channel to it fails anyway, and the name it would give is the
-                    // leader's, which every healthy replica gives too.
                     let unanswered_write = is_write(method)
                         && matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded);
                     let stalled = match self.inner.probe {
-                        Some(bound) if unanswered_write => self.probe(channel, bound).await.ok(),
+                        Some(bound) if unanswered_write => {
+                            self.still_serves(channel, view.as_deref(), bound).await
+                        }
                         _ => None,
                     };
                     self.drop_channel(generation, stalled, &error).await;
@@ -358,40 +432,60 @@ impl ControllerClient {
     }
 
     /// The open channel, or a new one through the Service, probed when a probe is set.
-    async fn channel(&self) -> Result<(u64, Channel), ControllerError> {
+    async fn channel(&self) -> Result<(u64, Channel, Option<String>), ControllerError> {
         let mut slot = self.inner.slot.lock().await;
         if slot.expired(self.inner.max_age) && slot.channel.take().is_some() {
             tracing::debug!(addr = %self.inner.addr, "rotating the controller channel after its maximum age");
         }
         if let Some((generation, channel)) = &slot.channel {
-            return Ok((*generation, channel.clone()));
+            return Ok((*generation, channel.clone(), slot.view.clone()));
         }
         let dials = if self.inner.probe.is_some() {
             PROBE_DIALS
         } else {
             1
         };
+        // The first channel turned down whose probe was answered (by a view whose writes
+        // went unanswered): kept over one whose probe got no answer when no dial does
+        // better. A replica that answers may have healed since; one that does not answer
+        // serves nothing (a follower whose forwards hang stays so until its kernel gives
+        // up, even after the leader it forwards to is reachable again).
+        let mut answered: Option<(u64, Channel, String)> = None;
         for dial in 1..=dials {
-            let (generation, channel) = self.open(&mut slot).await?;
+            let (generation, channel) = match (self.open(&mut slot).await, answered.take()) {
+                (Ok(opened), earlier) => {
+                    answered = earlier;
+                    opened
+                }
+                (Err(_), Some((generation, channel, view))) => {
+                    return Ok(slot.keep(generation, channel, Some(view)));
+                }
+                (Err(error), None) => return Err(error),
+            };
             let Some(bound) = self.inner.probe else {
-                slot.keep(generation, channel.clone());
-                return Ok((generation, channel));
+                return Ok(slot.keep(generation, channel, None));
             };
-            let view = self.probe(channel.clone(), bound).await;
-            let refused = match &view {
-                Ok(view) => self
-                    .is_stalled(view)
-                    .then(|| format!("its reads come from {view}, whose writes went unanswered")),
-                Err(error) => Some(format!("its probe failed: {error}")),
+            let (why, view) = match self.probe(channel.clone(), bound).await {
+                Ok(view) if !self.is_stalled(&view) => {
+                    return Ok(slot.keep(generation, channel, Some(view)));
+                }
+                Ok(view) => (
+                    format!("its reads come from {view}, whose writes went unanswered"),
+                    Some(view),
+                ),
+                Err(error) => (format!("its probe failed: {error}"), None),
             };
-            match refused {
-                Some(why) if dial < dials => {
-                    tracing::info!(addr = %self.inner.addr, dial, %why, "turning a new controller channel down; dialing again");
-                }
-                _ => {
-                    slot.keep(generation, channel.clone());
-                    return Ok((generation, channel));
-                }
+            if dial == dials {
+                return Ok(match (answered, view) {
+                    (Some((generation, channel, view)), None) => {
+                        slot.keep(generation, channel, Some(view))
+                    }
+                    (_, view) => slot.keep(generation, channel, view),
+                });
+            }
+            tracing::info!(addr = %self.inner.addr, dial, %why, "turning a new controller channel down; dialing again");
+            if let (None, Some(view)) = (&answered, view) {
+                answered = Some((generation, channel, view));
             }
         }
         unreachable!("the last dial returns")
@@ -412,6 +506,91 @@ impl ControllerClient {
         }
     }
 
+    /// The view to avoid after a write on `channel` went unanswered: the channel's own, when
+    /// a Ping on it still gives that. A replica answering reads from its own state while
+    /// its writes never commit is a leader cut off from its peers. A replica whose reads
+    /// hang too (a follower whose forward hangs) is not named: the probe of any new channel
+    /// to it fails anyway. Nor is one whose Ping now names another replica: leadership moved
+    /// since the channel was vetted (the write hung on a forward to the old leader), and the
+    /// name it gives is the new leader's, which every healthy replica gives too.
+    async fn still_serves(
+        &self,
+        channel: Channel,
+        view: Option<&str>,
+        bound: std::time::Duration,
+    ) -> Option<String> {
+        let now = self.probe(channel, bound).await.ok()?;
+        (view == Some(now.as_str())).then_some(now)
+    }
+
+    /// Resolves once a fresh channel through the Service gives another view than `view`,
+    /// checking every `every`: the view and the channel. Never resolves while the fresh
+    /// view is the same (a slow answer, not a moved leader) or cannot be taken. A channel
+    /// kept although its probe got no answer (`None`) has no view to keep: any answer
+    /// moves it.
+    async fn until_view_moves(
+        &self,
+        view: Option<&str>,
+        every: std::time::Duration,
+    ) -> (String, Channel) {
+        // Checks start every `every`, however long each took (a probe that gets no answer
+        // takes its whole bound).
+        let mut next = tokio::time::Instant::now() + every;
+        loop {
+            tokio::time::sleep_until(next).await;
+            next += every;
+            if let Some((fresh_view, channel)) = self.fresh_view(every).await.probed
+                && Some(fresh_view.as_str()) != view
+                && !self.is_stalled(&fresh_view)
+            {
+                return (fresh_view, channel);
+            }
+        }
+    }
+
+    /// A fresh channel's view, reused by every call asking within `max_age` of it.
+    async fn fresh_view(&self, max_age: std::time::Duration) -> Fresh {
+        let mut last = self.inner.fresh.lock().await;
+        if let Some(fresh) = &*last
+            && fresh.at.elapsed() < max_age
+        {
+            return fresh.clone();
+        }
+        let at = tokio::time::Instant::now();
+        let probed = match (self.dial().await, self.inner.probe) {
+            (Ok(channel), Some(bound)) => self
+                .probe(channel.clone(), bound)
+                .await
+                .ok()
+                .map(|view| (view, channel)),
+            _ => None,
+        };
+        let fresh = Fresh { at, probed };
+        *last = Some(fresh.clone());
+        fresh
+    }
+
+    /// Takes a fresh channel (whose probe gave `view`) as the shared one when the slot is
+    /// empty, saving the next call a dial and a probe.
+    async fn offer(&self, channel: Channel, view: String) {
+        let mut slot = self.inner.slot.lock().await;
+        if slot.channel.is_none() {
+            let generation = slot.next_generation;
+            slot.next_generation += 1;
+            let _ = slot.keep(generation, channel, Some(view));
+        }
+    }
+
+    /// A write through `view` was answered: it is no longer avoided (the partition that
+    /// cut it off healed before its peers elected another leader).
+    fn forgive(&self, view: Option<&str>) {
+        let mut stalled = self.inner.stalled.lock().expect("stalled lock");
+        if stalled.as_ref().is_some_and(|(name, _)| Some(name.as_str()) == view) {
+            tracing::info!(view, "a write through a view that was avoided was answered; using it again");
+            *stalled = None;
+        }
+    }
+
     fn is_stalled(&self, view: &str) -> bool {
         matches!(&*self.inner.stalled.lock().expect("stalled lock"),
             Some((stalled, at)) if stalled == view && at.elapsed() < STALL_MEMORY)
@@ -421,16 +600,22 @@ impl ControllerClient {
     /// accepted it: a caller cancelled mid-probe (a readiness probe's bound, a request's)
     /// must not leave an unvetted channel behind for every other call to use.
     async fn open(&self, slot: &mut Slot) -> Result<(u64, Channel), ControllerError> {
+        let channel = self.dial().await?;
+        let generation = slot.next_generation;
+        slot.next_generation += 1;
+        tracing::debug!(addr = %self.inner.addr, generation, "connected to spurctld");
+        Ok((generation, channel))
+    }
+
+    /// Connects through the Service, counting the connect or its failure.
+    async fn dial(&self) -> Result<Channel, ControllerError> {
         match (self.inner.connector)().await {
             Ok(channel) => {
-                let generation = slot.next_generation;
-                slot.next_generation += 1;
                 self.inner.stats.connects.fetch_add(1, Ordering::Relaxed);
                 if let Some(m) = &self.inner.metrics {
                     m.channel_connects.inc();
                 }
-                tracing::debug!(addr = %self.inner.addr, generation, "connected to spurctld");
-                Ok((generation, channel))
+                Ok(channel)
             }
             Err(source) => {
                 self.inner

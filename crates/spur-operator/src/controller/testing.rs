@@ -247,6 +247,11 @@ impl ScriptedController {
         self.known.lock().unwrap().contains(node)
     }
 
+    /// Ping answers `hostname` from now (a follower forwarding to a new leader).
+    pub fn set_hostname(&self, hostname: &str) {
+        *self.hostname.lock().unwrap() = Some(hostname.to_owned());
+    }
+
     /// Ping waits `delay` before answering (a follower whose forward to the leader hangs).
     pub fn set_ping_delay(&self, delay: std::time::Duration) {
         *self.ping_delay.lock().unwrap() = delay;

@@ -28,6 +28,15 @@ fn unprobed() -> ChannelConfig {
     }
 }
 
+/// The default channel without the leader recheck, so the connect probe's tests count only
+/// the dials the probe makes.
+fn probed_only() -> ChannelConfig {
+    ChannelConfig {
+        leader_recheck: None,
+        ..ChannelConfig::default()
+    }
+}
+
 fn setup() -> (ScriptedController, MemoryNetwork, ControllerClient) {
     let controller = ScriptedController::default();
     let network = MemoryNetwork::start(controller.clone());
@@ -280,7 +289,7 @@ fn cut_and_healthy() -> (
     let network = MemoryNetwork::start(ScriptedController::default());
     network.add_host("cut", cut.clone());
     network.add_host("healthy", healthy.clone());
-    let client = client_over(&network, ChannelConfig::default());
+    let client = client_over(&network, probed_only());
     (cut, healthy, network, client)
 }
 
@@ -314,7 +323,7 @@ async fn a_follower_whose_reads_hang_too_does_not_mark_the_leaders_name() {
     let network = MemoryNetwork::start(ScriptedController::default());
     network.add_host("follower", follower.clone());
     network.add_host("healthy", healthy.clone());
-    let client = client_over(&network, ChannelConfig::default());
+    let client = client_over(&network, probed_only());
     network.redirect_next(&["follower", "healthy"]);
     client.get_jobs(Default::default()).await.unwrap();
 
@@ -361,6 +370,31 @@ async fn the_last_dial_is_kept_whatever_its_probe_said() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_avoided_replica_that_answers_is_kept_over_ones_that_never_answer_and_forgiven() {
+    let (cut, _healthy, network, client) = cut_and_healthy();
+    network.redirect_next(&["cut"]);
+    client.get_jobs(Default::default()).await.unwrap();
+    cut.set_delay(Duration::from_secs(3600));
+    client.heartbeat(Default::default()).await.unwrap_err();
+    // The partition heals before the others elect a leader: the cut replica leads again,
+    // and the followers' forwards to it hang (probes unanswered).
+    cut.set_delay(Duration::ZERO);
+    network.set_host_peer("hung", Peer::BlackHole);
+    network.redirect_next(&["cut", "hung", "hung", "hung"]);
+    // Answered: the hung channels would have held it past the request bound.
+    client.heartbeat(Default::default()).await.unwrap();
+    // The answered write forgives it: once the channel is rotated (its maximum age), a new
+    // one to it is taken at the first dial.
+    tokio::time::sleep(ChannelConfig::default().max_age.unwrap()).await;
+    network.redirect_next(&["cut"]);
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(
+        network.dialed(),
+        ["cut", "cut", "hung", "hung", "hung", "cut"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn without_the_probe_a_new_channel_is_used_at_once() {
     let (cut, _healthy, network, client) = {
         let (cut, healthy, network, _) = cut_and_healthy();
@@ -375,6 +409,127 @@ async fn without_the_probe_a_new_channel_is_used_at_once() {
     client.get_jobs(Default::default()).await.unwrap();
     assert_eq!(network.dialed(), ["cut", "cut"]);
     assert_eq!(calls(&cut), 2, "two reads, no probe");
+}
+
+// ---------------------------------------------------------------------------------------
+// The leader recheck: a call stuck while the replicas have moved on is abandoned.
+// ---------------------------------------------------------------------------------------
+
+/// A follower whose reads came from the old leader `spurctld-2` (its probe named it), and
+/// a replica answering for the new leader `spurctld-0`; the Service picks the follower,
+/// then the other.
+fn follower_of_a_gone_leader(
+    config: ChannelConfig,
+) -> (
+    ScriptedController,
+    ScriptedController,
+    MemoryNetwork,
+    ControllerClient,
+) {
+    let follower = ScriptedController::named("spurctld-2");
+    let moved_on = ScriptedController::named("spurctld-0");
+    let network = MemoryNetwork::start(ScriptedController::default());
+    network.add_host("follower", follower.clone());
+    network.add_host("moved-on", moved_on.clone());
+    let client = client_over(&network, config);
+    network.redirect_next(&["follower", "moved-on"]);
+    (follower, moved_on, network, client)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_stuck_behind_a_gone_leader_is_abandoned_once_another_answers() {
+    let (follower, moved_on, network, client) = follower_of_a_gone_leader(ChannelConfig::default());
+    client.get_jobs(Default::default()).await.unwrap();
+    // Its forward to the dead leader hangs every call from now on.
+    follower.set_delay(Duration::from_secs(3600));
+    follower.set_ping_delay(Duration::from_secs(3600));
+    let started = Instant::now();
+    let err = client.heartbeat(Default::default()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Cancelled, "{err}");
+    assert!(err.to_string().contains("abandoned"), "{err}");
+    // The first recheck (1 s) finds spurctld-0 answering; a Ping on the stuck channel, to
+    // see whether it is a cut leader to avoid, gets no answer within the probe's bound.
+    let config = ChannelConfig::default();
+    assert_eq!(
+        started.elapsed(),
+        config.leader_recheck.unwrap() + config.connect_probe.unwrap()
+    );
+    // The fresh channel takes the stuck one's place: no dial for the next call.
+    client.heartbeat(Default::default()).await.unwrap();
+    assert_eq!(network.dialed(), ["follower", "moved-on"]);
+    assert_eq!(calls(&moved_on), 2, "the recheck's probe and the heartbeat");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_recheck_the_stuck_write_waits_out_the_request_bound() {
+    let (follower, _moved_on, _network, client) = follower_of_a_gone_leader(probed_only());
+    client.get_jobs(Default::default()).await.unwrap();
+    follower.set_delay(Duration::from_secs(3600));
+    let started = Instant::now();
+    let err = client.heartbeat(Default::default()).await.unwrap_err();
+    assert_eq!(err.code(), Code::Cancelled, "{err}");
+    assert_eq!(
+        Some(started.elapsed()),
+        ChannelConfig::default().request_timeout
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_naming_the_new_leader_after_its_write_hung_does_not_mark_that_leader() {
+    let (follower, moved_on, network, client) = follower_of_a_gone_leader(probed_only());
+    client.get_jobs(Default::default()).await.unwrap();
+    follower.set_delay(Duration::from_secs(3600));
+    // The write hangs on the forward to the gone leader; meanwhile the follower's reads
+    // forward to the new one, so its Ping names spurctld-0, as every healthy replica does.
+    follower.set_hostname("spurctld-0");
+    client.heartbeat(Default::default()).await.unwrap_err();
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(
+        network.dialed(),
+        ["follower", "moved-on"],
+        "not turned down"
+    );
+    assert_eq!(calls(&moved_on), 2, "the probe and the read");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_answer_while_the_same_leader_answers_is_left_alone() {
+    let follower = ScriptedController::named("spurctld-0");
+    let network = MemoryNetwork::start(ScriptedController::named("spurctld-0"));
+    network.add_host("follower", follower.clone());
+    network.redirect_next(&["follower"]);
+    let client = client_over(&network, ChannelConfig::default());
+    client.get_jobs(Default::default()).await.unwrap();
+    follower.set_delay(Duration::from_millis(3500));
+    let started = Instant::now();
+    client.heartbeat(Default::default()).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(3500));
+    // Rechecks at 1 s, 2 s and 3 s each dialed and found the same leader.
+    assert_eq!(network.dials(), 4);
+    assert_eq!(client.stats().drops, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_channel_kept_without_an_answer_to_its_probe_is_left_once_a_replica_answers() {
+    let healthy = ScriptedController::named("spurctld-1");
+    let network = MemoryNetwork::start(ScriptedController::default());
+    network.add_host("healthy", healthy.clone());
+    // A follower whose forward to the leader hangs, four picks running: the fourth channel
+    // is kept without a view.
+    network.set_host_peer("hung", Peer::BlackHole);
+    network.redirect_next(&["hung", "hung", "hung", "hung", "healthy"]);
+    let client = client_over(&network, ChannelConfig::default());
+    let started = Instant::now();
+    let err = client.get_jobs(Default::default()).await.unwrap_err();
+    assert!(err.to_string().contains("probe got no answer"), "{err}");
+    let config = ChannelConfig::default();
+    assert_eq!(
+        started.elapsed(),
+        config.connect_probe.unwrap() * 4 + config.leader_recheck.unwrap()
+    );
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(network.dials(), 5);
+    assert_eq!(calls(&healthy), 2, "the recheck's probe and the read");
 }
 
 // ---------------------------------------------------------------------------------------
