@@ -138,14 +138,18 @@ impl Monitor {
         let cluster = sim.world.cluster();
         let leader = cluster.leader_with_quorum();
         let leader_slot = leader.as_ref().and_then(|l| cluster.slot_of(l));
-        let endpoints = sim
-            .world
-            .net()
-            .ready_endpoints(crate::world::CONTROLLER_SERVICE, now);
+        let net = sim.world.net();
+        let endpoints: Vec<String> = net
+            .ready_endpoints(crate::world::CONTROLLER_SERVICE, now)
+            .into_iter()
+            .filter(|e| net.can_reach(super::OPERATOR, e))
+            .collect();
         // Healthy from "a leader with a quorum exists and the Service has a ready
-        // endpoint": a ready endpoint cut off from that leader (a partitioned replica, which
-        // stays in the Service and may serve stale reads) is the operator's problem to get
-        // around, not a reason to stop judging.
+        // endpoint" the operator can reach: a ready endpoint cut off from that leader (a
+        // partitioned replica, which stays in the Service and may serve stale reads) is
+        // the operator's problem to get around, not a reason to stop judging; the operator
+        // cut off from every endpoint (partition-operator-service) is a world in which
+        // nothing can be submitted.
         let healthy = leader_slot.is_some() && !endpoints.is_empty() && operator_up && api_up;
         self.healthy_since = match (healthy, self.healthy_since) {
             (true, None) => Some(now),

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use crate::controller::LostReply;
 use crate::harness::Sim;
 use crate::kube_api::OutageMode;
 use crate::profiles::Profile;
@@ -135,11 +136,6 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
 /// all 2,000 seeds were judged. `SIM_TICK_MS` overrides it.
 const DEFAULT_TICK: Duration = Duration::from_millis(10);
 
-/// Whether scenarios judge `/readyz` (`SIM_JUDGE_READINESS=1`; see [`run`]).
-fn judge_readiness() -> bool {
-    std::env::var("SIM_JUDGE_READINESS").is_ok_and(|v| v == "1")
-}
-
 fn tick() -> Duration {
     std::env::var("SIM_TICK_MS")
         .ok()
@@ -161,15 +157,14 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
     sim.start_kubelet();
     sim.start_operator(OPERATOR, &profile.flags());
     // sim.md's readiness check, as the Deployment probes: every 5 s, 3 s to answer (8080
-    // is the health port every profile keeps). Off in the generated mix for now, on with
-    // SIM_JUDGE_READINESS=1: over seeds 0..2000 it finds 11 where /readyz said not ready
-    // for more than 15 s while a live endpoint was reachable. Each is a follower whose
-    // forwarding link to the leader died in a replica partition (wire.md: no keepalive,
-    // reused until the leader changes), so its reads hang, and the Service sent several
-    // of the operator's redials in a row to it. /readyz reported that honestly; what is
-    // missing is the operator steering away from such an endpoint, which it cannot name
-    // (a hung Ping carries no hostname). sim/tests/readiness.rs runs the check itself.
-    let mut readiness = judge_readiness().then(|| {
+    // is the health port every profile keeps). It was left out of the mix while 10 of
+    // 2,000 seeds found /readyz saying "not ready" for over 15 s with a live endpoint
+    // reachable: a follower whose forwards hang after a replica partition (wire.md) hung
+    // the readiness Ping, whose 2 s bound cancelled the channel's dials midway, so every
+    // caller started again from the first dial and met that follower again. Dials now
+    // finish on their own task, and a call stuck on such a channel leaves it once another
+    // replica answers (the leader recheck).
+    let mut readiness = {
         let probes = crate::prober::start(
             &mut sim.world,
             PROBER,
@@ -180,7 +175,7 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
             Duration::from_secs(3),
         );
         ReadinessJudge::new(Deadlines::default().readiness, probes, OPERATOR)
-    });
+    };
     let mut restarts: Vec<Duration> = plan
         .faults
         .iter()
@@ -243,17 +238,25 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
             next_deletion += 1;
         }
         monitor.sample(&sim, now, true, api_up.get());
-        if let Some(readiness) = &mut readiness {
-            while restarts.last().is_some_and(|at| *at <= now) {
-                readiness.restarted(restarts.pop().expect("not empty"));
-            }
-            if let Some(v) = readiness.sample(&sim, now, api_up.get()) {
-                monitor.violations.push(v);
-            }
+        while restarts.last().is_some_and(|at| *at <= now) {
+            readiness.restarted(restarts.pop().expect("not empty"));
+        }
+        if let Some(v) = readiness.sample(&sim, now, api_up.get()) {
+            monitor.violations.push(v);
         }
     }
     let duplicates = monitor.finish(&sim, now);
     let mut violations = std::mem::take(&mut monitor.violations);
+    // Every scenario ends with a quiet period longer than the readiness deadline: a check
+    // that never judged would pass silently, so that is a failure of its own.
+    if readiness.judged == 0 && failure.is_none() {
+        violations.push(Violation {
+            check: "readiness",
+            object: format!("{OPERATOR}/readyz"),
+            at: now,
+            detail: "never judged: the world never held still for the deadline".into(),
+        });
+    }
     if let Some(e) = failure {
         violations.push(Violation {
             check: "simulation",
@@ -364,6 +367,30 @@ fn schedule_fault(sim: &mut Sim, at: Duration, fault: Fault, api_up: Rc<Cell<boo
                 let name = format!("node-{node}");
                 let change = json!({"status": {"allocatable": {"cpu": "48"}}});
                 let _ = api.merge_patch("v1", "Node", None, &name, &change, true);
+            }
+            Fault::ReplyLost { hang } => {
+                let how = if hang {
+                    LostReply::Hang
+                } else {
+                    LostReply::TransportError
+                };
+                w.cluster().lose_next_reply("SubmitJob", how);
+            }
+            Fault::PartitionOperatorService { heal_after } => {
+                let replicas: Vec<String> = (0..w.cluster().config().replicas)
+                    .map(|slot| w.cluster().host_of(slot))
+                    .collect();
+                for replica in &replicas {
+                    w.partition(OPERATOR, replica);
+                }
+                w.at(now + heal_after, move |w| {
+                    for replica in &replicas {
+                        w.repair(OPERATOR, replica);
+                    }
+                });
+            }
+            Fault::NodeDeleted { node } => {
+                let _ = api.delete("v1", "Node", None, &format!("node-{node}"));
             }
         }
     });

@@ -87,6 +87,13 @@ pub enum Fault {
     NodeNotReadyFlap { node: usize, down_for: Duration },
     /// A node's allocatable changes.
     NodeResourcesChanged { node: usize },
+    /// The leader applies the next SubmitJob and its reply is lost: the caller sees the call
+    /// hang (`hang`) or fail with a transport error.
+    ReplyLost { hang: bool },
+    /// The operator cannot reach any replica behind the Service for a while.
+    PartitionOperatorService { heal_after: Duration },
+    /// A labelled node is deleted from the cluster.
+    NodeDeleted { node: usize },
 }
 
 impl Fault {
@@ -104,6 +111,9 @@ impl Fault {
             Fault::OperatorRestart => "operator-restart",
             Fault::NodeNotReadyFlap { .. } => "node-not-ready-flap",
             Fault::NodeResourcesChanged { .. } => "node-resources-changed",
+            Fault::ReplyLost { .. } => "reply-lost",
+            Fault::PartitionOperatorService { .. } => "partition-operator-service",
+            Fault::NodeDeleted { .. } => "node-deleted",
         }
     }
 
@@ -120,7 +130,8 @@ impl Fault {
                 Duration::from_secs(30)
             }
             Fault::PartitionOperatorReplica { heal_after, .. }
-            | Fault::PartitionReplica { heal_after, .. } => *heal_after,
+            | Fault::PartitionReplica { heal_after, .. }
+            | Fault::PartitionOperatorService { heal_after } => *heal_after,
             Fault::ApiOutage { duration } => *duration,
             Fault::NodeNotReadyFlap { down_for, .. } => *down_for,
             _ => Duration::from_secs(1),
@@ -152,7 +163,7 @@ pub struct Plan {
 /// one replica cut off from the other two, was left out while the operator could not
 /// tell a cut replica from a healthy one; it came back with the operator probing each new
 /// channel and leaving a replica whose writes go unanswered.)
-const DRAWN: [usize; 11] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+const DRAWN: [usize; 14] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13];
 
 pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
     let mut rng = rng_for(seed, "scenario");
@@ -212,7 +223,16 @@ pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
                 node: rng.random_range(0..config.nodes.max(1)),
                 down_for: Duration::from_secs(rng.random_range(2..=40)),
             },
-            _ => Fault::NodeResourcesChanged {
+            10 => Fault::NodeResourcesChanged {
+                node: rng.random_range(0..config.nodes.max(1)),
+            },
+            11 => Fault::ReplyLost {
+                hang: rng.random_bool(0.5),
+            },
+            12 => Fault::PartitionOperatorService {
+                heal_after: Duration::from_secs(rng.random_range(5..=60)),
+            },
+            _ => Fault::NodeDeleted {
                 node: rng.random_range(0..config.nodes.max(1)),
             },
         };

@@ -50,7 +50,7 @@ struct Inner {
     max_age: Option<std::time::Duration>,
     authorization: Option<AsciiMetadataValue>,
     /// Held across a connect, so concurrent callers share one connect instead of racing.
-    slot: tokio::sync::Mutex<Slot>,
+    slot: Arc<tokio::sync::Mutex<Slot>>,
     /// Bound on the Ping that probes each new Service channel; `None`: no probe.
     probe: Option<std::time::Duration>,
     /// The view (probe hostname) of a channel whose write went unanswered, and when.
@@ -120,6 +120,10 @@ enum Outcome<T> {
 /// last one is kept whatever its probe said, so a wrong verdict costs a few dials, never
 /// the channel.
 const PROBE_DIALS: usize = 4;
+
+/// Dials per leader recheck when the first reaches a replica giving the stuck call's own
+/// view: with three replicas behind the Service, two dials reach another one 8 times in 9.
+const RECHECK_DIALS: usize = 2;
 
 /// How long a view whose write went unanswered is avoided. A cut replica stays cut for
 /// as long as the partition lasts; once it rejoins, its reads forward to the leader and
@@ -193,7 +197,7 @@ impl ControllerClient {
                 max_message_bytes,
                 max_age,
                 authorization,
-                slot: tokio::sync::Mutex::new(Slot::default()),
+                slot: Arc::new(tokio::sync::Mutex::new(Slot::default())),
                 probe,
                 stalled: SyncMutex::new(None),
                 recheck,
@@ -433,13 +437,33 @@ impl ControllerClient {
 
     /// The open channel, or a new one through the Service, probed when a probe is set.
     async fn channel(&self) -> Result<(u64, Channel, Option<String>), ControllerError> {
-        let mut slot = self.inner.slot.lock().await;
+        let mut slot = self.inner.slot.clone().lock_owned().await;
         if slot.expired(self.inner.max_age) && slot.channel.take().is_some() {
             tracing::debug!(addr = %self.inner.addr, "rotating the controller channel after its maximum age");
         }
         if let Some((generation, channel)) = &slot.channel {
             return Ok((*generation, channel.clone(), slot.view.clone()));
         }
+        // Dials and probes run on a task of their own, holding the slot: a caller cancelled
+        // meanwhile (a readiness probe's 2 s bound) leaves them to finish for the next
+        // caller, instead of the next caller starting again from the first dial.
+        let client = self.clone();
+        tokio::spawn(async move { client.fill(slot).await })
+            .await
+            .unwrap_or_else(|failed| {
+                Err(ControllerError::Connect {
+                    addr: self.inner.addr.to_string(),
+                    source: ConnectError::Other(format!("the connect task failed: {failed}")),
+                })
+            })
+    }
+
+    /// Dials through the Service until a channel's probe accepts it (a few dials at most)
+    /// and keeps it in `slot`.
+    async fn fill(
+        &self,
+        mut slot: tokio::sync::OwnedMutexGuard<Slot>,
+    ) -> Result<(u64, Channel, Option<String>), ControllerError> {
         let dials = if self.inner.probe.is_some() {
             PROBE_DIALS
         } else {
@@ -539,7 +563,7 @@ impl ControllerClient {
         loop {
             tokio::time::sleep_until(next).await;
             next += every;
-            if let Some((fresh_view, channel)) = self.fresh_view(every).await.probed
+            if let Some((fresh_view, channel)) = self.fresh_view(every, view).await.probed
                 && Some(fresh_view.as_str()) != view
                 && !self.is_stalled(&fresh_view)
             {
@@ -548,8 +572,11 @@ impl ControllerClient {
         }
     }
 
-    /// A fresh channel's view, reused by every call asking within `max_age` of it.
-    async fn fresh_view(&self, max_age: std::time::Duration) -> Fresh {
+    /// A fresh channel's view, reused by every call asking within `max_age` of it. A
+    /// dial whose probe gives `unlike` (the asking call's own view) is followed by one more:
+    /// the Service may have picked the very replica the call is stuck on, a leader cut off
+    /// from its peers, which answers for itself.
+    async fn fresh_view(&self, max_age: std::time::Duration, unlike: Option<&str>) -> Fresh {
         let mut last = self.inner.fresh.lock().await;
         if let Some(fresh) = &*last
             && fresh.at.elapsed() < max_age
@@ -557,14 +584,23 @@ impl ControllerClient {
             return fresh.clone();
         }
         let at = tokio::time::Instant::now();
-        let probed = match (self.dial().await, self.inner.probe) {
-            (Ok(channel), Some(bound)) => self
-                .probe(channel.clone(), bound)
-                .await
-                .ok()
-                .map(|view| (view, channel)),
-            _ => None,
-        };
+        let mut probed = None;
+        for _ in 0..RECHECK_DIALS {
+            probed = match (self.dial().await, self.inner.probe) {
+                (Ok(channel), Some(bound)) => self
+                    .probe(channel.clone(), bound)
+                    .await
+                    .ok()
+                    .map(|view| (view, channel)),
+                _ => None,
+            };
+            if probed
+                .as_ref()
+                .is_some_and(|(view, _)| Some(view.as_str()) != unlike)
+            {
+                break;
+            }
+        }
         let fresh = Fresh { at, probed };
         *last = Some(fresh.clone());
         fresh
@@ -585,8 +621,14 @@ impl ControllerClient {
     /// cut it off healed before its peers elected another leader).
     fn forgive(&self, view: Option<&str>) {
         let mut stalled = self.inner.stalled.lock().expect("stalled lock");
-        if stalled.as_ref().is_some_and(|(name, _)| Some(name.as_str()) == view) {
-            tracing::info!(view, "a write through a view that was avoided was answered; using it again");
+        if stalled
+            .as_ref()
+            .is_some_and(|(name, _)| Some(name.as_str()) == view)
+        {
+            tracing::info!(
+                view,
+                "a write through a view that was avoided was answered; using it again"
+            );
             *stalled = None;
         }
     }
