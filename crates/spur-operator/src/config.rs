@@ -227,7 +227,11 @@ pub struct ControllerArgs {
     /// was dropped waits out the whole connect timeout even when an endpoint became ready
     /// a moment later: the first registration after a late controller then comes up to
     /// 2 s after the Service could have answered. Dialing again every 250 ms bounds that
-    /// to about 250 ms, at the cost of a few SYNs per second while nothing is ready.
+    /// to about 250 ms, at the cost of a few SYNs per second while nothing is ready. The
+    /// same cadence starts another dial while a new channel's connect probe has not
+    /// answered (a Ping answers in milliseconds; one still waiting has most likely reached
+    /// a follower whose forwards hang, and the next dial may reach another replica), up to
+    /// 4 dials; without a hedge the next dial waits for the probe's bound.
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_CONNECT_HEDGE",

@@ -55,6 +55,8 @@ struct Inner {
     probe: Option<std::time::Duration>,
     /// The view (probe hostname) of a channel whose write went unanswered, and when.
     stalled: SyncMutex<Option<(String, tokio::time::Instant)>>,
+    /// While no new channel's probe was accepted, another dial starts this often.
+    hedge: Option<std::time::Duration>,
     /// How long a call may be outstanding before a fresh channel is asked for its view;
     /// `None`: calls wait for their own bound.
     recheck: Option<std::time::Duration>,
@@ -109,11 +111,30 @@ struct Fresh {
     probed: Option<(String, Channel)>,
 }
 
+/// What a round of dials found: the first channel whose view was accepted, else the first
+/// whose probe was answered, the last whose probe was not, and the last dial's error.
+#[derive(Default)]
+struct Dialed {
+    accepted: Option<(Channel, String)>,
+    answered: Option<(Channel, String)>,
+    unanswered: Option<Channel>,
+    error: Option<ControllerError>,
+}
+
+/// Why a waiting call is left, and the fresh channel to use instead.
+struct Abandon {
+    why: String,
+    /// The call's channel answered no Ping of its own (so no need to ask it again).
+    silent: bool,
+    fresh_view: String,
+    fresh: Channel,
+}
+
 /// The outcome of a call raced against the recheck.
 enum Outcome<T> {
     Answered(Result<Response<T>, Status>),
-    /// Leadership moved while the call waited: the fresh channel's view and the channel.
-    Abandoned(String, Channel),
+    /// The call's channel is no longer worth waiting on (see [`Abandon`]).
+    Abandoned(Abandon),
 }
 
 /// Dials through the Service for one channel when the probe turns channels down; the
@@ -183,6 +204,7 @@ impl ControllerClient {
         let max_message_bytes = config.max_message_bytes;
         let max_age = config.max_age;
         let probe = config.connect_probe;
+        let hedge = config.connect_hedge;
         // Views come from the probe: without one there is nothing to compare.
         let recheck = config.leader_recheck.filter(|_| probe.is_some());
         let target = addr.clone();
@@ -201,6 +223,7 @@ impl ControllerClient {
                 probe,
                 stalled: SyncMutex::new(None),
                 recheck,
+                hedge,
                 fresh: tokio::sync::Mutex::new(None),
                 leader_hint: SyncMutex::new(None),
                 stats: Counters::default(),
@@ -372,8 +395,8 @@ impl ControllerClient {
         let outcome = match self.inner.recheck {
             Some(every) => tokio::select! {
                 answer = answer => Outcome::Answered(answer),
-                (fresh_view, fresh) = self.until_view_moves(view.as_deref(), every) => {
-                    Outcome::Abandoned(fresh_view, fresh)
+                abandon = self.until_abandoned(&channel, view.as_deref(), every) => {
+                    Outcome::Abandoned(abandon)
                 }
             },
             None => Outcome::Answered(answer.await),
@@ -385,20 +408,20 @@ impl ControllerClient {
                 }
                 Ok(response.into_inner())
             }
-            Outcome::Abandoned(fresh_view, fresh) => {
+            Outcome::Abandoned(Abandon {
+                why,
+                silent,
+                fresh_view,
+                fresh,
+            }) => {
                 let error = ControllerError::Status {
                     method,
                     code: Code::Cancelled,
-                    message: format!(
-                        "abandoned after {:?}: the replicas answer for {fresh_view} now, this channel's reads came from {}",
-                        started.elapsed(),
-                        view.as_deref()
-                            .unwrap_or("a replica whose probe got no answer")
-                    ),
+                    message: format!("abandoned after {:?}: {why}", started.elapsed()),
                     leader_hint: None,
                 };
                 let stalled = match self.inner.probe {
-                    Some(bound) if is_write(method) => {
+                    Some(bound) if is_write(method) && !silent => {
                         self.still_serves(channel, view.as_deref(), bound).await
                     }
                     _ => None,
@@ -438,8 +461,15 @@ impl ControllerClient {
     /// The open channel, or a new one through the Service, probed when a probe is set.
     async fn channel(&self) -> Result<(u64, Channel, Option<String>), ControllerError> {
         let mut slot = self.inner.slot.clone().lock_owned().await;
-        if slot.expired(self.inner.max_age) && slot.channel.take().is_some() {
+        // A channel past its maximum age is replaced only by one whose probe is accepted:
+        // when every dial reaches a replica that does not answer (two of three followers
+        // whose forwards hang), rotating would trade a working channel for a dead one.
+        let mut rotated = None;
+        if slot.expired(self.inner.max_age)
+            && let Some((generation, channel)) = slot.channel.take()
+        {
             tracing::debug!(addr = %self.inner.addr, "rotating the controller channel after its maximum age");
+            rotated = Some((generation, channel, slot.view.clone()));
         }
         if let Some((generation, channel)) = &slot.channel {
             return Ok((*generation, channel.clone(), slot.view.clone()));
@@ -448,7 +478,7 @@ impl ControllerClient {
         // meanwhile (a readiness probe's 2 s bound) leaves them to finish for the next
         // caller, instead of the next caller starting again from the first dial.
         let client = self.clone();
-        tokio::spawn(async move { client.fill(slot).await })
+        tokio::spawn(async move { client.fill(slot, rotated).await })
             .await
             .unwrap_or_else(|failed| {
                 Err(ControllerError::Connect {
@@ -459,60 +489,123 @@ impl ControllerClient {
     }
 
     /// Dials through the Service until a channel's probe accepts it (a few dials at most)
-    /// and keeps it in `slot`.
+    /// and keeps it in `slot`; `rotated`, the channel being replaced for its age, is kept
+    /// again when none is.
     async fn fill(
         &self,
         mut slot: tokio::sync::OwnedMutexGuard<Slot>,
+        rotated: Option<(u64, Channel, Option<String>)>,
     ) -> Result<(u64, Channel, Option<String>), ControllerError> {
-        let dials = if self.inner.probe.is_some() {
-            PROBE_DIALS
-        } else {
-            1
+        let Some(bound) = self.inner.probe else {
+            let channel = self.dial().await?;
+            return Ok(Self::keep_new(&mut slot, channel, None));
         };
-        // The first channel turned down whose probe was answered (by a view whose writes
-        // went unanswered): kept over one whose probe got no answer when no dial does
-        // better. A replica that answers may have healed since; one that does not answer
-        // serves nothing (a follower whose forwards hang stays so until its kernel gives
-        // up, even after the leader it forwards to is reachable again).
-        let mut answered: Option<(u64, Channel, String)> = None;
-        for dial in 1..=dials {
-            let (generation, channel) = match (self.open(&mut slot).await, answered.take()) {
-                (Ok(opened), earlier) => {
-                    answered = earlier;
-                    opened
-                }
-                (Err(_), Some((generation, channel, view))) => {
-                    return Ok(slot.keep(generation, channel, Some(view)));
-                }
-                (Err(error), None) => return Err(error),
-            };
-            let Some(bound) = self.inner.probe else {
-                return Ok(slot.keep(generation, channel, None));
-            };
-            let (why, view) = match self.probe(channel.clone(), bound).await {
-                Ok(view) if !self.is_stalled(&view) => {
-                    return Ok(slot.keep(generation, channel, Some(view)));
-                }
-                Ok(view) => (
-                    format!("its reads come from {view}, whose writes went unanswered"),
-                    Some(view),
-                ),
-                Err(error) => (format!("its probe failed: {error}"), None),
-            };
-            if dial == dials {
-                return Ok(match (answered, view) {
-                    (Some((generation, channel, view)), None) => {
-                        slot.keep(generation, channel, Some(view))
-                    }
-                    (_, view) => slot.keep(generation, channel, view),
-                });
+        let dialed = self
+            .dial_until(PROBE_DIALS, bound, |view| !self.is_stalled(view))
+            .await;
+        // When no dial was accepted, one whose probe was answered (by a view whose writes
+        // went unanswered) is kept over one whose probe got no answer: a replica that
+        // answers may have healed since; one that does not answer serves nothing (a
+        // follower whose forwards hang stays so until its kernel gives up, even after the
+        // leader it forwards to is reachable again).
+        if dialed.accepted.is_none()
+            && let Some((generation, channel, view)) = rotated
+        {
+            tracing::info!(addr = %self.inner.addr, "no new channel was accepted; keeping the current one for another maximum age");
+            return Ok(slot.keep(generation, channel, view));
+        }
+        match dialed {
+            Dialed {
+                accepted: Some((channel, view)),
+                ..
             }
-            tracing::info!(addr = %self.inner.addr, dial, %why, "turning a new controller channel down; dialing again");
-            if let (None, Some(view)) = (&answered, view) {
-                answered = Some((generation, channel, view));
+            | Dialed {
+                answered: Some((channel, view)),
+                ..
+            } => Ok(Self::keep_new(&mut slot, channel, Some(view))),
+            Dialed {
+                unanswered: Some(channel),
+                ..
+            } => Ok(Self::keep_new(&mut slot, channel, None)),
+            Dialed { error, .. } => Err(error.expect("a dial that made no channel failed")),
+        }
+    }
+
+    fn keep_new(
+        slot: &mut Slot,
+        channel: Channel,
+        view: Option<String>,
+    ) -> (u64, Channel, Option<String>) {
+        let generation = slot.next_generation;
+        slot.next_generation += 1;
+        slot.keep(generation, channel, view)
+    }
+
+    /// Dials through the Service and probes each new channel within `bound` until one's
+    /// view is accepted, `dials` at most. With a connect hedge a further dial starts
+    /// whenever the hedge passes without an accepted probe (a Ping answers in milliseconds
+    /// inside a cluster, so one still waiting has most likely reached a replica whose
+    /// forwards hang, and the Service may pick a better one); without, dials go one after
+    /// another.
+    async fn dial_until(
+        &self,
+        dials: usize,
+        bound: std::time::Duration,
+        accept: impl Fn(&str) -> bool,
+    ) -> Dialed {
+        let attempt = || async {
+            let channel = self.dial().await?;
+            let view = self.probe(channel.clone(), bound).await;
+            Ok::<_, ControllerError>((channel, view))
+        };
+        let mut dialed = Dialed::default();
+        let mut pending = futures::stream::FuturesUnordered::new();
+        let mut started = 0;
+        let mut next_start = Some(tokio::time::Instant::now());
+        loop {
+            if started < dials && next_start.is_some_and(|at| tokio::time::Instant::now() >= at) {
+                pending.push(attempt());
+                started += 1;
+                // Without a hedge, the next dial waits for this one's verdict.
+                next_start = self
+                    .inner
+                    .hedge
+                    .map(|hedge| tokio::time::Instant::now() + hedge);
+            }
+            if pending.is_empty() {
+                return dialed;
+            }
+            let hedge_at = next_start.filter(|_| started < dials);
+            tokio::select! {
+                Some(result) = futures::StreamExt::next(&mut pending) => {
+                    let why = match result {
+                        Ok((channel, Ok(view))) if accept(&view) => {
+                            dialed.accepted = Some((channel, view));
+                            return dialed;
+                        }
+                        Ok((channel, Ok(view))) => {
+                            let why = format!("its reads come from {view}, which is avoided");
+                            dialed.answered.get_or_insert((channel, view));
+                            why
+                        }
+                        Ok((channel, Err(error))) => {
+                            dialed.unanswered = Some(channel);
+                            format!("its probe failed: {error}")
+                        }
+                        Err(error) => {
+                            let why = error.to_string();
+                            dialed.error = Some(error);
+                            why
+                        }
+                    };
+                    if started < dials {
+                        tracing::info!(addr = %self.inner.addr, dial = started, %why, "turning a new controller channel down; dialing again");
+                        next_start = Some(tokio::time::Instant::now());
+                    }
+                }
+                () = async { tokio::time::sleep_until(hedge_at.expect("guarded")).await }, if hedge_at.is_some() => {}
             }
         }
-        unreachable!("the last dial returns")
     }
 
     /// Pings over a new channel within `bound`: the hostname that answered.
@@ -547,27 +640,57 @@ impl ControllerClient {
         (view == Some(now.as_str())).then_some(now)
     }
 
-    /// Resolves once a fresh channel through the Service gives another view than `view`,
-    /// checking every `every`: the view and the channel. Never resolves while the fresh
-    /// view is the same (a slow answer, not a moved leader) or cannot be taken. A channel
-    /// kept although its probe got no answer (`None`) has no view to keep: any answer
-    /// moves it.
-    async fn until_view_moves(
+    /// Resolves once the call waiting on `channel` (whose probe gave `view`) is not worth
+    /// waiting on, checking every `every` with a fresh channel through the Service:
+    /// - the fresh channel gives another view: leadership moved since `channel` was vetted
+    ///   (a channel kept although its probe got no answer, `None`, has no view to keep:
+    ///   any answer moves it);
+    /// - it gives the same view, but `channel` answers no Ping of its own within the probe's
+    ///   bound: a follower whose forward to that same leader hangs (cut off from it after
+    ///   the probe). HTTP/2 multiplexes, so a channel that is merely busy with a slow answer
+    ///   still answers a Ping.
+    ///
+    /// Never resolves while the fresh view cannot be taken or the slow channel answers.
+    async fn until_abandoned(
         &self,
+        channel: &Channel,
         view: Option<&str>,
         every: std::time::Duration,
-    ) -> (String, Channel) {
+    ) -> Abandon {
         // Checks start every `every`, however long each took (a probe that gets no answer
         // takes its whole bound).
         let mut next = tokio::time::Instant::now() + every;
         loop {
             tokio::time::sleep_until(next).await;
             next += every;
-            if let Some((fresh_view, channel)) = self.fresh_view(every, view).await.probed
-                && Some(fresh_view.as_str()) != view
-                && !self.is_stalled(&fresh_view)
+            let Some((fresh_view, fresh)) = self.fresh_view(every, view).await.probed else {
+                continue;
+            };
+            if self.is_stalled(&fresh_view) {
+                continue;
+            }
+            if Some(fresh_view.as_str()) != view {
+                return Abandon {
+                    why: format!(
+                        "the replicas answer for {fresh_view} now, this channel's reads came from {}",
+                        view.unwrap_or("a replica whose probe got no answer")
+                    ),
+                    silent: false,
+                    fresh_view,
+                    fresh,
+                };
+            }
+            if let Some(bound) = self.inner.probe
+                && let Err(error) = self.probe(channel.clone(), bound).await
             {
-                return (fresh_view, channel);
+                return Abandon {
+                    why: format!(
+                        "this channel answers no Ping ({error}) while a new one's reads come from {fresh_view}"
+                    ),
+                    silent: true,
+                    fresh_view,
+                    fresh,
+                };
             }
         }
     }
@@ -584,23 +707,20 @@ impl ControllerClient {
             return fresh.clone();
         }
         let at = tokio::time::Instant::now();
-        let mut probed = None;
-        for _ in 0..RECHECK_DIALS {
-            probed = match (self.dial().await, self.inner.probe) {
-                (Ok(channel), Some(bound)) => self
-                    .probe(channel.clone(), bound)
-                    .await
-                    .ok()
-                    .map(|view| (view, channel)),
-                _ => None,
-            };
-            if probed
-                .as_ref()
-                .is_some_and(|(view, _)| Some(view.as_str()) != unlike)
-            {
-                break;
+        let probed = match self.inner.probe {
+            Some(bound) => {
+                let dialed = self
+                    .dial_until(RECHECK_DIALS, bound, |view| {
+                        Some(view) != unlike && !self.is_stalled(view)
+                    })
+                    .await;
+                dialed
+                    .accepted
+                    .or(dialed.answered)
+                    .map(|(channel, view)| (view, channel))
             }
-        }
+            None => None,
+        };
         let fresh = Fresh { at, probed };
         *last = Some(fresh.clone());
         fresh
@@ -611,9 +731,7 @@ impl ControllerClient {
     async fn offer(&self, channel: Channel, view: String) {
         let mut slot = self.inner.slot.lock().await;
         if slot.channel.is_none() {
-            let generation = slot.next_generation;
-            slot.next_generation += 1;
-            let _ = slot.keep(generation, channel, Some(view));
+            let _ = Self::keep_new(&mut slot, channel, Some(view));
         }
     }
 
@@ -636,17 +754,6 @@ impl ControllerClient {
     fn is_stalled(&self, view: &str) -> bool {
         matches!(&*self.inner.stalled.lock().expect("stalled lock"),
             Some((stalled, at)) if stalled == view && at.elapsed() < STALL_MEMORY)
-    }
-
-    /// A new channel with its generation. The caller keeps it in `slot` only once its probe
-    /// accepted it: a caller cancelled mid-probe (a readiness probe's bound, a request's)
-    /// must not leave an unvetted channel behind for every other call to use.
-    async fn open(&self, slot: &mut Slot) -> Result<(u64, Channel), ControllerError> {
-        let channel = self.dial().await?;
-        let generation = slot.next_generation;
-        slot.next_generation += 1;
-        tracing::debug!(addr = %self.inner.addr, generation, "connected to spurctld");
-        Ok((generation, channel))
     }
 
     /// Connects through the Service, counting the connect or its failure.

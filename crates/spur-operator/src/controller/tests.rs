@@ -338,27 +338,59 @@ async fn a_follower_whose_reads_hang_too_does_not_mark_the_leaders_name() {
     assert_eq!(calls(&healthy), 2, "the probe and the read");
 }
 
+/// `cut_and_healthy`'s network with a client configured by `config`.
+fn cut_and_healthy_with(
+    config: ChannelConfig,
+) -> (ScriptedController, MemoryNetwork, ControllerClient) {
+    let (_cut, healthy, network, _) = cut_and_healthy();
+    let client = client_over(&network, config);
+    (healthy, network, client)
+}
+
+fn unhedged() -> ChannelConfig {
+    ChannelConfig {
+        connect_hedge: None,
+        ..probed_only()
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_channel_whose_probe_goes_unanswered_is_dialed_again() {
-    let (_cut, healthy, network, client) = cut_and_healthy();
-    // A follower whose forward to the leader hangs: it accepts and never answers.
+    let defaults = ChannelConfig::default();
+    // Hedged, the next dial starts once the hedge passes without an answer; unhedged, once
+    // the probe's bound gave up on the first.
+    for (config, took) in [
+        (probed_only(), defaults.connect_hedge.unwrap()),
+        (unhedged(), defaults.connect_probe.unwrap()),
+    ] {
+        let (healthy, network, client) = cut_and_healthy_with(config);
+        // A follower whose forward to the leader hangs: it accepts and never answers.
+        network.set_host_peer("hung", Peer::BlackHole);
+        network.redirect_next(&["hung", "healthy"]);
+        let started = Instant::now();
+        client.get_jobs(Default::default()).await.unwrap();
+        assert_eq!(started.elapsed(), took);
+        assert_eq!(network.dialed(), ["hung", "healthy"]);
+        assert_eq!(calls(&healthy), 2);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn hedged_probes_find_the_one_answering_replica_among_hung_ones() {
+    let (healthy, network, client) = cut_and_healthy_with(probed_only());
     network.set_host_peer("hung", Peer::BlackHole);
-    network.redirect_next(&["hung", "healthy"]);
+    network.redirect_next(&["hung", "hung", "hung", "healthy"]);
     let started = Instant::now();
     client.get_jobs(Default::default()).await.unwrap();
-    let probe = ChannelConfig::default().connect_probe.unwrap();
-    assert_eq!(
-        started.elapsed(),
-        probe,
-        "one probe bound, then the healthy replica"
-    );
-    assert_eq!(network.dialed(), ["hung", "healthy"]);
-    assert_eq!(calls(&healthy), 2);
+    // Four dials 250 ms apart: the fourth answers at once, before any probe's bound.
+    let hedge = ChannelConfig::default().connect_hedge.unwrap();
+    assert_eq!(started.elapsed(), hedge * 3);
+    assert_eq!(calls(&healthy), 2, "the probe and the read");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_caller_cancelled_mid_dial_leaves_the_dials_to_finish_for_the_next() {
-    let (_cut, healthy, network, client) = cut_and_healthy();
+    let (healthy, network, client) = cut_and_healthy_with(unhedged());
     network.set_host_peer("hung", Peer::BlackHole);
     network.redirect_next(&["hung", "hung", "healthy"]);
     let started = Instant::now();
@@ -510,6 +542,36 @@ async fn a_follower_naming_the_new_leader_after_its_write_hung_does_not_mark_tha
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_call_on_a_channel_that_answers_no_ping_is_abandoned_while_another_answers() {
+    // Both name the same leader; the follower, cut off from it after its probe, holds
+    // every call and every Ping.
+    let follower = ScriptedController::named("spurctld-0");
+    let network = MemoryNetwork::start(ScriptedController::named("spurctld-0"));
+    network.add_host("follower", follower.clone());
+    network.redirect_next(&["follower"]);
+    let client = client_over(&network, ChannelConfig::default());
+    client.get_jobs(Default::default()).await.unwrap();
+    follower.set_delay(Duration::from_secs(3600));
+    follower.set_ping_delay(Duration::from_secs(3600));
+    let started = Instant::now();
+    let err = client.heartbeat(Default::default()).await.unwrap_err();
+    assert!(err.to_string().contains("answers no Ping"), "{err}");
+    // The recheck at 1 s finds the leader through a fresh channel, then gives the stuck
+    // channel's own Ping the probe's bound; no second Ping after the abandon.
+    let config = ChannelConfig::default();
+    assert_eq!(
+        started.elapsed(),
+        config.leader_recheck.unwrap() + config.connect_probe.unwrap()
+    );
+    client.heartbeat(Default::default()).await.unwrap();
+    assert_eq!(
+        network.dials(),
+        2,
+        "the fresh channel took the stuck one's place"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_slow_answer_while_the_same_leader_answers_is_left_alone() {
     let follower = ScriptedController::named("spurctld-0");
     let network = MemoryNetwork::start(ScriptedController::named("spurctld-0"));
@@ -540,10 +602,13 @@ async fn a_channel_kept_without_an_answer_to_its_probe_is_left_once_a_replica_an
     let started = Instant::now();
     let err = client.get_jobs(Default::default()).await.unwrap_err();
     assert!(err.to_string().contains("probe got no answer"), "{err}");
+    // Four dials 250 ms apart, kept when the last probe gives up, then one recheck.
     let config = ChannelConfig::default();
     assert_eq!(
         started.elapsed(),
-        config.connect_probe.unwrap() * 4 + config.leader_recheck.unwrap()
+        config.connect_hedge.unwrap() * 3
+            + config.connect_probe.unwrap()
+            + config.leader_recheck.unwrap()
     );
     client.get_jobs(Default::default()).await.unwrap();
     assert_eq!(network.dials(), 5);
