@@ -389,13 +389,7 @@ const SEED_B_FOLLOWER: u64 = 7026;
 #[test]
 fn a_silent_leader_kill_behind_a_follower() {
     let run = |flags: &[&str], label| {
-        let run = silent_kill(
-            SEED_B_FOLLOWER,
-            flags,
-            false,
-            Duration::from_secs(3),
-            label,
-        );
+        let run = silent_kill(SEED_B_FOLLOWER, flags, false, Duration::from_secs(3), label);
         eprintln!("(b, follower) {label}: {}", run.describe());
         run.lag()
             .unwrap_or_else(|| panic!("{label}: {}", run.describe()))

@@ -127,6 +127,12 @@ pub struct ChannelConfig {
     pub connect_hedge: Option<Duration>,
     /// A call outstanding this long asks a fresh channel whose state the replicas serve.
     pub leader_recheck: Option<Duration>,
+    /// Dials through the Service for one channel while the probe turns channels down.
+    pub probe_dials: usize,
+    /// Dials per leader recheck when the first reaches the waiting call's own view.
+    pub recheck_dials: usize,
+    /// How long a view whose write went unanswered is avoided.
+    pub stall_memory: Duration,
     pub tls: Option<TlsConfig>,
 }
 
@@ -139,6 +145,9 @@ pub const DEFAULT_CHANNEL_MAX_AGE: Duration = Duration::from_secs(10);
 pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
 pub const DEFAULT_CONNECT_HEDGE: Duration = Duration::from_millis(250);
 pub const DEFAULT_LEADER_RECHECK: Duration = Duration::from_secs(1);
+pub const DEFAULT_PROBE_DIALS: usize = 4;
+pub const DEFAULT_RECHECK_DIALS: usize = 2;
+pub const DEFAULT_STALL_MEMORY: Duration = Duration::from_secs(30);
 
 impl Default for ChannelConfig {
     fn default() -> Self {
@@ -155,6 +164,9 @@ impl Default for ChannelConfig {
             connect_probe: Some(DEFAULT_CONNECT_PROBE),
             connect_hedge: Some(DEFAULT_CONNECT_HEDGE),
             leader_recheck: Some(DEFAULT_LEADER_RECHECK),
+            probe_dials: DEFAULT_PROBE_DIALS,
+            recheck_dials: DEFAULT_RECHECK_DIALS,
+            stall_memory: DEFAULT_STALL_MEMORY,
             tls: None,
         }
     }
@@ -328,6 +340,44 @@ pub struct ControllerArgs {
     )]
     pub controller_leader_recheck: Bound,
 
+    /// Dials through the Service for one channel while the connect probe turns channels
+    /// down (1 to 16). The last is kept whatever its probe said (preferring one that
+    /// answered), so a wrong verdict costs a few dials, never the channel. With two of three
+    /// replicas unable to serve (followers whose forwards hang), 4 dials reach the third
+    /// 4 times in 5, and the leader recheck catches the rest.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_PROBE_DIALS",
+        default_value_t = DEFAULT_PROBE_DIALS,
+        value_parser = clap::value_parser!(u8).range(1..=16).map(usize::from)
+    )]
+    pub controller_probe_dials: usize,
+
+    /// Dials per leader recheck when the first reaches a replica giving the waiting call's
+    /// own view (1 to 8): the Service may have picked the very replica the call is stuck
+    /// on. With three replicas, two dials reach another one 8 times in 9.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_RECHECK_DIALS",
+        default_value_t = DEFAULT_RECHECK_DIALS,
+        value_parser = clap::value_parser!(u8).range(1..=8).map(usize::from)
+    )]
+    pub controller_recheck_dials: usize,
+
+    /// How long the name of a replica whose write went unanswered while its reads were
+    /// served (a leader cut off from its peers) is avoided by new channels. A cut replica
+    /// stays cut as long as the partition lasts; once it rejoins, its reads forward to the
+    /// leader and its probe names the leader, so a long memory costs little; a write that
+    /// is answered through the name forgives it at once (the partition healed before the
+    /// others elected a leader).
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_STALL_MEMORY",
+        default_value = "30s",
+        value_parser = parse_duration
+    )]
+    pub controller_stall_memory: Duration,
+
     /// Largest message sent or received, in MiB. GetJobs over 10,000 active jobs is about
     /// 2 MiB; 32 leaves room for large clusters without allowing unbounded memory.
     #[arg(
@@ -391,6 +441,9 @@ impl ControllerArgs {
             max_age: self.controller_channel_max_age.0,
             connect_probe: self.controller_connect_probe.0,
             leader_recheck: self.controller_leader_recheck.0,
+            probe_dials: self.controller_probe_dials,
+            recheck_dials: self.controller_recheck_dials,
+            stall_memory: self.controller_stall_memory,
             tls: self.tls(addr.scheme)?,
         };
         let token = self
@@ -858,6 +911,31 @@ mod tests {
         assert_eq!(settings.channel, ChannelConfig::default());
         assert_eq!(settings.addr.to_string(), "http://spurctld:6817");
         assert_eq!(settings.token, None);
+    }
+
+    #[test]
+    fn dial_counts_and_stall_memory_are_flags_with_bounds() {
+        let settings = parse(&[
+            "--controller-probe-dials",
+            "6",
+            "--controller-recheck-dials",
+            "3",
+            "--controller-stall-memory",
+            "10s",
+        ])
+        .unwrap();
+        assert_eq!(settings.channel.probe_dials, 6);
+        assert_eq!(settings.channel.recheck_dials, 3);
+        assert_eq!(settings.channel.stall_memory, Duration::from_secs(10));
+        for (flag, value) in [
+            ("--controller-probe-dials", "0"),
+            ("--controller-probe-dials", "17"),
+            ("--controller-recheck-dials", "0"),
+            ("--controller-stall-memory", "soon"),
+        ] {
+            let err = parse(&[flag, value]).unwrap_err();
+            assert!(err.contains(flag), "{flag} {value}: {err}");
+        }
     }
 
     #[test]

@@ -57,6 +57,11 @@ struct Inner {
     stalled: SyncMutex<Option<(String, tokio::time::Instant)>>,
     /// While no new channel's probe was accepted, another dial starts this often.
     hedge: Option<std::time::Duration>,
+    /// Dials for one channel while probes turn channels down, and per leader recheck.
+    probe_dials: usize,
+    recheck_dials: usize,
+    /// How long a view whose write went unanswered is avoided.
+    stall_memory: std::time::Duration,
     /// How long a call may be outstanding before a fresh channel is asked for its view;
     /// `None`: calls wait for their own bound.
     recheck: Option<std::time::Duration>,
@@ -137,20 +142,6 @@ enum Outcome<T> {
     Abandoned(Abandon),
 }
 
-/// Dials through the Service for one channel when the probe turns channels down; the
-/// last one is kept whatever its probe said, so a wrong verdict costs a few dials, never
-/// the channel.
-const PROBE_DIALS: usize = 4;
-
-/// Dials per leader recheck when the first reaches a replica giving the stuck call's own
-/// view: with three replicas behind the Service, two dials reach another one 8 times in 9.
-const RECHECK_DIALS: usize = 2;
-
-/// How long a view whose write went unanswered is avoided. A cut replica stays cut for
-/// as long as the partition lasts; once it rejoins, its reads forward to the leader and
-/// its probe names the leader, so a long memory costs nothing then.
-const STALL_MEMORY: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// Whether a call changes state (only the Raft leader applies it; wire.md).
 fn is_write(method: &str) -> bool {
     matches!(
@@ -205,6 +196,11 @@ impl ControllerClient {
         let max_age = config.max_age;
         let probe = config.connect_probe;
         let hedge = config.connect_hedge;
+        let (probe_dials, recheck_dials, stall_memory) = (
+            config.probe_dials.max(1),
+            config.recheck_dials.max(1),
+            config.stall_memory,
+        );
         // Views come from the probe: without one there is nothing to compare.
         let recheck = config.leader_recheck.filter(|_| probe.is_some());
         let target = addr.clone();
@@ -224,6 +220,9 @@ impl ControllerClient {
                 stalled: SyncMutex::new(None),
                 recheck,
                 hedge,
+                probe_dials,
+                recheck_dials,
+                stall_memory,
                 fresh: tokio::sync::Mutex::new(None),
                 leader_hint: SyncMutex::new(None),
                 stats: Counters::default(),
@@ -501,7 +500,7 @@ impl ControllerClient {
             return Ok(Self::keep_new(&mut slot, channel, None));
         };
         let dialed = self
-            .dial_until(PROBE_DIALS, bound, |view| !self.is_stalled(view))
+            .dial_until(self.inner.probe_dials, bound, |view| !self.is_stalled(view))
             .await;
         // When no dial was accepted, one whose probe was answered (by a view whose writes
         // went unanswered) is kept over one whose probe got no answer: a replica that
@@ -710,7 +709,7 @@ impl ControllerClient {
         let probed = match self.inner.probe {
             Some(bound) => {
                 let dialed = self
-                    .dial_until(RECHECK_DIALS, bound, |view| {
+                    .dial_until(self.inner.recheck_dials, bound, |view| {
                         Some(view) != unlike && !self.is_stalled(view)
                     })
                     .await;
@@ -753,7 +752,7 @@ impl ControllerClient {
 
     fn is_stalled(&self, view: &str) -> bool {
         matches!(&*self.inner.stalled.lock().expect("stalled lock"),
-            Some((stalled, at)) if stalled == view && at.elapsed() < STALL_MEMORY)
+            Some((stalled, at)) if stalled == view && at.elapsed() < self.inner.stall_memory)
     }
 
     /// Connects through the Service, counting the connect or its failure.
