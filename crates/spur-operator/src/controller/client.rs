@@ -37,7 +37,11 @@ type Connector = dyn Fn() -> BoxFuture<'static, Result<Channel, ConnectError>> +
 /// fresh channel through the Service for its view; when that names another replica than
 /// the call's channel did, leadership moved since the channel was vetted, and the call
 /// (stuck behind a forward to a leader that is gone, or on a leader cut off from its
-/// peers) is abandoned and the fresh channel takes its place.
+/// peers) is abandoned and the fresh channel takes its place; so is a call whose channel
+/// answers no Ping of its own while the fresh one does.
+///
+/// Dials run on a task of their own, hedged while no probe is accepted, and a channel
+/// past its maximum age is replaced only by one whose probe is.
 #[derive(Clone)]
 pub struct ControllerClient {
     inner: Arc<Inner>,
