@@ -541,16 +541,22 @@ async fn a_follower_naming_the_new_leader_after_its_write_hung_does_not_mark_tha
     assert_eq!(calls(&moved_on), 2, "the probe and the read");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_call_on_a_channel_that_answers_no_ping_is_abandoned_while_another_answers() {
-    // Both name the same leader; the follower, cut off from it after its probe, holds
-    // every call and every Ping.
+/// A follower whose reads come from `spurctld-0`, which every other dial reaches too; the
+/// client's channel leads to the follower, vetted and used once.
+async fn follower_of_the_same_leader() -> (ScriptedController, MemoryNetwork, ControllerClient) {
     let follower = ScriptedController::named("spurctld-0");
     let network = MemoryNetwork::start(ScriptedController::named("spurctld-0"));
     network.add_host("follower", follower.clone());
     network.redirect_next(&["follower"]);
     let client = client_over(&network, ChannelConfig::default());
     client.get_jobs(Default::default()).await.unwrap();
+    (follower, network, client)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_on_a_channel_that_answers_no_ping_is_abandoned_while_another_answers() {
+    let (follower, network, client) = follower_of_the_same_leader().await;
+    // Cut off from the leader after its probe, it holds every call and every Ping.
     follower.set_delay(Duration::from_secs(3600));
     follower.set_ping_delay(Duration::from_secs(3600));
     let started = Instant::now();
@@ -571,12 +577,7 @@ async fn a_call_on_a_channel_that_answers_no_ping_is_abandoned_while_another_ans
 
 #[tokio::test(start_paused = true)]
 async fn a_slow_answer_while_the_same_leader_answers_is_left_alone() {
-    let follower = ScriptedController::named("spurctld-0");
-    let network = MemoryNetwork::start(ScriptedController::named("spurctld-0"));
-    network.add_host("follower", follower.clone());
-    network.redirect_next(&["follower"]);
-    let client = client_over(&network, ChannelConfig::default());
-    client.get_jobs(Default::default()).await.unwrap();
+    let (follower, network, client) = follower_of_the_same_leader().await;
     follower.set_delay(Duration::from_millis(3500));
     let started = Instant::now();
     client.heartbeat(Default::default()).await.unwrap();
