@@ -117,7 +117,7 @@ impl Slot {
 #[derive(Clone)]
 struct Fresh {
     at: tokio::time::Instant,
-    probed: Option<(String, Channel)>,
+    probed: Option<(Channel, String)>,
 }
 
 /// What a round of dials found: the first channel whose view was accepted, else the first
@@ -506,17 +506,17 @@ impl ControllerClient {
         let dialed = self
             .dial_until(self.inner.probe_dials, bound, |view| !self.is_stalled(view))
             .await;
-        // When no dial was accepted, one whose probe was answered (by a view whose writes
-        // went unanswered) is kept over one whose probe got no answer: a replica that
-        // answers may have healed since; one that does not answer serves nothing (a
-        // follower whose forwards hang stays so until its kernel gives up, even after the
-        // leader it forwards to is reachable again).
         if dialed.accepted.is_none()
             && let Some((generation, channel, view)) = rotated
         {
             tracing::info!(addr = %self.inner.addr, "no new channel was accepted; keeping the current one for another maximum age");
             return Ok(slot.keep(generation, channel, view));
         }
+        // When no dial was accepted, one whose probe was answered (by a view whose writes
+        // went unanswered) is kept over one whose probe got no answer: a replica that
+        // answers may have healed since; one that does not answer serves nothing (a
+        // follower whose forwards hang stays so until its kernel gives up, even after the
+        // leader it forwards to is reachable again).
         match dialed {
             Dialed {
                 accepted: Some((channel, view)),
@@ -666,7 +666,7 @@ impl ControllerClient {
         loop {
             tokio::time::sleep_until(next).await;
             next += every;
-            let Some((fresh_view, fresh)) = self.fresh_view(every, view).await.probed else {
+            let Some((fresh, fresh_view)) = self.fresh_view(every, view).await.probed else {
                 continue;
             };
             if self.is_stalled(&fresh_view) {
@@ -717,10 +717,7 @@ impl ControllerClient {
                         Some(view) != unlike && !self.is_stalled(view)
                     })
                     .await;
-                dialed
-                    .accepted
-                    .or(dialed.answered)
-                    .map(|(channel, view)| (view, channel))
+                dialed.accepted.or(dialed.answered)
             }
             None => None,
         };

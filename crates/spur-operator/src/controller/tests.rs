@@ -278,19 +278,34 @@ fn calls(controller: &ScriptedController) -> usize {
 /// A Service whose next picks the test scripts: `cut` (a leader cut off from its peers,
 /// answering reads from its own state and never a write) and `healthy` (a follower whose
 /// reads come from the new leader).
-fn cut_and_healthy() -> (
+fn cut_and_healthy() -> TwoReplicas {
+    two_replicas(
+        ("cut", "spurctld-2"),
+        ("healthy", "spurctld-1"),
+        probed_only(),
+    )
+}
+
+type TwoReplicas = (
     ScriptedController,
     ScriptedController,
     MemoryNetwork,
     ControllerClient,
-) {
-    let cut = ScriptedController::named("spurctld-2");
-    let healthy = ScriptedController::named("spurctld-1");
+);
+
+/// Two replicas, dialed as hosts `a.0` and `b.0` (a test scripts the Service's picks),
+/// whose Pings name `a.1` and `b.1`; other dials reach a third one, and a client
+/// configured by `config`.
+fn two_replicas(a: (&str, &str), b: (&str, &str), config: ChannelConfig) -> TwoReplicas {
+    let (first, second) = (
+        ScriptedController::named(a.1),
+        ScriptedController::named(b.1),
+    );
     let network = MemoryNetwork::start(ScriptedController::default());
-    network.add_host("cut", cut.clone());
-    network.add_host("healthy", healthy.clone());
-    let client = client_over(&network, probed_only());
-    (cut, healthy, network, client)
+    network.add_host(a.0, first.clone());
+    network.add_host(b.0, second.clone());
+    let client = client_over(&network, config);
+    (first, second, network, client)
 }
 
 #[tokio::test(start_paused = true)]
@@ -342,8 +357,8 @@ async fn a_follower_whose_reads_hang_too_does_not_mark_the_leaders_name() {
 fn cut_and_healthy_with(
     config: ChannelConfig,
 ) -> (ScriptedController, MemoryNetwork, ControllerClient) {
-    let (_cut, healthy, network, _) = cut_and_healthy();
-    let client = client_over(&network, config);
+    let (_cut, healthy, network, client) =
+        two_replicas(("cut", "spurctld-2"), ("healthy", "spurctld-1"), config);
     (healthy, network, client)
 }
 
@@ -467,22 +482,14 @@ async fn without_the_probe_a_new_channel_is_used_at_once() {
 /// A follower whose reads came from the old leader `spurctld-2` (its probe named it), and
 /// a replica answering for the new leader `spurctld-0`; the Service picks the follower,
 /// then the other.
-fn follower_of_a_gone_leader(
-    config: ChannelConfig,
-) -> (
-    ScriptedController,
-    ScriptedController,
-    MemoryNetwork,
-    ControllerClient,
-) {
-    let follower = ScriptedController::named("spurctld-2");
-    let moved_on = ScriptedController::named("spurctld-0");
-    let network = MemoryNetwork::start(ScriptedController::default());
-    network.add_host("follower", follower.clone());
-    network.add_host("moved-on", moved_on.clone());
-    let client = client_over(&network, config);
-    network.redirect_next(&["follower", "moved-on"]);
-    (follower, moved_on, network, client)
+fn follower_of_a_gone_leader(config: ChannelConfig) -> TwoReplicas {
+    let replicas = two_replicas(
+        ("follower", "spurctld-2"),
+        ("moved-on", "spurctld-0"),
+        config,
+    );
+    replicas.2.redirect_next(&["follower", "moved-on"]);
+    replicas
 }
 
 #[tokio::test(start_paused = true)]
