@@ -59,6 +59,8 @@ impl Profile {
                 "off",
                 "--controller-leader-recheck",
                 "off",
+                "--submit-read-back",
+                "off",
             ],
             Profile::SeedFix => &[
                 "--controller-connect-timeout",
@@ -76,6 +78,8 @@ impl Profile {
                 "--controller-connect-hedge",
                 "off",
                 "--controller-leader-recheck",
+                "off",
+                "--submit-read-back",
                 "off",
             ],
             Profile::Default => return Vec::new(),

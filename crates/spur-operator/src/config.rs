@@ -146,7 +146,7 @@ pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
 pub const DEFAULT_CONNECT_HEDGE: Duration = Duration::from_millis(250);
 pub const DEFAULT_LEADER_RECHECK: Duration = Duration::from_secs(1);
 pub const DEFAULT_PROBE_DIALS: usize = 4;
-pub const DEFAULT_RECHECK_DIALS: usize = 2;
+pub const DEFAULT_RECHECK_DIALS: usize = 4;
 pub const DEFAULT_STALL_MEMORY: Duration = Duration::from_secs(30);
 
 impl Default for ChannelConfig {
@@ -353,9 +353,12 @@ pub struct ControllerArgs {
     )]
     pub controller_probe_dials: usize,
 
-    /// Dials per leader recheck when the first reaches a replica giving the waiting call's
-    /// own view (1 to 8): the Service may have picked the very replica the call is stuck
-    /// on. With three replicas, two dials reach another one 8 times in 9.
+    /// Dials per leader recheck while none reaches a replica giving another view than the
+    /// waiting call's own (1 to 8): the Service may pick the very replica the call is stuck
+    /// on, or a follower whose forwards hang, several times running. With three replicas,
+    /// four dials reach another one 26 times in 27 (two: 8 in 9, and the stuck call then
+    /// waits out its request bound, 5 s); a dial turned down costs one Ping, and rechecks
+    /// run only while a call waits longer than the recheck.
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_RECHECK_DIALS",
@@ -369,7 +372,8 @@ pub struct ControllerArgs {
     /// stays cut as long as the partition lasts; once it rejoins, its reads forward to the
     /// leader and its probe names the leader, so a long memory costs little; a write that
     /// is answered through the name forgives it at once (the partition healed before the
-    /// others elected a leader).
+    /// others elected a leader), and so does a write refused as UNAVAILABLE elsewhere (no
+    /// other replica reaches a leader: the avoided one may have been elected since).
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_STALL_MEMORY",
@@ -705,6 +709,15 @@ pub struct RunArgs {
     #[arg(long, env = "SPUR_OPERATOR_STATUS_POLL_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     pub status_poll_interval: Duration,
 
+    /// A SubmitJob unanswered this long is read back (a GetJobs by its name) every this
+    /// long while it waits, and the job it carried adopted once it shows up, or `off`.
+    /// spurctld commits a submission in milliseconds; one waiting a second has most likely
+    /// been applied with its reply lost, which otherwise costs the whole request bound
+    /// (5 s) before the retry finds it. A read finding nothing leaves the call waiting, so
+    /// no second submission is sent; the cost is one read per second per waiting call.
+    #[arg(long, env = "SPUR_OPERATOR_SUBMIT_READ_BACK", default_value = "1s")]
+    pub submit_read_back: Bound,
+
     /// At most one summary line of node sync failures per this interval.
     #[arg(long, env = "SPUR_OPERATOR_FAILURE_LOG_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub failure_log_interval: Duration,
@@ -769,6 +782,7 @@ pub struct OperatorConfig {
     pub lease: LeaseConfig,
     pub shutdown_grace: Duration,
     pub status_poll_interval: Duration,
+    pub submit_read_back: Option<Duration>,
     pub reconcile_concurrency: u16,
 }
 
@@ -883,6 +897,7 @@ impl RunArgs {
             lease,
             shutdown_grace: self.shutdown_grace,
             status_poll_interval: self.status_poll_interval,
+            submit_read_back: self.submit_read_back.0,
             reconcile_concurrency: self.reconcile_concurrency,
         })
     }

@@ -239,15 +239,18 @@ fn start_leader_tasks<N: Network>(
     .trigger_backoff(config.node_sync.retry.start(entropy.clone()));
     let store = jobs.store();
     let _ = jobs_tx.send(Some(store.clone()));
-    let jobs_ctx = Arc::new(JobsContext::new(
-        kube.clone(),
-        controller.clone(),
-        metrics.clone(),
-        events.clone(),
-        world.clock.clone(),
-        config.node_sync.retry,
-        entropy.clone(),
-    ));
+    let jobs_ctx = Arc::new(
+        JobsContext::new(
+            kube.clone(),
+            controller.clone(),
+            metrics.clone(),
+            events.clone(),
+            world.clock.clone(),
+            config.node_sync.retry,
+            entropy.clone(),
+        )
+        .with_submit_read_back(config.submit_read_back),
+    );
     let mut drain_jobs = drain.clone();
     let jobs_run = jobs
         .run(reconcile, error_policy, jobs_ctx)

@@ -31,7 +31,9 @@ type Connector = dyn Fn() -> BoxFuture<'static, Result<Channel, ConnectError>> +
 /// whose state the channel's reads come from (its view). When a write went unanswered
 /// within the request bound while a Ping on the same channel still gives the same view,
 /// that name is marked, and a new channel whose probe names it (or fails) is dropped and
-/// dialed again, a few times at most.
+/// dialed again, a few times at most. The mark is cleared by a write through it that is
+/// answered, or by one elsewhere refused as UNAVAILABLE (no other replica reaches a
+/// leader, so the marked one may lead again).
 ///
 /// With a leader recheck as well, a call outstanding for longer than the recheck asks a
 /// fresh channel through the Service for its view; when that names another replica than
@@ -104,6 +106,11 @@ impl Slot {
         channel: Channel,
         view: Option<String>,
     ) -> (u64, Channel, Option<String>) {
+        tracing::debug!(
+            generation,
+            view = view.as_deref().unwrap_or("-"),
+            "the controller channel every call shares"
+        );
         self.channel = Some((generation, channel.clone()));
         self.view = view.clone();
         self.opened = Some(tokio::time::Instant::now());
@@ -429,7 +436,12 @@ impl ControllerClient {
                     }
                     _ => None,
                 };
-                self.drop_channel(generation, stalled, &error).await;
+                // A channel opened since this call started whose reads come from the same
+                // outdated view (kept by a recheck while that view still looked current) is
+                // no better: it goes too, or the next calls would read from it again.
+                let outdated = (!silent).then_some(view.as_deref()).flatten();
+                self.drop_channel(generation, outdated, stalled, &error)
+                    .await;
                 self.offer(fresh, fresh_view).await;
                 Err(error)
             }
@@ -437,6 +449,9 @@ impl ControllerClient {
                 let leader_hint = leader_hint(status.metadata());
                 if status.code() == Code::Unavailable && leader_hint.is_some() {
                     *self.inner.leader_hint.lock().expect("leader hint lock") = leader_hint.clone();
+                }
+                if is_write(method) && status.code() == Code::Unavailable {
+                    self.refused(view.as_deref());
                 }
                 let error = ControllerError::Status {
                     method,
@@ -454,7 +469,7 @@ impl ControllerClient {
                         }
                         _ => None,
                     };
-                    self.drop_channel(generation, stalled, &error).await;
+                    self.drop_channel(generation, None, stalled, &error).await;
                 }
                 Err(error)
             }
@@ -648,10 +663,10 @@ impl ControllerClient {
     /// - the fresh channel gives another view: leadership moved since `channel` was vetted
     ///   (a channel kept although its probe got no answer, `None`, has no view to keep:
     ///   any answer moves it);
-    /// - it gives the same view, but `channel` answers no Ping of its own within the probe's
-    ///   bound: a follower whose forward to that same leader hangs (cut off from it after
-    ///   the probe). HTTP/2 multiplexes, so a channel that is merely busy with a slow answer
-    ///   still answers a Ping.
+    /// - it gives the same view (or one avoided for an unanswered write), but `channel`
+    ///   answers no Ping of its own within the probe's bound: a follower whose forward to
+    ///   that same leader hangs (cut off from it after the probe). HTTP/2 multiplexes, so a
+    ///   channel that is merely busy with a slow answer still answers a Ping.
     ///
     /// Never resolves while the fresh view cannot be taken or the slow channel answers.
     async fn until_abandoned(
@@ -669,10 +684,10 @@ impl ControllerClient {
             let Some((fresh, fresh_view)) = self.fresh_view(every, view).await.probed else {
                 continue;
             };
-            if self.is_stalled(&fresh_view) {
-                continue;
-            }
-            if Some(fresh_view.as_str()) != view {
+            // A replica avoided for an unanswered write is no proof that leadership moved,
+            // but it still beats a channel that answers no Ping at all.
+            let avoided = self.is_stalled(&fresh_view);
+            if !avoided && Some(fresh_view.as_str()) != view {
                 return Abandon {
                     why: format!(
                         "the replicas answer for {fresh_view} now, this channel's reads came from {}",
@@ -751,6 +766,25 @@ impl ControllerClient {
         }
     }
 
+    /// A write through `view` was refused as UNAVAILABLE: the replica serving that view
+    /// reaches no leader (an election, or a follower whose leader is gone; a leader hint on
+    /// the refusal names a leader that follower could not connect to, wire.md). A replica
+    /// avoided for a write that hung is then tried again: the partition that cut it off may
+    /// have healed and its peers elected it, while a follower still forwarding to a dead
+    /// leader refuses every write. If it is still cut off, its next write hangs and the
+    /// leader recheck leaves it within a second, marking it again; nothing could commit
+    /// elsewhere meanwhile.
+    fn refused(&self, view: Option<&str>) {
+        let mut stalled = self.inner.stalled.lock().expect("stalled lock");
+        if let Some((avoided, _)) = stalled.take() {
+            tracing::info!(
+                avoided,
+                refused_by = view.unwrap_or("-"),
+                "a write was refused as unavailable; trying the avoided replica again"
+            );
+        }
+    }
+
     fn is_stalled(&self, view: &str) -> bool {
         matches!(&*self.inner.stalled.lock().expect("stalled lock"),
             Some((stalled, at)) if stalled == view && at.elapsed() < self.inner.stall_memory)
@@ -782,17 +816,19 @@ impl ControllerClient {
         }
     }
 
-    /// Drops the channel of `generation` after a transport failure. `stalled` names the
-    /// replica's view when a write went unanswered while reads were answered: it is
-    /// avoided for a while.
+    /// Drops the channel of `generation` after a transport failure, or whatever channel
+    /// is shared now when its view is `outdated`. `stalled` names the replica's view when a
+    /// write went unanswered while reads were answered: it is avoided for a while.
     async fn drop_channel(
         &self,
         generation: u64,
+        outdated: Option<&str>,
         stalled: Option<String>,
         cause: &ControllerError,
     ) {
         let mut slot = self.inner.slot.lock().await;
-        if matches!(slot.channel, Some((current, _)) if current == generation) {
+        let outdated = outdated.is_some() && slot.view.as_deref() == outdated;
+        if matches!(slot.channel, Some((current, _)) if current == generation || outdated) {
             slot.channel = None;
             if let Some(view) = stalled {
                 tracing::warn!(%view, "a write went unanswered on a channel whose reads {view} answers; avoiding it");

@@ -219,6 +219,10 @@ pub struct ScriptedController {
     hostname: Arc<Mutex<Option<String>>>,
     /// How long Ping waits before answering.
     ping_delay: Arc<Mutex<std::time::Duration>>,
+    /// Jobs submitted, ids from 7 on; GetJobs lists those of the name asked for.
+    jobs: Arc<Mutex<Vec<pb::JobInfo>>>,
+    /// The next SubmitJob is applied and its reply never sent.
+    lose_next_submit_reply: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ScriptedController {
@@ -259,6 +263,16 @@ impl ScriptedController {
 
     pub fn set_delay(&self, delay: std::time::Duration) {
         *self.delay.lock().unwrap() = delay;
+    }
+
+    /// Applies the next SubmitJob and never answers it: a reply lost after the write.
+    pub fn lose_next_submit_reply(&self) {
+        self.lose_next_submit_reply.store(true, Ordering::SeqCst);
+    }
+
+    /// The jobs submitted so far.
+    pub fn jobs(&self) -> Vec<pb::JobInfo> {
+        self.jobs.lock().unwrap().clone()
     }
 
     /// Node calls in arrival order, e.g. `RegisterAgent a`, `UpdateNode a DOWN`.
@@ -368,12 +382,29 @@ impl pb::SlurmController for ScriptedController {
     }
     async fn submit_job(
         &self,
-        _: Request<pb::SubmitJobRequest>,
+        r: Request<pb::SubmitJobRequest>,
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
-        self.answer(pb::SubmitJobResponse {
-            job_id: 7,
+        let spec = r.into_inner().spec.unwrap_or_default();
+        self.enter(format!("SubmitJob {}", spec.name)).await;
+        let answer = self.answer(())?;
+        let job_id = {
+            let mut jobs = self.jobs.lock().unwrap();
+            let job_id = 7 + jobs.len() as u32;
+            jobs.push(pb::JobInfo {
+                job_id,
+                name: spec.name,
+                comment: spec.comment,
+                ..Default::default()
+            });
+            job_id
+        };
+        if self.lose_next_submit_reply.swap(false, Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        Ok(answer.map(|()| pb::SubmitJobResponse {
+            job_id,
             warnings: vec![],
-        })
+        }))
     }
     async fn get_job(
         &self,
@@ -386,9 +417,18 @@ impl pb::SlurmController for ScriptedController {
     }
     async fn get_jobs(
         &self,
-        _: Request<pb::GetJobsRequest>,
+        r: Request<pb::GetJobsRequest>,
     ) -> Result<Response<pb::GetJobsResponse>, Status> {
-        self.answer(pb::GetJobsResponse::default())
+        let name = r.into_inner().name;
+        let jobs = self
+            .jobs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|job| name.is_empty() || job.name == name)
+            .cloned()
+            .collect();
+        self.answer(pb::GetJobsResponse { jobs })
     }
     async fn cancel_job(&self, _: Request<pb::CancelJobRequest>) -> Result<Response<()>, Status> {
         self.answer(())

@@ -458,6 +458,40 @@ async fn an_avoided_replica_that_answers_is_kept_over_ones_that_never_answer_and
     );
 }
 
+/// The cut replica was avoided for a write that hung; then its peers elected it, and the
+/// other replica, still forwarding to the dead leader, answers Pings from its own state
+/// and refuses writes. Returns once that replica's channel is the shared one.
+async fn avoided_then_elected() -> TwoReplicas {
+    let (cut, healthy, network, client) = cut_and_healthy();
+    network.redirect_next(&["cut"]);
+    client.get_jobs(Default::default()).await.unwrap();
+    cut.set_delay(Duration::from_secs(3600));
+    client.heartbeat(Default::default()).await.unwrap_err();
+    cut.set_delay(Duration::ZERO);
+    network.redirect_next(&["cut", "healthy"]);
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(network.dialed(), ["cut", "cut", "healthy"]);
+    (cut, healthy, network, client)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_avoided_replica_is_tried_again_once_another_refuses_a_write_as_unavailable() {
+    // As wire.md records it: no hint after the leader's process died, or the hint of the
+    // leader the follower could not connect to.
+    for refusal in [
+        Status::unavailable("tcp connect error"),
+        not_leader("spurctld-0:6817"),
+    ] {
+        let (_cut, healthy, network, client) = avoided_then_elected().await;
+        healthy.fail_next(refusal);
+        let err = client.heartbeat(Default::default()).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unavailable, "{err}");
+        network.redirect_next(&["cut"]);
+        client.heartbeat(Default::default()).await.unwrap();
+        assert_eq!(network.dialed(), ["cut", "cut", "healthy", "cut"]);
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_the_probe_a_new_channel_is_used_at_once() {
     let (cut, _healthy, network, client) = {
@@ -577,9 +611,50 @@ async fn a_call_on_a_channel_that_answers_no_ping_is_abandoned_while_another_ans
         config.leader_recheck.unwrap() + config.connect_probe.unwrap()
     );
     client.heartbeat(Default::default()).await.unwrap();
-    // The recheck dialed twice (the first answer gave the call's own view, so another
-    // replica was tried); the fresh channel took the stuck one's place, no dial since.
-    assert_eq!(network.dials(), 1 + 2);
+    // The recheck dialed its four times (every answer gave the call's own view, so other
+    // replicas were tried); the fresh channel took the stuck one's place, no dial since.
+    assert_eq!(network.dials(), 1 + ChannelConfig::default().recheck_dials);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_channel_to_the_same_outdated_view_goes_with_the_abandoned_call() {
+    let (first, second, moved_on) = (
+        ScriptedController::named("spurctld-1"),
+        ScriptedController::named("spurctld-1"),
+        ScriptedController::named("spurctld-0"),
+    );
+    let network = MemoryNetwork::start(ScriptedController::default());
+    network.add_host("first", first.clone());
+    network.add_host("second", second.clone());
+    network.add_host("moved-on", moved_on.clone());
+    network.redirect_next(&["first"]);
+    let client = client_over(&network, ChannelConfig::default());
+    client.get_jobs(Default::default()).await.unwrap();
+    // A write hangs on the first channel; a failed read drops that channel meanwhile, and
+    // the next one, through another replica, still reads from spurctld-1.
+    first.set_delay(Duration::from_secs(3600));
+    let stuck = tokio::spawn({
+        let client = client.clone();
+        async move { client.heartbeat(Default::default()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    first.fail_next(Status::unavailable("connection reset"));
+    client.get_jobs(Default::default()).await.unwrap_err();
+    network.redirect_next(&["second", "moved-on"]);
+    client.get_jobs(Default::default()).await.unwrap();
+    // The recheck finds the replicas answering for spurctld-0: the stuck write is left,
+    // and so is the second channel, whose reads come from the same spurctld-1.
+    let err = stuck.await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("answer for spurctld-0"), "{err}");
+    let second_calls = calls(&second);
+    client.get_jobs(Default::default()).await.unwrap();
+    assert_eq!(
+        calls(&second),
+        second_calls,
+        "no read from the outdated view"
+    );
+    assert_eq!(network.dialed(), ["first", "second", "moved-on"]);
+    assert_eq!(calls(&moved_on), 2, "the recheck's probe and the read");
 }
 
 #[tokio::test(start_paused = true)]
@@ -589,9 +664,12 @@ async fn a_slow_answer_while_the_same_leader_answers_is_left_alone() {
     let started = Instant::now();
     client.heartbeat(Default::default()).await.unwrap();
     assert_eq!(started.elapsed(), Duration::from_millis(3500));
-    // Rechecks at 1 s, 2 s and 3 s each dialed twice (the first answer was the call's own
+    // Rechecks at 1 s, 2 s and 3 s each dialed four times (every answer was the call's own
     // view) and found the same leader.
-    assert_eq!(network.dials(), 1 + 3 * 2);
+    assert_eq!(
+        network.dials(),
+        1 + 3 * ChannelConfig::default().recheck_dials
+    );
     assert_eq!(client.stats().drops, 0);
 }
 

@@ -35,6 +35,9 @@ pub struct JobsContext {
     pub clock: WallClock,
     pub retry: BackoffPolicy,
     pub entropy: Entropy,
+    /// How often a SubmitJob still waiting for its answer is read back (see
+    /// [`submit_once`]), or `None` to wait for the answer alone.
+    pub submit_read_back: Option<std::time::Duration>,
     /// Per-object backoff, by UID.
     backoffs: Mutex<BTreeMap<String, Backoff>>,
 }
@@ -57,8 +60,15 @@ impl JobsContext {
             clock,
             retry,
             entropy,
+            submit_read_back: None,
             backoffs: Mutex::default(),
         }
+    }
+
+    /// Reads a waiting SubmitJob back every `every` (see [`submit_once`]).
+    pub fn with_submit_read_back(mut self, every: Option<std::time::Duration>) -> JobsContext {
+        self.submit_read_back = every;
+        self
     }
 
     fn next_delay(&self, uid: &str, kind: crate::controller::FailureKind) -> std::time::Duration {
@@ -183,7 +193,7 @@ async fn apply(
             return Ok(Action::await_change());
         }
     };
-    let submission = submit_once(&ctx.controller, spec, &uid).await?;
+    let submission = submit_once(&ctx.controller, spec, &uid, ctx.submit_read_back).await?;
     let job_id = submission.job_id();
     if let Some(created) = &job.metadata.creation_timestamp {
         let lag = ctx.clock.timestamp().duration_since(created.0);
