@@ -213,8 +213,8 @@ impl Sim {
         cluster.read(slot, |state| state.nodes.keys().cloned().collect())
     }
 
-    /// Answers the replicas gave to `method` calls that succeeded (a call a follower
-    /// forwarded counts at both replicas).
+    /// `method` calls that succeeded, each counted once: at the replica the caller reached
+    /// (a follower's forward is traced as `(forwarded)` at the leader).
     pub fn successful_calls(&self, method: &str) -> usize {
         self.world.trace().find(&format!("{method} -> ok")).len()
     }

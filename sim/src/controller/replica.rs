@@ -240,7 +240,8 @@ impl<D: Dialer> Replica<D> {
         L: FnOnce(Req) -> LFut,
         LFut: Future<Output = Result<Resp, Status>>,
     {
-        let route = self.route(forwarded(&request));
+        let from_a_replica = forwarded(&request);
+        let route = self.route(from_a_replica);
         let message = request.into_inner();
         let answer = match route {
             Route::Local => match local(message).await {
@@ -261,7 +262,7 @@ impl<D: Dialer> Replica<D> {
             Route::Forward(leader) => self.forward(method, &leader, message, call).await,
             Route::Refuse(leader) => Err(not_leader(leader.as_deref(), self.port())),
         };
-        self.record_answer(method, &answer);
+        self.record_answer(method, from_a_replica, &answer);
         answer
     }
 
@@ -278,7 +279,8 @@ impl<D: Dialer> Replica<D> {
         F: FnOnce(Client, Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
-        let route = self.route(forwarded(&request));
+        let from_a_replica = forwarded(&request);
+        let route = self.route(from_a_replica);
         let message = request.into_inner();
         let answer = match route {
             Route::Forward(leader) => {
@@ -291,15 +293,23 @@ impl<D: Dialer> Replica<D> {
             }
             Route::Local | Route::Refuse(_) => local(&message).map(Response::new),
         };
-        self.record_answer(method, &answer);
+        self.record_answer(method, from_a_replica, &answer);
         answer
     }
 
+    /// Records the answer to a `method` call; one a follower forwarded is marked so, so the
+    /// trace tells the calls a client made from their forwards (`Ping (forwarded) -> ok`).
     fn record_answer<T: std::fmt::Debug>(
         &self,
         method: &str,
+        forwarded: bool,
         answer: &Result<Response<T>, Status>,
     ) {
+        let method = if forwarded {
+            format!("{method} (forwarded)")
+        } else {
+            method.to_owned()
+        };
         let event = match answer {
             Ok(response) => {
                 // Long answers (GetJobs) are cut: the trace records what happened, the
