@@ -203,8 +203,9 @@ impl AsyncWrite for Pipe {
 /// in `version`, so a test can see what was sent.
 ///
 /// It also keeps what node sync needs: the nodes it knows (a heartbeat for any other
-/// answers NOT_FOUND), registrations to refuse, a log of node calls, an answer delay, and
-/// the most calls it saw in flight at once.
+/// answers NOT_FOUND), registrations to refuse, a log of node calls (and submissions), an
+/// answer delay, and the most calls it saw in flight at once; and what submission needs:
+/// the jobs submitted, which GetJobs lists by name, and a reply to lose.
 #[derive(Clone, Default)]
 pub struct ScriptedController {
     failures: Arc<Mutex<VecDeque<Status>>>,
