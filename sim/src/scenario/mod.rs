@@ -2,6 +2,7 @@
 //! ([`plan`]), the real operator runs through them, and the checks of sim.md judge the
 //! world's ground truth ([`checks`]). A failure prints the command that replays it.
 
+pub mod acting;
 pub mod checks;
 pub mod plan;
 pub mod readiness;
