@@ -161,6 +161,12 @@ impl ActingCheck {
         violations
     }
 
+    /// Judges what `sim`'s API server applied since the last call.
+    pub fn sample(&mut self, sim: &crate::harness::Sim) -> Vec<Violation> {
+        let writes = sim.api.take_writes();
+        self.judge(&writes, &sim.leases, sim.api.writes_dropped())
+    }
+
     fn flag(
         &mut self,
         out: &mut Vec<Violation>,
