@@ -49,6 +49,11 @@ impl ReadinessJudge {
         }
     }
 
+    /// The operator host this judge probes.
+    pub fn operator(&self) -> &str {
+        &self.operator
+    }
+
     /// The operator process was restarted at `at`.
     pub fn restarted(&mut self, at: Duration) {
         self.started_at = at;
@@ -64,6 +69,7 @@ impl ReadinessJudge {
             .filter(|e| !net.is_down(e) && net.can_reach(&self.operator, e))
             .collect();
         WorldView {
+            up: !net.is_down(&self.operator),
             api_up,
             endpoints,
             leader: sim.world.cluster().leader_with_quorum(),
@@ -121,6 +127,9 @@ impl ReadinessJudge {
 /// The parts of the world `/readyz` reflects.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct WorldView {
+    /// The operator's process runs (not crashed, not shutting down): a process that is
+    /// gone answers no probe, which the kubelet counts as not ready.
+    up: bool,
     api_up: bool,
     /// Live, ready controller endpoints the operator can reach.
     endpoints: Vec<String>,
@@ -130,6 +139,6 @@ struct WorldView {
 impl WorldView {
     /// Whether the operator should say it is ready.
     fn ready(&self) -> bool {
-        self.api_up && !self.endpoints.is_empty()
+        self.up && self.api_up && !self.endpoints.is_empty()
     }
 }
