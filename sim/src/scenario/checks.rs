@@ -1,5 +1,7 @@
 //! The checks of sim.md, judged against the world's ground truth (the API server's objects
 //! and the controller's replicated log), never against the operator's own state or logs.
+//! Who acts is the replica the operator Lease names as the API server applied it; its
+//! writes are judged by [`super::acting`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -212,7 +214,16 @@ impl Monitor {
         let (registered, jobs): (BTreeSet<String>, BTreeMap<u32, (&'static str, i32)>) = cluster
             .read(slot, |state| {
                 (
-                    state.nodes.keys().cloned().collect(),
+                    // A node counts as registered for the replica that acts only with that
+                    // replica's agent address (its host): after a takeover the controller
+                    // must launch on the new leader, so the new leader registers every
+                    // node again. With one replica the address is always `operator`.
+                    state
+                        .nodes
+                        .iter()
+                        .filter(|(_, n)| acting_operator.as_ref().is_none_or(|op| n.address == *op))
+                        .map(|(name, _)| name.clone())
+                        .collect(),
                     state
                         .jobs
                         .iter()
@@ -222,6 +233,11 @@ impl Monitor {
             });
         self.check_nodes(sim, now, &registered);
         self.check_jobs(sim, now, &jobs);
+    }
+
+    /// Leader-only writes judged, per operator replica.
+    pub fn acting_writes(&self) -> &BTreeMap<String, usize> {
+        &self.acting.judged
     }
 
     /// sim.md's lease liveness, which bounds the pause the deadlines take while nobody

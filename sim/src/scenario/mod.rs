@@ -80,6 +80,8 @@ pub struct Outcome {
     pub duplicates: usize,
     /// Calls the controller replicas answered.
     pub rpcs: usize,
+    /// Leader-only writes applied from each operator replica.
+    pub acting_writes: BTreeMap<String, usize>,
 }
 
 impl Outcome {
@@ -131,6 +133,7 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
                 failover_submission_lags: Vec::new(),
                 duplicates: 0,
                 rpcs: 0,
+                acting_writes: BTreeMap::new(),
             }
         })
 }
@@ -163,7 +166,11 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
     sim.add_nodes(plan.nodes);
     sim.start_kubelet();
     for host in &plan.operators {
-        sim.start_operator(host, &profile.flags());
+        let mut flags = profile.flags();
+        if *host == OPERATOR_B {
+            flags.extend(config.operator_b_flags.iter().map(String::as_str));
+        }
+        sim.start_operator(host, &flags);
     }
     // sim.md's readiness check, as the Deployment probes: every 5 s, 3 s to answer (8080
     // is the health port every profile keeps). It was left out of the mix while 10 of
@@ -308,6 +315,7 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
         failover_submission_lags: monitor.lags.failover_submission.clone(),
         duplicates,
         rpcs,
+        acting_writes: monitor.acting_writes().clone(),
     }
 }
 
@@ -389,6 +397,13 @@ fn schedule_fault(sim: &mut Sim, at: Duration, fault: Fault, api_up: Rc<Cell<boo
             }
             Fault::WatchCut => api.faults().cut_watches(crate::kube_api::CutKind::Abort),
             Fault::StatusConflict { writes } => api.faults().conflict_next_status_writes(writes),
+            // A replica that a leader change took down is already on its way back: its
+            // restart is that fault's to make (restarting it early would also run it
+            // with its SIGTERM still pending).
+            Fault::OperatorRestart if w.net().is_down(OPERATOR) => {
+                w.trace()
+                    .record(now, "harness", format!("{OPERATOR} is down: no restart"));
+            }
             Fault::OperatorRestart => w.restart(OPERATOR),
             Fault::NodeNotReadyFlap { node, down_for } => {
                 let name = format!("node-{node}");

@@ -43,6 +43,9 @@ pub struct ScenarioConfig {
     /// replica must take over before it returns; at most 90 s, as a pod's restart
     /// back-off would allow.
     pub leader_change_down: (Duration, Duration),
+    /// Flags added to the second replica's (after the profile's): empty in every sweep;
+    /// tests break that replica with them to show the checks catch it.
+    pub operator_b_flags: Vec<String>,
 }
 
 impl Default for ScenarioConfig {
@@ -60,6 +63,7 @@ impl Default for ScenarioConfig {
             election_job_within: Duration::from_secs(4),
             two_replica_fraction: 0.25,
             leader_change_down: (Duration::from_secs(30), Duration::from_secs(90)),
+            operator_b_flags: Vec::new(),
         }
     }
 }
