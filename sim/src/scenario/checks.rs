@@ -12,6 +12,7 @@ use spur_operator::jobs::status::{is_terminal, state_name};
 use crate::controller::state::{Command, Outcome};
 use crate::harness::{OPERATOR_LEASE, Sim};
 use crate::index::SpurJobView;
+use crate::operator::KUBE_API_HOST;
 
 use super::acting::ActingCheck;
 
@@ -168,7 +169,11 @@ impl Monitor {
             .leases
             .holder(OPERATOR_LEASE)
             .filter(|h| self.operators.contains(h));
-        let acting_operator = holder.clone().filter(|h| !net.is_down(h));
+        // A holder cut off from the API server can neither renew nor act: it is as gone
+        // as a crashed one, and the other replica must take over.
+        let acting_operator = holder
+            .clone()
+            .filter(|h| !net.is_down(h) && net.can_reach(h, KUBE_API_HOST));
         self.check_takeover(now, api_up, acting_operator.is_some(), holder.as_deref());
         let endpoints: Vec<String> = match &acting_operator {
             Some(op) => net
@@ -252,7 +257,9 @@ impl Monitor {
         let since = *self.leaderless_since.get_or_insert(now);
         if !self.takeover_flagged && now.saturating_sub(since) > self.deadlines.takeover {
             self.takeover_flagged = true;
-            let named = holder.map_or("nobody".to_owned(), |h| format!("{h}, which is down"));
+            let named = holder.map_or("nobody".to_owned(), |h| {
+                format!("{h}, which is down or cut off from the API server")
+            });
             self.violate(
                 "lease-takeover",
                 &format!("lease/{OPERATOR_LEASE}"),

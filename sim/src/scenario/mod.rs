@@ -18,10 +18,11 @@ use crate::controller::LostReply;
 use crate::harness::{OPERATOR_LEASE, OperatorStop, Sim};
 use crate::kube_api::OutageMode;
 use crate::leases::LeaseHistory;
+use crate::operator::KUBE_API_HOST;
 use crate::profiles::Profile;
 use crate::world::{KillMode, World, WorldConfig};
 pub use checks::{Deadlines, Violation};
-pub use plan::{Fault, Plan, ScenarioConfig, plan};
+pub use plan::{Fault, LeaderChange, Plan, ScenarioConfig, plan};
 use readiness::ReadinessJudge;
 
 /// The operator's host in every scenario.
@@ -446,18 +447,24 @@ fn schedule_fault(sim: &mut Sim, at: Duration, fault: Fault, api_up: Rc<Cell<boo
             Fault::NodeDeleted { node } => {
                 let _ = api.delete("v1", "Node", None, &format!("node-{node}"));
             }
-            Fault::OperatorLeaderChange { graceful, down_for } => {
+            Fault::OperatorLeaderChange { how, down_for } => {
                 let leader = acting_operator(&leases, &stops);
                 let stop = stops[&leader].clone();
-                if graceful {
-                    // SIGTERM: the process drains, releases the lease and exits; the pod
-                    // is out of the picture (not ready) from now.
-                    w.trace()
-                        .record(now, "harness", format!("stop {leader} (SIGTERM)"));
-                    w.net().mark_down(&leader);
-                    stop.stop();
-                } else {
-                    w.kill(&leader, KillMode::Graceful);
+                match how {
+                    LeaderChange::Isolate => {
+                        w.partition(&leader, KUBE_API_HOST);
+                        w.at(now + down_for, move |w| w.repair(&leader, KUBE_API_HOST));
+                        return;
+                    }
+                    // The process drains, releases the lease and exits; the pod is out of
+                    // the picture (not ready) from now.
+                    LeaderChange::Sigterm => {
+                        w.trace()
+                            .record(now, "harness", format!("stop {leader} (SIGTERM)"));
+                        w.net().mark_down(&leader);
+                        stop.stop();
+                    }
+                    LeaderChange::Crash => w.kill(&leader, KillMode::Graceful),
                 }
                 w.at(now + down_for, move |w| {
                     stop.reset();

@@ -110,10 +110,25 @@ pub enum Fault {
     PartitionOperatorService { heal_after: Duration },
     /// A labelled node is deleted from the cluster.
     NodeDeleted { node: usize },
-    /// With two operator replicas: the one the Lease names goes down (crashed, or shut
-    /// down gracefully so it releases the lease) and comes back after `down_for`; the
-    /// other must take over by the lease meanwhile.
-    OperatorLeaderChange { graceful: bool, down_for: Duration },
+    /// With two operator replicas: the one the Lease names is lost to the lease for
+    /// `down_for` (see [`LeaderChange`]); the other must take over by the lease meanwhile.
+    OperatorLeaderChange {
+        how: LeaderChange,
+        down_for: Duration,
+    },
+}
+
+/// How an operator leader change takes the leading replica away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaderChange {
+    /// Its process crashes (connections close) and restarts after the down time.
+    Crash,
+    /// SIGTERM: it drains, releases the lease, exits, and restarts after the down time.
+    Sigterm,
+    /// It keeps running but is cut off from the API server: it can neither renew nor
+    /// see that another took over, and must stop acting on its own (the split brain a
+    /// lease exists to prevent).
+    Isolate,
 }
 
 impl Fault {
@@ -274,7 +289,11 @@ pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
         faults.push(PlannedFault {
             at,
             fault: Fault::OperatorLeaderChange {
-                graceful: replicas_rng.random_bool(0.5),
+                how: [
+                    LeaderChange::Crash,
+                    LeaderChange::Sigterm,
+                    LeaderChange::Isolate,
+                ][replicas_rng.random_range(0..3)],
                 down_for: Duration::from_millis(
                     replicas_rng.random_range(low.as_millis() as u64..=high.as_millis() as u64),
                 ),
@@ -360,7 +379,7 @@ mod tests {
     fn a_quarter_of_seeds_run_two_replicas_each_with_one_leader_change() {
         let config = ScenarioConfig::default();
         let mut two = 0;
-        let mut graceful = 0;
+        let mut hows = std::collections::BTreeMap::new();
         for seed in 0..400 {
             let plan = plan(seed, &config);
             let changes: Vec<&PlannedFault> = plan
@@ -371,14 +390,10 @@ mod tests {
             if plan.operators.len() == 2 {
                 two += 1;
                 assert_eq!(changes.len(), 1, "seed {seed}");
-                let Fault::OperatorLeaderChange {
-                    graceful: g,
-                    down_for,
-                } = changes[0].fault
-                else {
+                let Fault::OperatorLeaderChange { how, down_for } = changes[0].fault else {
                     unreachable!()
                 };
-                graceful += usize::from(g);
+                *hows.entry(format!("{how:?}")).or_insert(0) += 1;
                 assert!(down_for >= config.leader_change_down.0, "seed {seed}");
                 assert!(plan.end >= changes[0].at + down_for + config.quiet_period);
             } else {
@@ -399,10 +414,8 @@ mod tests {
             (70..=130).contains(&two),
             "{two} of 400 seeds run two replicas"
         );
-        assert!(
-            graceful > 20 && graceful < two - 20,
-            "{graceful} of {two} graceful"
-        );
+        assert_eq!(hows.len(), 3, "{hows:?}");
+        assert!(hows.values().all(|n| *n > 15), "{hows:?}");
     }
 
     fn plan_with_fraction(seed: u64, fraction: f64) -> Plan {
