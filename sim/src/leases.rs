@@ -95,6 +95,15 @@ impl LeaseHistory {
         i.checked_sub(1).map(|i| terms[i].clone())
     }
 
+    /// The term in force at simulated time `at` (a change applied at `at` included), for
+    /// what has no resourceVersion (a call to the controller).
+    pub fn term_at(&self, key: &str, at: Duration) -> Option<Term> {
+        let leases = self.lock();
+        let terms = &leases.get(key)?.terms;
+        let i = terms.partition_point(|t| t.at <= at);
+        i.checked_sub(1).map(|i| terms[i].clone())
+    }
+
     /// Whether `holder` took Lease `key` over at a resourceVersion strictly between
     /// `after` and `before`.
     pub fn acquired_between(&self, key: &str, holder: &str, after: u64, before: u64) -> bool {
@@ -138,6 +147,11 @@ mod tests {
         assert_eq!(h.term_before(key, 10).unwrap().holder, None);
         assert_eq!(h.term_before(key, 13).unwrap().holder.as_deref(), Some("b"));
         assert_eq!(h.holder(key).as_deref(), Some("b"));
+        assert_eq!(h.term_at(key, Duration::from_millis(500)), None);
+        let at = |s| h.term_at(key, Duration::from_secs(s)).unwrap().holder;
+        assert_eq!(at(6).as_deref(), Some("a"));
+        assert_eq!(at(11), None);
+        assert_eq!(at(12).as_deref(), Some("b"));
         assert!(h.acquired_between(key, "b", 9, 13));
         assert!(!h.acquired_between(key, "b", 12, 20));
         assert!(!h.acquired_between(key, "a", 3, 20));

@@ -182,6 +182,17 @@ fn with_two_replicas_exactly_one_acts() {
         check.judged
     );
     assert!(!check.judged.contains_key(other), "{:?}", check.judged);
+    // And only the leader called the controller's writes (registrations, heartbeats).
+    assert!(
+        check.calls_judged.get(&leader).is_some_and(|n| *n > 4),
+        "{:?}",
+        check.calls_judged
+    );
+    assert!(
+        !check.calls_judged.contains_key(other),
+        "{:?}",
+        check.calls_judged
+    );
     assert_eq!(sim.registered_nodes().len(), 2);
     let addresses = node_addresses(&sim);
     assert!(addresses.iter().all(|a| *a == leader), "{addresses:?}");
@@ -197,6 +208,11 @@ fn with_two_replicas_exactly_one_acts() {
         check.judged.get(other).is_some_and(|n| *n > 3),
         "{:?}",
         check.judged
+    );
+    assert!(
+        check.calls_judged.get(other).is_some_and(|n| *n > 4),
+        "{:?}",
+        check.calls_judged
     );
     for name in ["second-0", "second-1", "second-2"] {
         let job = sim.spurjob("default", name).unwrap();

@@ -15,9 +15,15 @@
 //! A replica's identity in the Lease is its pod name, which is its host name in the
 //! simulation (see `crate::operator::config_from_flags`).
 //!
+//! On the controller's side, every write call (RegisterAgent, Heartbeat, UpdateNode,
+//! SubmitJob, CancelJob, ReportJobStatus) an operator replica makes is leader-only too:
+//! a standby only Pings, for its readiness ([`crate::controller::calls`]).
+//!
 //! Two rules:
 //! - `acting-without-lease`: each leader-only write is applied while the Lease names its
-//!   writer (the term in force just before the write's resourceVersion);
+//!   writer (the term in force just before the write's resourceVersion), and each write
+//!   call reaches the controller while the Lease names its caller (the term in force at
+//!   the simulated time the replica received it: calls have no resourceVersion);
 //! - `acting-interleaved`: when the writer of leader-only writes changes from one replica
 //!   to another, the Lease passed to the new writer between the old writer's last write
 //!   and the new writer's first: two replicas' writes never interleave within one term.
@@ -25,6 +31,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use crate::controller::calls::CallRecord;
 use crate::kube_api::WriteRecord;
 use crate::leases::{LeaseHistory, Term};
 
@@ -47,10 +54,14 @@ pub struct ActingCheck {
     /// The operator replicas' hosts; writes from other hosts are not theirs to judge.
     replicas: BTreeSet<String>,
     last: Option<Acted>,
-    /// Each rule flags a host once per Lease term (rv of the term, or 0 for none), so
-    /// one mistake does not bury the report under every write that followed it.
-    flagged: BTreeSet<(&'static str, String, u64)>,
+    /// Each rule flags a host once per Lease term (rv of the term, or 0 for none) and
+    /// per server (API or controller), so one mistake does not bury the report under every
+    /// write that followed it.
+    flagged: BTreeSet<(&'static str, &'static str, String, u64)>,
     lost_flagged: bool,
+    calls_lost_flagged: bool,
+    /// Controller write calls judged, per host.
+    pub calls_judged: std::collections::BTreeMap<String, usize>,
     /// Leader-only writes judged, per host (a check that judged nothing proves nothing).
     pub judged: std::collections::BTreeMap<String, usize>,
 }
@@ -62,6 +73,19 @@ fn describe(w: &WriteRecord) -> String {
         w.object(),
         if w.status { " (status)" } else { "" }
     )
+}
+
+/// What the Lease said in `term`.
+fn named(term: Option<&Term>) -> String {
+    match term {
+        Some(Term {
+            holder: Some(h),
+            at,
+            ..
+        }) => format!("the lease named {h} (since {:.1}s)", at.as_secs_f64()),
+        Some(t) => format!("the lease named nobody (since {:.1}s)", t.at.as_secs_f64()),
+        None => "the lease did not exist".to_owned(),
+    }
 }
 
 fn is_lease(w: &WriteRecord) -> bool {
@@ -76,6 +100,8 @@ impl ActingCheck {
             last: None,
             flagged: BTreeSet::new(),
             lost_flagged: false,
+            calls_lost_flagged: false,
+            calls_judged: Default::default(),
             judged: Default::default(),
         }
     }
@@ -111,18 +137,10 @@ impl ActingCheck {
             let holder = term.as_ref().and_then(|t| t.holder.as_deref());
             if holder != Some(host) {
                 let since = term.as_ref().map_or(0, |t| t.rv);
-                let named = match &term {
-                    Some(Term {
-                        holder: Some(h),
-                        at,
-                        ..
-                    }) => format!("the lease named {h} (since {:.1}s)", at.as_secs_f64()),
-                    Some(t) => format!("the lease named nobody (since {:.1}s)", t.at.as_secs_f64()),
-                    None => "the lease did not exist".to_owned(),
-                };
+                let named = named(term.as_ref());
                 self.flag(
                     &mut violations,
-                    "acting-without-lease",
+                    ("acting-without-lease", "kube-api"),
                     host,
                     since,
                     w,
@@ -144,7 +162,7 @@ impl ActingCheck {
                 );
                 self.flag(
                     &mut violations,
-                    "acting-interleaved",
+                    ("acting-interleaved", "kube-api"),
                     host,
                     since,
                     w,
@@ -161,22 +179,81 @@ impl ActingCheck {
         violations
     }
 
-    /// Judges what `sim`'s API server applied since the last call.
+    /// Judges the controller write calls `calls` (in the order received) against
+    /// `leases`; `lost` counts calls the controller could not record.
+    pub fn judge_calls(
+        &mut self,
+        calls: &[CallRecord],
+        leases: &LeaseHistory,
+        lost: u64,
+    ) -> Vec<Violation> {
+        let mut violations = Vec::new();
+        if lost > 0 && !self.calls_lost_flagged {
+            self.calls_lost_flagged = true;
+            violations.push(Violation {
+                check: "acting-record",
+                object: "spurctld/calls".into(),
+                at: calls.last().map_or(Duration::ZERO, |c| c.at),
+                detail: format!("{lost} calls were not recorded: cannot judge who acted"),
+            });
+        }
+        for call in calls {
+            if !self.replicas.contains(&call.caller) {
+                continue;
+            }
+            *self.calls_judged.entry(call.caller.clone()).or_default() += 1;
+            let term = leases.term_at(&self.lease, call.at);
+            if term.as_ref().and_then(|t| t.holder.as_deref()) == Some(call.caller.as_str()) {
+                continue;
+            }
+            let detail = format!(
+                "{} called {} on {} at {:.1}s while {}",
+                call.caller,
+                call.method,
+                call.replica,
+                call.at.as_secs_f64(),
+                named(term.as_ref())
+            );
+            let (host, at) = (call.caller.clone(), call.at);
+            let key = (
+                "acting-without-lease",
+                "spurctld",
+                host.clone(),
+                term.map_or(0, |t| t.rv),
+            );
+            if self.flagged.insert(key) {
+                violations.push(Violation {
+                    check: "acting-without-lease",
+                    object: format!("operator/{host}"),
+                    at,
+                    detail,
+                });
+            }
+        }
+        violations
+    }
+
+    /// Judges what `sim`'s API server applied and its controller replicas received since
+    /// the last call.
     pub fn sample(&mut self, sim: &crate::harness::Sim) -> Vec<Violation> {
         let writes = sim.api.take_writes();
-        self.judge(&writes, &sim.leases, sim.api.writes_dropped())
+        let mut violations = self.judge(&writes, &sim.leases, sim.api.writes_dropped());
+        let cluster = sim.world.cluster();
+        let calls = cluster.take_calls();
+        violations.extend(self.judge_calls(&calls, &sim.leases, cluster.calls_dropped()));
+        violations
     }
 
     fn flag(
         &mut self,
         out: &mut Vec<Violation>,
-        check: &'static str,
+        (check, server): (&'static str, &'static str),
         host: &str,
         term: u64,
         w: &WriteRecord,
         detail: String,
     ) {
-        if self.flagged.insert((check, host.to_owned(), term)) {
+        if self.flagged.insert((check, server, host.to_owned(), term)) {
             out.push(Violation {
                 check,
                 object: format!("operator/{host}"),
@@ -294,6 +371,34 @@ mod tests {
             "{}",
             v[1].detail
         );
+    }
+
+    #[test]
+    fn a_controller_call_while_the_lease_names_another_is_flagged() {
+        let leases = history(&[(1, Some("a")), (12, Some("b"))]);
+        let call = |secs, caller: &str| CallRecord {
+            at: Duration::from_secs(secs),
+            caller: caller.into(),
+            replica: "spurctld-0".into(),
+            method: "SubmitJob",
+        };
+        let mut check = ActingCheck::new(LEASE, &["a", "b"]);
+        let calls = [
+            call(2, "a"),
+            call(12, "b"),
+            call(13, "a"),
+            call(14, "a"),
+            call(15, "x"),
+        ];
+        let v = check.judge_calls(&calls, &leases, 0);
+        assert_eq!(checks(&v), ["acting-without-lease"]);
+        assert!(
+            v[0].detail
+                .contains("a called SubmitJob on spurctld-0 at 13.0s while the lease named b"),
+            "{}",
+            v[0].detail
+        );
+        assert_eq!(check.calls_judged["a"], 3);
     }
 
     #[test]
