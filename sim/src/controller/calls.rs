@@ -7,7 +7,9 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tonic::Request;
+use spur_proto::FORWARDED_KEY;
+
+use super::Cluster;
 
 /// Records kept until a reader takes them: as [`crate::kube_api::writes::WRITE_LOG_LIMIT`],
 /// far above the few calls a sample interval sees, and the loss is counted.
@@ -51,13 +53,48 @@ impl CallLog {
     }
 }
 
-/// The host a request's connection came from, in a simulation (tonic hands the peer
-/// address of a [`crate::net::SimStream`] in as connection info); `None` over real TCP.
-pub fn caller_host<T>(request: &Request<T>) -> Option<String> {
+/// The write methods of `slurm.SlurmController`: what only an acting operator calls (a
+/// standby only Pings; GetJob and GetJobs are reads).
+pub const WRITE_METHODS: [&str; 6] = [
+    "RegisterAgent",
+    "Heartbeat",
+    "UpdateNode",
+    "SubmitJob",
+    "CancelJob",
+    "ReportJobStatus",
+];
+
+/// A tower layer for a replica's gRPC server that records each write call a client makes
+/// (not the forwards of other replicas) before the replica sees it: who called is read at
+/// the transport, from the connection's peer, never from the request's content.
+pub fn recorder<B>(
+    cluster: Cluster,
+    replica: String,
+) -> tower::util::MapRequestLayer<impl Fn(http::Request<B>) -> http::Request<B> + Clone> {
+    tower::util::MapRequestLayer::new(move |request: http::Request<B>| {
+        if let Some(call) = write_call(&request, &replica) {
+            cluster.record_call(call);
+        }
+        request
+    })
+}
+
+fn write_call<B>(request: &http::Request<B>, replica: &str) -> Option<CallRecord> {
+    if request.headers().contains_key(FORWARDED_KEY) {
+        return None;
+    }
+    let name = request.uri().path().rsplit('/').next()?;
+    let method = WRITE_METHODS.into_iter().find(|m| *m == name)?;
     turmoil::sim_elapsed()?;
+    // tonic hands the peer address of a [`crate::net::SimStream`] in as connection info.
     let peer = request
         .extensions()
         .get::<Option<SocketAddr>>()
         .copied()??;
-    turmoil::reverse_lookup(peer.ip())
+    Some(CallRecord {
+        at: crate::determinism::sim_elapsed(),
+        caller: turmoil::reverse_lookup(peer.ip())?,
+        replica: replica.to_owned(),
+        method,
+    })
 }

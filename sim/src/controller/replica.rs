@@ -229,7 +229,7 @@ impl<D: Dialer> Replica<D> {
     /// A write: applied here when leading, else forwarded.
     async fn write<Req, Resp: std::fmt::Debug, F, Fut, L, LFut>(
         &self,
-        method: &'static str,
+        method: &str,
         request: Request<Req>,
         local: L,
         call: F,
@@ -240,16 +240,7 @@ impl<D: Dialer> Replica<D> {
         L: FnOnce(Req) -> LFut,
         LFut: Future<Output = Result<Resp, Status>>,
     {
-        let from_client = !forwarded(&request);
-        if from_client && let Some(caller) = super::calls::caller_host(&request) {
-            self.inner.cluster.record_call(super::calls::CallRecord {
-                at: self.now(),
-                caller,
-                replica: self.inner.host.clone(),
-                method,
-            });
-        }
-        let route = self.route(!from_client);
+        let route = self.route(forwarded(&request));
         let message = request.into_inner();
         let answer = match route {
             Route::Local => match local(message).await {
