@@ -16,20 +16,44 @@ use crate::index::ObjectIndex;
 use crate::kube_api::clock::Clock;
 use crate::kube_api::store::StoreConfig;
 use crate::kube_api::{ApiServer, ApiServerConfig, seed};
+use crate::leases::LeaseHistory;
 use crate::operator::{KUBE_API_HOST, KUBE_API_PORT, config_from_flags, run_operator};
 use crate::trace::fnv1a;
 use crate::world::{World, WorldConfig};
 
 /// The namespace the operator runs in (its Lease lives there).
 pub const OPERATOR_NAMESPACE: &str = "spur-system";
+/// The Lease the operator replicas elect their leader with (`--lease-name`'s default),
+/// as `namespace/name`.
+pub const OPERATOR_LEASE: &str = "spur-system/spur-operator";
+
+/// Asks an operator replica to shut down as on SIGTERM (drain, release the lease, exit),
+/// and lets a restart run it again.
+#[derive(Clone)]
+pub struct OperatorStop(Rc<tokio::sync::watch::Sender<bool>>);
+
+impl OperatorStop {
+    /// Starts the replica's graceful shutdown.
+    pub fn stop(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// The next start of the process runs until stopped again.
+    pub fn reset(&self) {
+        self.0.send_replace(false);
+    }
+}
 
 pub struct Sim {
     pub world: World,
     pub api: ApiServer,
     /// The API server's objects, as the checks and the kubelet read them.
     pub index: ObjectIndex,
+    /// Who each Lease named, as the API server applied it.
+    pub leases: LeaseHistory,
     seed: u64,
     operators: Rc<RefCell<BTreeMap<String, Handles>>>,
+    stops: BTreeMap<String, OperatorStop>,
 }
 
 impl Sim {
@@ -65,6 +89,7 @@ impl Sim {
             clock: Some(Clock::of_world(world.time())),
         });
         let index = ObjectIndex::attach(&api);
+        let leases = LeaseHistory::attach(&api, world.time());
         api.create(json!({
             "apiVersion": "v1",
             "kind": "Namespace",
@@ -86,8 +111,10 @@ impl Sim {
             world,
             api,
             index,
+            leases,
             seed,
             operators: Rc::default(),
+            stops: BTreeMap::new(),
         }
     }
 
@@ -111,6 +138,8 @@ impl Sim {
         let seed = self.seed ^ fnv1a(name.as_bytes());
         let operators = self.operators.clone();
         let host = name.to_owned();
+        let stop = OperatorStop(Rc::new(tokio::sync::watch::channel(false).0));
+        self.stops.insert(name.to_owned(), stop.clone());
         self.world.host(name, move || {
             let (dialer, config, operators, host) = (
                 dialer.clone(),
@@ -118,9 +147,13 @@ impl Sim {
                 operators.clone(),
                 host.clone(),
             );
+            let mut stopped = stop.0.subscribe();
             async move {
                 let (started, handles) = tokio::sync::oneshot::channel();
-                let run = run_operator(dialer, config, seed, std::future::pending(), started);
+                let shutdown = async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                };
+                let run = run_operator(dialer, config, seed, shutdown, started);
                 let publish = async move {
                     if let Ok(handles) = handles.await {
                         operators.borrow_mut().insert(host, handles);
@@ -194,7 +227,19 @@ impl Sim {
         self.operators.borrow().get(name).cloned()
     }
 
-    /// Operator replicas that currently act as leader.
+    /// The handle that shuts operator replica `name` down gracefully.
+    pub fn operator_stop(&self, name: &str) -> Option<OperatorStop> {
+        self.stops.get(name).cloned()
+    }
+
+    /// The hosts operator replicas were started on.
+    pub fn operator_hosts(&self) -> Vec<String> {
+        self.stops.keys().cloned().collect()
+    }
+
+    /// Operator replicas that currently act as leader, by their own flags (for tests of
+    /// the flag; safety checks judge the API server's record instead, see
+    /// [`crate::scenario::acting`]).
     pub fn leading_operators(&self) -> Vec<String> {
         self.operators
             .borrow()

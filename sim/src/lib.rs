@@ -4,7 +4,8 @@
 //!   kernel (SYN timeout) and pod kills.
 //! - [`controller`]: three simulated spurctld replicas sharing one replicated log.
 //! - [`kube_api`]: an in-memory Kubernetes API server that kube-rs talks to over HTTP.
-//! - [`operator`]: the real operator on a simulated host.
+//! - [`operator`]: the real operator on a simulated host; [`leases`]: who the Leases named,
+//!   as the API server applied them.
 //! - [`world`]: one turmoil simulation per seed, with the replicas, faults and the trace.
 //! - [`trace`] and [`determinism`]: what makes a seed replay exactly, and the proof.
 //! - [`scenario`]: seeded fault scenarios and their checks; [`report`]: their JSON lines,
@@ -18,6 +19,7 @@ pub mod harness;
 pub mod index;
 pub mod kube_api;
 pub mod kubelet;
+pub mod leases;
 pub mod net;
 pub mod operator;
 pub mod prober;

@@ -35,6 +35,10 @@ pub struct RecordMetrics {
     pub duplicates: usize,
     /// Calls the controller replicas answered.
     pub rpcs: usize,
+    /// Leader-only writes the API server applied from each operator replica (the acting
+    /// check judged them all): a replica that never wrote never acted.
+    #[serde(default)]
+    pub acting_writes: BTreeMap<String, usize>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -85,6 +89,7 @@ impl From<&Outcome> for ScenarioRecord {
                 status_lag_ms: lag(&o.status_lags),
                 duplicates: o.duplicates,
                 rpcs: o.rpcs,
+                acting_writes: o.acting_writes.clone(),
             },
             lags_ms: Lags {
                 registration: o.registration_lags.clone(),
@@ -350,6 +355,7 @@ mod tests {
                 status_lag_ms: LagSummary::default(),
                 duplicates: 0,
                 rpcs: 30,
+                acting_writes: BTreeMap::new(),
             },
             lags_ms: Lags {
                 registration,

@@ -377,6 +377,7 @@ async fn serve_replica(
     let listener = SimListener::bind(cluster.config().port).await?;
     cluster.started(slot, &host, sim_elapsed());
     net.set_endpoint_ready(CONTROLLER_SERVICE, &host, true, sim_elapsed());
+    let cluster_calls = cluster.clone();
     let replica = Replica::new(
         slot,
         &host,
@@ -386,6 +387,7 @@ async fn serve_replica(
     );
     tokio::spawn(scheduler::run(replica.clone()));
     tonic::transport::Server::builder()
+        .layer(crate::controller::calls::recorder(cluster_calls, host))
         .add_service(SlurmControllerServer::new(replica))
         .serve_with_incoming(listener.incoming())
         .await?;

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use spur_sim::controller::RefusalKind;
-use spur_sim::harness::Sim;
+use spur_sim::harness::{OPERATOR_LEASE, Sim};
+use spur_sim::scenario::acting::ActingCheck;
 
 /// Fast heartbeats so a test sees several in a short run.
 const FLAGS: &[&str] = &["--heartbeat-interval", "5s"];
@@ -124,51 +125,128 @@ fn a_forgotten_node_is_registered_again_after_its_heartbeat() {
     assert_eq!(commits(&sim), registrations + 2);
 }
 
+/// Runs `sim` to `until` in 1 s steps, judging who acted from the API server's record
+/// against the Lease (never the replicas' own flags); returns the violations.
+fn judge_acting(sim: &mut Sim, check: &mut ActingCheck, from: u64, until: u64) -> Vec<String> {
+    let mut violations = Vec::new();
+    for t in from + 1..=until {
+        sim.world.run_until(secs(t)).unwrap();
+        violations.extend(check.sample(sim).iter().map(ToString::to_string));
+    }
+    violations
+}
+
+fn submit_jobs(sim: &Sim, prefix: &str, count: usize) {
+    for i in 0..count {
+        sim.create_spurjob(
+            "default",
+            &format!("{prefix}-{i}"),
+            json!({"image": "busybox", "command": ["true"],
+                   "env": {"SIM_RUN_SECONDS": "5", "SIM_EXIT_CODE": "0"}}),
+        );
+    }
+}
+
+/// The nodes' agent addresses as the controller's leader holds them.
+fn node_addresses(sim: &Sim) -> Vec<String> {
+    let cluster = sim.world.cluster();
+    let slot = cluster.slot_of(&cluster.leader().unwrap()).unwrap();
+    cluster.read(slot, |s| {
+        s.nodes.values().map(|n| n.address.clone()).collect()
+    })
+}
+
 #[test]
 fn with_two_replicas_exactly_one_acts() {
     let mut sim = Sim::new(15);
     sim.add_nodes(2);
+    sim.start_kubelet();
     sim.start_operator("operator-a", FLAGS);
     sim.start_operator("operator-b", FLAGS);
-    let mut leaders_seen = std::collections::BTreeSet::new();
-    let mut t = 0;
-    while t < 40 {
-        t += 1;
-        sim.world.run_until(secs(t)).unwrap();
-        let leading = sim.leading_operators();
-        assert!(leading.len() <= 1, "two leaders at {t}s: {leading:?}");
-        leaders_seen.extend(leading);
-    }
-    assert_eq!(leaders_seen.len(), 1, "{leaders_seen:?}");
-    let leader = leaders_seen.into_iter().next().unwrap();
-    assert_eq!(sim.registered_nodes().len(), 2);
-    // Every registration came from the leader's agent address.
-    let cluster = sim.world.cluster();
-    let slot = cluster.slot_of(&cluster.leader().unwrap()).unwrap();
-    let addresses: Vec<String> = cluster.read(slot, |s| {
-        s.nodes.values().map(|n| n.address.clone()).collect()
-    });
-    assert!(addresses.iter().all(|a| *a == leader), "{addresses:?}");
-
-    // The leader dies: the other takes over within the lease duration and re-registers
-    // the nodes with its own address.
-    sim.world.kill(&leader, spur_sim::world::KillMode::Silent);
+    let mut check = ActingCheck::new(OPERATOR_LEASE, &["operator-a", "operator-b"]);
+    submit_jobs(&sim, "first", 3);
+    let violations = judge_acting(&mut sim, &mut check, 0, 40);
+    assert!(violations.is_empty(), "{violations:#?}");
+    // Ground truth: one term, and only its holder wrote anything a leader writes.
+    let terms = sim.leases.terms(OPERATOR_LEASE);
+    assert_eq!(terms.len(), 1, "{terms:?}");
+    let leader = terms[0].holder.clone().expect("a holder");
     let other = if leader == "operator-a" {
         "operator-b"
     } else {
         "operator-a"
     };
-    sim.world.run_until(secs(75)).unwrap();
     assert!(
-        *sim.operator(other).unwrap().leading.borrow(),
-        "{other} did not take over"
+        check.judged.get(&leader).is_some_and(|n| *n > 3),
+        "{:?}",
+        check.judged
     );
-    let addresses: Vec<String> = {
-        let cluster = sim.world.cluster();
-        let slot = cluster.slot_of(&cluster.leader().unwrap()).unwrap();
-        cluster.read(slot, |s| {
-            s.nodes.values().map(|n| n.address.clone()).collect()
-        })
-    };
+    assert!(!check.judged.contains_key(other), "{:?}", check.judged);
+    // And only the leader called the controller's writes (registrations, heartbeats).
+    assert!(
+        check.calls_judged.get(&leader).is_some_and(|n| *n > 4),
+        "{:?}",
+        check.calls_judged
+    );
+    assert!(
+        !check.calls_judged.contains_key(other),
+        "{:?}",
+        check.calls_judged
+    );
+    assert_eq!(sim.registered_nodes().len(), 2);
+    let addresses = node_addresses(&sim);
+    assert!(addresses.iter().all(|a| *a == leader), "{addresses:?}");
+
+    // The leader dies: the other takes the lease over, acts, and re-registers the nodes
+    // with its own address.
+    sim.world.kill(&leader, spur_sim::world::KillMode::Silent);
+    submit_jobs(&sim, "second", 3);
+    let violations = judge_acting(&mut sim, &mut check, 40, 75);
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert_eq!(sim.leases.holder(OPERATOR_LEASE).as_deref(), Some(other));
+    assert!(
+        check.judged.get(other).is_some_and(|n| *n > 3),
+        "{:?}",
+        check.judged
+    );
+    assert!(
+        check.calls_judged.get(other).is_some_and(|n| *n > 4),
+        "{:?}",
+        check.calls_judged
+    );
+    for name in ["second-0", "second-1", "second-2"] {
+        let job = sim.spurjob("default", name).unwrap();
+        assert!(job["status"]["spurJobId"].is_u64(), "{name}: {job}");
+    }
+    let addresses = node_addresses(&sim);
     assert!(addresses.iter().all(|a| a == other), "{addresses:?}");
+}
+
+/// The check can fail: two replicas campaigning on different Leases both act, and the
+/// API server's record shows it.
+#[test]
+fn two_replicas_on_different_leases_are_caught_acting_together() {
+    let mut sim = Sim::new(16);
+    sim.add_nodes(2);
+    sim.start_kubelet();
+    sim.start_operator("operator-a", FLAGS);
+    let mut flags = FLAGS.to_vec();
+    flags.extend(["--lease-name", "spur-operator-b"]);
+    sim.start_operator("operator-b", &flags);
+    let mut check = ActingCheck::new(OPERATOR_LEASE, &["operator-a", "operator-b"]);
+    submit_jobs(&sim, "job", 3);
+    let violations = judge_acting(&mut sim, &mut check, 0, 30);
+    assert!(
+        violations
+            .iter()
+            .any(|v| v.contains("acting-without-lease")),
+        "{violations:#?}"
+    );
+    assert!(
+        violations.iter().any(|v| v.contains("acting-interleaved")),
+        "{violations:#?}"
+    );
+    // Both believed they led, by their own flags: what the old test would have missed
+    // had it read only the lease the deployment uses.
+    assert_eq!(sim.leading_operators().len(), 2);
 }

@@ -2,9 +2,11 @@
 //! must hold on every seed. `SIM_SEEDS=a..b` chooses the seeds (default `0..2000`); a
 //! failure lists each failing seed, its violated checks and the command that replays it.
 
+use std::time::Duration;
+
 use spur_sim::cli::{Seeds, run_seeds};
 use spur_sim::profiles::Profile;
-use spur_sim::scenario::{ScenarioConfig, run_isolated};
+use spur_sim::scenario::{ScenarioConfig, plan, run_isolated};
 
 fn seeds() -> Vec<u64> {
     let range = std::env::var("SIM_SEEDS").unwrap_or_else(|_| "0..2000".to_owned());
@@ -62,4 +64,78 @@ fn every_fiftieth_seed_replays_to_the_same_trace() {
             "seed {seed} gave two different traces: replay with `spur-sim replay --seed {seed} --trace`"
         );
     }
+}
+
+/// The first `count` seeds of a sweep that run two operator replicas.
+fn two_replica_seeds(count: usize) -> Vec<u64> {
+    let config = ScenarioConfig::default();
+    (0..)
+        .filter(|seed| plan(*seed, &config).operators.len() == 2)
+        .take(count)
+        .collect()
+}
+
+#[test]
+fn two_replicas_hand_over_by_the_lease_through_a_leader_change() {
+    let seeds = two_replica_seeds(6);
+    let outcomes = run_seeds(&seeds, Profile::Default, threads(), |_| {});
+    let mut both_acted = 0;
+    for o in &outcomes {
+        assert!(
+            o.passed(),
+            "seed {}: {:?}\n    replay: {}",
+            o.seed,
+            o.violations,
+            o.replay_command()
+        );
+        assert!(
+            o.faults
+                .iter()
+                .any(|f| f.starts_with("operator-leader-change@")),
+            "seed {}: {:?}",
+            o.seed,
+            o.faults
+        );
+        both_acted += usize::from(o.acting_writes.values().filter(|n| **n > 0).count() == 2);
+    }
+    // The leader change hands the work over: both replicas wrote as leader, one after the
+    // other (a change after the workload ended may leave the new leader nothing to write).
+    assert!(both_acted >= 4, "{both_acted} of {} seeds", seeds.len());
+}
+
+/// The checks can fail on two-replica scenarios: a second replica on a Lease of its own
+/// acts beside the first, and one that takes the lease but cannot reach the controller
+/// (a wrong address) holds the lease and does nothing.
+#[test]
+fn a_broken_second_replica_fails_the_checks() {
+    // A leader change while SpurJobs are still being created, so a replica that takes
+    // over and does nothing leaves some waiting.
+    let config = ScenarioConfig::default();
+    let seed = two_replica_seeds(20)
+        .into_iter()
+        .find(|seed| {
+            plan(*seed, &config).faults.iter().any(|f| {
+                f.fault.name() == "operator-leader-change" && f.at < Duration::from_secs(100)
+            })
+        })
+        .expect("an early leader change");
+    let run_with = |flags: &[&str]| {
+        let config = ScenarioConfig {
+            operator_b_flags: flags.iter().map(|f| (*f).to_owned()).collect(),
+            ..ScenarioConfig::default()
+        };
+        let outcome = run_isolated(seed, Profile::Default, &config);
+        outcome
+            .violations
+            .iter()
+            .map(|v| v.check)
+            .collect::<Vec<_>>()
+    };
+    let checks = run_with(&["--lease-name", "spur-operator-b"]);
+    assert!(checks.contains(&"acting-without-lease"), "{checks:?}");
+    let checks = run_with(&["--controller-addr", "http://nowhere:6817"]);
+    assert!(
+        checks.contains(&"submission") || checks.contains(&"registration"),
+        "{checks:?}"
+    );
 }

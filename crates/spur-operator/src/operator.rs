@@ -261,15 +261,23 @@ fn start_leader_tasks<N: Network>(
             _ = drain_jobs.wait_for(|d| *d) => {}
         }
     });
-    tasks.spawn(crate::jobs::status::run_poller(
-        store.clone(),
-        kube.clone(),
-        controller.clone(),
-        config.status_poll_interval,
-        world.clock.clone(),
-        metrics.clone(),
+    // Every leader task stops at the drain: one that polls on would keep a shutdown
+    // waiting out the whole grace period, holding the lease and saying "ready".
+    tasks.spawn(until_drained(
+        drain.clone(),
+        crate::jobs::status::run_poller(
+            store.clone(),
+            kube.clone(),
+            controller.clone(),
+            config.status_poll_interval,
+            world.clock.clone(),
+            metrics.clone(),
+        ),
     ));
-    tasks.spawn(delete_orphans(kube.clone(), store));
+    tasks.spawn(until_drained(
+        drain.clone(),
+        delete_orphans(kube.clone(), store),
+    ));
 
     // Pods: report each one's end.
     let managed = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");
@@ -307,7 +315,7 @@ fn start_leader_tasks<N: Network>(
         report_ctx,
     )
     .for_each(|_| async {});
-    tasks.spawn(pods);
+    tasks.spawn(until_drained(drain.clone(), pods));
 
     let (forgotten_tx, forgotten_rx) = mpsc::unbounded_channel();
     let nodes = Api::<Node>::all(world.kube.clone());
@@ -422,6 +430,14 @@ async fn listen<N: Network>(
         .bind(addr)
         .await
         .map_err(|source| RunError::Listen { what, addr, source })
+}
+
+/// Runs `work` until it ends or the drain starts.
+async fn until_drained(drain: watch::Receiver<bool>, work: impl Future<Output = ()>) {
+    tokio::select! {
+        () = work => {}
+        () = wait_for(drain) => {}
+    }
 }
 
 /// Completes once the flag turns true (or its sender is gone).

@@ -101,6 +101,8 @@ pub struct Cluster {
     /// `None` over real TCP: every replica reaches every other.
     net: Option<Network>,
     trace: Trace,
+    /// Write calls received from clients, with their callers (see [`super::calls`]).
+    calls: Arc<Mutex<super::calls::CallLog>>,
 }
 
 impl Cluster {
@@ -134,7 +136,23 @@ impl Cluster {
             config: Arc::new(config),
             net,
             trace,
+            calls: Arc::default(),
         }
+    }
+
+    /// Notes a write call received from a client.
+    pub fn record_call(&self, call: super::calls::CallRecord) {
+        self.calls.lock().expect("call log lock").push(call);
+    }
+
+    /// Takes the write calls received since the last call, in the order received.
+    pub fn take_calls(&self) -> Vec<super::calls::CallRecord> {
+        self.calls.lock().expect("call log lock").take()
+    }
+
+    /// Calls that were not recorded because nobody took them.
+    pub fn calls_dropped(&self) -> u64 {
+        self.calls.lock().expect("call log lock").dropped()
     }
 
     /// The replicas' tunables.

@@ -2,6 +2,7 @@
 //!
 //! - [`state`]: the replicated state machine (nodes, jobs, the next job id) and the log's
 //!   commands. Pure: no I/O, no clock.
+//! - [`calls`]: who made each write call, for the checks.
 //! - [`cluster`]: the replicated log shared through the harness, who leads, elections
 //!   among the reachable majority, and each replica's (possibly stale) view.
 //! - [`replica`]: one replica's `slurm.SlurmController` server: writes on the leader,
@@ -9,6 +10,7 @@
 //! - [`scheduler`]: places pending jobs on idle nodes and calls `SlurmAgent.LaunchJob`.
 //! - [`tcp`]: the same replicas over real TCP (`spur-sim controllers`).
 
+pub mod calls;
 pub mod cluster;
 pub mod replica;
 pub mod scheduler;

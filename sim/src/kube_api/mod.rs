@@ -12,7 +12,8 @@
 //!   `spur_operator::net::Dialer`, with kube's default transport (30 s connect bound,
 //!   429/503/504 retries); [`ApiServer::in_memory_client`] for tests;
 //! - faults: [`ApiServer::faults`] and [`ApiServer::expire_resource_versions`];
-//! - checks: [`ApiServer::observe`] sees every change in order; direct `create`, `get`,
+//! - checks: [`ApiServer::observe`] sees every change in order; [`ApiServer::take_writes`]
+//!   who applied which write over HTTP, and when; direct `create`, `get`,
 //!   `list`, `merge_patch`, `delete` let a harness act as kubelet or user without HTTP.
 //!
 //! Where it differs from a real API server, knowingly:
@@ -40,8 +41,10 @@ mod server;
 pub mod store;
 pub mod transport;
 mod watch;
+pub mod writes;
 
 pub use client::{ClientOptions, client_over, client_over_with};
 pub use error::ApiError;
 pub use faults::{CutKind, Faults, OutageMode};
 pub use server::{ApiServer, ApiServerConfig};
+pub use writes::{WriteMethod, WriteRecord};

@@ -40,6 +40,7 @@ use super::{
     store::{Change, Preconditions, Store, StoreConfig},
     transport::{Accept, memory_pair},
     watch::{WatchRequest, partial_metadata, watch_stream},
+    writes::{WriteLog, WriteMethod, WriteRecord, lease_holder},
 };
 
 /// Largest request body taken (a real server takes 3 MiB objects; patches are small).
@@ -57,7 +58,14 @@ pub(crate) struct Shared {
     pub(crate) watches_started: AtomicU64,
     /// Watch streams open now.
     pub(crate) watches_open: AtomicU64,
+    /// Writes applied over HTTP, with the writing host (locked while the store's lock is
+    /// held, so records are in resourceVersion order).
+    pub(crate) writes: Mutex<WriteLog>,
 }
+
+/// The host a connection came from, handed to every request on it.
+#[derive(Clone, Debug)]
+struct Peer(Option<Arc<str>>);
 
 /// Settings of an [`ApiServer`].
 #[derive(Clone, Debug, Default)]
@@ -93,6 +101,7 @@ impl ApiServer {
                 faults: Faults::default(),
                 watches_started: AtomicU64::new(0),
                 watches_open: AtomicU64::new(0),
+                writes: Mutex::new(WriteLog::default()),
             }),
         }
     }
@@ -121,6 +130,17 @@ impl ApiServer {
         self.store().observe(Arc::new(observer));
     }
 
+    /// Takes the writes applied over HTTP since the last call, in the order applied, each
+    /// with the host that made it (see [`super::writes`]).
+    pub fn take_writes(&self) -> Vec<WriteRecord> {
+        self.shared.writes.lock().expect("write log lock").take()
+    }
+
+    /// Writes that were not recorded because the log was full (nobody took them).
+    pub fn writes_dropped(&self) -> u64 {
+        self.shared.writes.lock().expect("write log lock").dropped()
+    }
+
     /// Watch streams started so far, and open now.
     pub fn watch_counts(&self) -> (u64, u64) {
         (
@@ -140,7 +160,8 @@ impl ApiServer {
     pub async fn serve<L: Accept>(&self, mut listener: L) -> io::Result<()> {
         loop {
             let io = listener.accept().await?;
-            tokio::spawn(self.serve_connection(io));
+            let peer = L::peer_host(&io);
+            tokio::spawn(self.serve_connection_from(io, peer));
         }
     }
 
@@ -149,7 +170,23 @@ impl ApiServer {
     where
         IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
-        let service = TowerToHyperService::new(self.router());
+        self.serve_connection_from(io, None)
+    }
+
+    /// [`ApiServer::serve_connection`] for a connection from host `peer`, which the
+    /// writes it makes are recorded under.
+    pub fn serve_connection_from<IO>(
+        &self,
+        io: IO,
+        peer: Option<String>,
+    ) -> impl Future<Output = ()> + Send + 'static
+    where
+        IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let router = self
+            .router()
+            .layer(axum::Extension(Peer(peer.map(Arc::from))));
+        let service = TowerToHyperService::new(router);
         async move {
             let mut builder = auto::Builder::new(TokioExecutor::new());
             // No header-read timeout: idle pooled client connections must stay open.
@@ -319,6 +356,7 @@ fn shape(headers: &HeaderMap) -> Shape {
 
 async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
     let (parts, body) = req.into_parts();
+    let peer = parts.extensions.get::<Peer>().and_then(|p| p.0.clone());
     let path = parts.uri.path().to_owned();
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let query: BTreeMap<String, String> = Query::try_from_uri(&parts.uri)
@@ -425,11 +463,9 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
                 return Err(ApiError::method_not_allowed("POST"));
             }
             let obj = json_body(&content_type, &body)?;
-            let created = shared
-                .store
-                .lock()
-                .expect("store lock")
-                .create(&rt, ns, obj)?;
+            let created = write(&shared, &peer, WriteMethod::Create, &rt, false, |store| {
+                store.create(&rt, ns, obj)
+            })?;
             Ok((StatusCode::CREATED, Json((*created).clone())).into_response())
         }
         (&Method::PUT, Some(name)) => {
@@ -442,11 +478,9 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
                     &name,
                 ));
             }
-            let updated = shared
-                .store
-                .lock()
-                .expect("store lock")
-                .update(&rt, ns, &name, obj, status)?;
+            let updated = write(&shared, &peer, WriteMethod::Update, &rt, status, |store| {
+                store.update(&rt, ns, &name, obj, status)
+            })?;
             Ok(Json((*updated).clone()).into_response())
         }
         (&Method::PATCH, Some(name)) => {
@@ -460,20 +494,16 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
                     &name,
                 ));
             }
-            let patched = shared
-                .store
-                .lock()
-                .expect("store lock")
-                .patch(&rt, ns, &name, kind, &patch, status)?;
+            let patched = write(&shared, &peer, WriteMethod::Patch, &rt, status, |store| {
+                store.patch(&rt, ns, &name, kind, &patch, status)
+            })?;
             Ok(Json((*patched).clone()).into_response())
         }
         (&Method::DELETE, Some(name)) => {
             let pre = preconditions(&body)?;
-            let deleted = shared
-                .store
-                .lock()
-                .expect("store lock")
-                .delete(&rt, ns, &name, &pre)?;
+            let deleted = write(&shared, &peer, WriteMethod::Delete, &rt, false, |store| {
+                store.delete(&rt, ns, &name, &pre)
+            })?;
             Ok(Json((*deleted).clone()).into_response())
         }
         (&Method::DELETE, None) => {
@@ -496,9 +526,19 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
                 .collect();
             let mut items = Vec::new();
             for (ns, name) in names {
-                items.push(
-                    (*store.delete(&rt, ns.as_deref(), &name, &Preconditions::default())?).clone(),
+                let before = store.resource_version();
+                let deleted = store.delete(&rt, ns.as_deref(), &name, &Preconditions::default())?;
+                record_write(
+                    &shared,
+                    &store,
+                    before,
+                    &peer,
+                    WriteMethod::Delete,
+                    &rt,
+                    false,
+                    &deleted,
                 );
+                items.push((*deleted).clone());
             }
             let rv = store.resource_version().to_string();
             Ok(Json(
@@ -509,6 +549,63 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
         }
         (method, _) => Err(ApiError::method_not_allowed(method.as_str())),
     }
+}
+
+/// Applies one write under the store's lock and records it (see [`record_write`]).
+fn write(
+    shared: &Shared,
+    peer: &Option<Arc<str>>,
+    method: WriteMethod,
+    rt: &ResourceType,
+    status: bool,
+    apply: impl FnOnce(&mut Store) -> ApiResult<Arc<Value>>,
+) -> ApiResult<Arc<Value>> {
+    let mut store = shared.store.lock().expect("store lock");
+    let before = store.resource_version();
+    let object = apply(&mut store)?;
+    record_write(shared, &store, before, peer, method, rt, status, &object);
+    Ok(object)
+}
+
+/// Records a write that changed something (the resourceVersion moved past `before`);
+/// a repeated delete of an object already being deleted changes nothing and is not one.
+/// Called with the store's lock held, so the log is in resourceVersion order.
+#[allow(clippy::too_many_arguments)]
+fn record_write(
+    shared: &Shared,
+    store: &Store,
+    before: u64,
+    peer: &Option<Arc<str>>,
+    method: WriteMethod,
+    rt: &ResourceType,
+    status: bool,
+    object: &Value,
+) {
+    let rv = store.resource_version();
+    if rv == before {
+        return;
+    }
+    let meta = &object["metadata"];
+    let is_lease = rt.kind == "Lease" && rt.group == "coordination.k8s.io";
+    shared
+        .writes
+        .lock()
+        .expect("write log lock")
+        .push(WriteRecord {
+            rv,
+            at: turmoil::sim_elapsed().unwrap_or_default(),
+            host: peer.clone(),
+            method,
+            kind: rt.kind.clone(),
+            namespace: meta["namespace"].as_str().map(str::to_owned),
+            name: meta["name"].as_str().unwrap_or_default().to_owned(),
+            status,
+            holder: if is_lease && method != WriteMethod::Delete {
+                lease_holder(object)
+            } else {
+                None
+            },
+        });
 }
 
 /// Resolves `{plural}[/{name}[/status]]` or `namespaces/{ns}/{plural}[/{name}[/status]]`.

@@ -17,6 +17,12 @@ pub trait Accept: Send + 'static {
 
     /// Waits for the next connection; an error ends serving.
     fn accept(&mut self) -> impl Future<Output = io::Result<Self::Io>> + Send;
+
+    /// The name of the host a connection comes from, when the transport knows one
+    /// (recorded with each write it makes).
+    fn peer_host(_io: &Self::Io) -> Option<String> {
+        None
+    }
 }
 
 impl Accept for tokio::net::TcpListener {
@@ -35,6 +41,12 @@ impl Accept for turmoil::net::TcpListener {
     async fn accept(&mut self) -> io::Result<Self::Io> {
         let (stream, _) = turmoil::net::TcpListener::accept(self).await?;
         Ok(stream)
+    }
+
+    /// turmoil's name for the peer's address (called on the accepting host).
+    fn peer_host(io: &Self::Io) -> Option<String> {
+        let peer = io.peer_addr().ok()?;
+        turmoil::reverse_lookup(peer.ip())
     }
 }
 

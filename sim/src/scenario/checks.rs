@@ -1,5 +1,7 @@
 //! The checks of sim.md, judged against the world's ground truth (the API server's objects
 //! and the controller's replicated log), never against the operator's own state or logs.
+//! Who acts is the replica the operator Lease names as the API server applied it; its
+//! writes are judged by [`super::acting`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -8,8 +10,11 @@ use spur_operator::jobs::convert::uid_in_comment;
 use spur_operator::jobs::status::{is_terminal, state_name};
 
 use crate::controller::state::{Command, Outcome};
-use crate::harness::Sim;
+use crate::harness::{OPERATOR_LEASE, Sim};
 use crate::index::SpurJobView;
+use crate::operator::KUBE_API_HOST;
+
+use super::acting::ActingCheck;
 
 /// The liveness deadlines, in simulated time.
 #[derive(Clone, Copy, Debug)]
@@ -19,6 +24,11 @@ pub struct Deadlines {
     pub status: Duration,
     pub deletion: Duration,
     pub readiness: Duration,
+    /// With the API server up, some live operator replica holds the Lease within this of
+    /// the last holder going away: the lease duration (15 s) a standby waits from first
+    /// seeing the last renewal, plus a retry period (5 s) before it saw it and one more
+    /// before its next attempt.
+    pub takeover: Duration,
 }
 
 impl Default for Deadlines {
@@ -29,6 +39,7 @@ impl Default for Deadlines {
             status: Duration::from_secs(15),
             deletion: Duration::from_secs(20),
             readiness: Duration::from_secs(15),
+            takeover: Duration::from_secs(25),
         }
     }
 }
@@ -92,6 +103,13 @@ pub struct Lags {
 /// Samples the world and keeps the checks' state between samples.
 pub struct Monitor {
     deadlines: Deadlines,
+    /// The operator replicas' hosts.
+    operators: Vec<String>,
+    /// Who acted, judged from the API server's record against the Lease.
+    acting: ActingCheck,
+    /// Since when, with the API server up, no live replica has held the Lease.
+    leaderless_since: Option<Duration>,
+    takeover_flagged: bool,
     healthy_since: Option<Duration>,
     /// The last leader with a quorum seen, to notice the election of another.
     last_leader: Option<String>,
@@ -106,9 +124,13 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Monitor {
-    pub fn new(deadlines: Deadlines) -> Self {
+    pub fn new(deadlines: Deadlines, operators: &[&str]) -> Self {
         Self {
             deadlines,
+            operators: operators.iter().map(|o| (*o).to_owned()).collect(),
+            acting: ActingCheck::new(OPERATOR_LEASE, operators),
+            leaderless_since: None,
+            takeover_flagged: false,
             healthy_since: None,
             last_leader: None,
             nodes: BTreeMap::new(),
@@ -132,18 +154,36 @@ impl Monitor {
         });
     }
 
-    /// One sample at `now`. `operator_up` and `api_up` are the harness's knowledge of
-    /// the processes it runs.
-    pub fn sample(&mut self, sim: &Sim, now: Duration, operator_up: bool, api_up: bool) {
+    /// One sample at `now`. `api_up` is the harness's knowledge of the API server.
+    pub fn sample(&mut self, sim: &Sim, now: Duration, api_up: bool) {
+        let acting = self.acting.sample(sim);
+        self.violations.extend(acting);
         let cluster = sim.world.cluster();
         let leader = cluster.leader_with_quorum();
         let leader_slot = leader.as_ref().and_then(|l| cluster.slot_of(l));
         let net = sim.world.net();
-        let endpoints: Vec<String> = net
-            .ready_endpoints(crate::world::CONTROLLER_SERVICE, now)
-            .into_iter()
-            .filter(|e| net.can_reach(super::OPERATOR, e))
-            .collect();
+        // "The operator" is the replica the Lease names, per the API server, while its
+        // process runs: a takeover's wait for the lease to expire is nobody's deadline,
+        // but a replica that holds the lease and does nothing misses them all.
+        let holder = sim
+            .leases
+            .holder(OPERATOR_LEASE)
+            .filter(|h| self.operators.contains(h));
+        // A holder cut off from the API server can neither renew nor act: it is as gone
+        // as a crashed one, and the other replica must take over.
+        let acting_operator = holder
+            .clone()
+            .filter(|h| !net.is_down(h) && net.can_reach(h, KUBE_API_HOST));
+        self.check_takeover(now, api_up, acting_operator.is_some(), holder.as_deref());
+        let endpoints: Vec<String> = match &acting_operator {
+            Some(op) => net
+                .ready_endpoints(crate::world::CONTROLLER_SERVICE, now)
+                .into_iter()
+                .filter(|e| net.can_reach(op, e))
+                .collect(),
+            None => Vec::new(),
+        };
+        let operator_up = acting_operator.is_some();
         // Healthy from "a leader with a quorum exists and the Service has a ready
         // endpoint" the operator can reach: a ready endpoint cut off from that leader (a
         // partitioned replica, which stays in the Service and may serve stale reads) is
@@ -179,7 +219,16 @@ impl Monitor {
         let (registered, jobs): (BTreeSet<String>, BTreeMap<u32, (&'static str, i32)>) = cluster
             .read(slot, |state| {
                 (
-                    state.nodes.keys().cloned().collect(),
+                    // A node counts as registered for the replica that acts only with that
+                    // replica's agent address (its host): after a takeover the controller
+                    // must launch on the new leader, so the new leader registers every
+                    // node again. With one replica the address is always `operator`.
+                    state
+                        .nodes
+                        .iter()
+                        .filter(|(_, n)| acting_operator.as_ref().is_none_or(|op| n.address == *op))
+                        .map(|(name, _)| name.clone())
+                        .collect(),
                     state
                         .jobs
                         .iter()
@@ -189,6 +238,38 @@ impl Monitor {
             });
         self.check_nodes(sim, now, &registered);
         self.check_jobs(sim, now, &jobs);
+    }
+
+    /// Leader-only writes judged, per operator replica.
+    pub fn acting_writes(&self) -> &BTreeMap<String, usize> {
+        &self.acting.judged
+    }
+
+    /// sim.md's lease liveness, which bounds the pause the deadlines take while nobody
+    /// holds the lease: with the API server up, a live replica holds it within
+    /// [`Deadlines::takeover`].
+    fn check_takeover(&mut self, now: Duration, api_up: bool, held: bool, holder: Option<&str>) {
+        if held || !api_up {
+            self.leaderless_since = None;
+            self.takeover_flagged = false;
+            return;
+        }
+        let since = *self.leaderless_since.get_or_insert(now);
+        if !self.takeover_flagged && now.saturating_sub(since) > self.deadlines.takeover {
+            self.takeover_flagged = true;
+            let named = holder.map_or("nobody".to_owned(), |h| {
+                format!("{h}, which is down or cut off from the API server")
+            });
+            self.violate(
+                "lease-takeover",
+                &format!("lease/{OPERATOR_LEASE}"),
+                now,
+                format!(
+                    "no live operator replica has held the lease since {:.1}s (it names {named})",
+                    since.as_secs_f64()
+                ),
+            );
+        }
     }
 
     fn note_new_jobs(&mut self, sim: &Sim, now: Duration) {

@@ -2,29 +2,37 @@
 //! ([`plan`]), the real operator runs through them, and the checks of sim.md judge the
 //! world's ground truth ([`checks`]). A failure prints the command that replays it.
 
+pub mod acting;
 pub mod checks;
 pub mod plan;
 pub mod readiness;
 
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use crate::controller::LostReply;
-use crate::harness::Sim;
+use crate::harness::{OPERATOR_LEASE, OperatorStop, Sim};
 use crate::kube_api::OutageMode;
+use crate::leases::LeaseHistory;
+use crate::operator::KUBE_API_HOST;
 use crate::profiles::Profile;
 use crate::world::{KillMode, World, WorldConfig};
 pub use checks::{Deadlines, Violation};
-pub use plan::{Fault, Plan, ScenarioConfig, plan};
+pub use plan::{Fault, LeaderChange, Plan, ScenarioConfig, plan};
 use readiness::ReadinessJudge;
 
 /// The operator's host in every scenario.
 pub const OPERATOR: &str = "operator";
+/// The second operator replica's host, in scenarios that run two.
+pub const OPERATOR_B: &str = "operator-b";
 /// The host that probes the operator's `/readyz`, as a kubelet would.
 pub const PROBER: &str = "kubelet-prober";
+/// The host that probes the second replica's `/readyz`.
+pub const PROBER_B: &str = "kubelet-prober-b";
 /// How often the checks sample the world: the resolution of every measured lag.
 const SAMPLE: Duration = Duration::from_millis(250);
 /// A killed controller pod is replaced after this long, as a StatefulSet does.
@@ -73,6 +81,8 @@ pub struct Outcome {
     pub duplicates: usize,
     /// Calls the controller replicas answered.
     pub rpcs: usize,
+    /// Leader-only writes applied from each operator replica.
+    pub acting_writes: BTreeMap<String, usize>,
 }
 
 impl Outcome {
@@ -124,6 +134,7 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
                 failover_submission_lags: Vec::new(),
                 duplicates: 0,
                 rpcs: 0,
+                acting_writes: BTreeMap::new(),
             }
         })
 }
@@ -155,7 +166,13 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
     let mut sim = Sim::without_controllers(seed, world_config);
     sim.add_nodes(plan.nodes);
     sim.start_kubelet();
-    sim.start_operator(OPERATOR, &profile.flags());
+    for host in &plan.operators {
+        let mut flags = profile.flags();
+        if *host == OPERATOR_B {
+            flags.extend(config.operator_b_flags.iter().map(String::as_str));
+        }
+        sim.start_operator(host, &flags);
+    }
     // sim.md's readiness check, as the Deployment probes: every 5 s, 3 s to answer (8080
     // is the health port every profile keeps). It was left out of the mix while 10 of
     // 2,000 seeds found /readyz saying "not ready" for over 15 s with a live endpoint
@@ -164,18 +181,26 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
     // caller started again from the first dial and met that follower again. Dials now
     // finish on their own task, and a call stuck on such a channel leaves it once another
     // replica answers (the leader recheck).
-    let mut readiness = {
-        let probes = crate::prober::start(
-            &mut sim.world,
-            PROBER,
-            OPERATOR,
-            8080,
-            "/readyz",
-            Duration::from_secs(5),
-            Duration::from_secs(3),
-        );
-        ReadinessJudge::new(Deadlines::default().readiness, probes, OPERATOR)
-    };
+    // A standby is probed too: its /readyz checks the same API server and controller as
+    // the leader's (health.rs does not ask who leads), so it must tell the same truth
+    // from where it stands, and a standby that says "ready" can take over at once.
+    let mut readiness: Vec<ReadinessJudge> = plan
+        .operators
+        .iter()
+        .map(|host| {
+            let prober = if *host == OPERATOR { PROBER } else { PROBER_B };
+            let probes = crate::prober::start(
+                &mut sim.world,
+                prober,
+                host,
+                8080,
+                "/readyz",
+                Duration::from_secs(5),
+                Duration::from_secs(3),
+            );
+            ReadinessJudge::new(Deadlines::default().readiness, probes, host)
+        })
+        .collect();
     let mut restarts: Vec<Duration> = plan
         .faults
         .iter()
@@ -211,7 +236,7 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
         schedule_fault(&mut sim, planned.at, planned.fault.clone(), api_up.clone());
     }
 
-    let mut monitor = checks::Monitor::new(Deadlines::default());
+    let mut monitor = checks::Monitor::new(Deadlines::default(), &plan.operators);
     let mut deletions: Vec<(Duration, String)> = plan
         .jobs
         .iter()
@@ -237,25 +262,30 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
             monitor.deleted(name, *at);
             next_deletion += 1;
         }
-        monitor.sample(&sim, now, true, api_up.get());
+        monitor.sample(&sim, now, api_up.get());
         while restarts.last().is_some_and(|at| *at <= now) {
-            readiness.restarted(restarts.pop().expect("not empty"));
+            // operator-restart restarts `operator` in place (see schedule_fault).
+            readiness[0].restarted(restarts.pop().expect("not empty"));
         }
-        if let Some(v) = readiness.sample(&sim, now, api_up.get()) {
-            monitor.violations.push(v);
+        for judge in &mut readiness {
+            if let Some(v) = judge.sample(&sim, now, api_up.get()) {
+                monitor.violations.push(v);
+            }
         }
     }
     let duplicates = monitor.finish(&sim, now);
     let mut violations = std::mem::take(&mut monitor.violations);
     // Every scenario ends with a quiet period longer than the readiness deadline: a check
     // that never judged would pass silently, so that is a failure of its own.
-    if readiness.judged == 0 && failure.is_none() {
-        violations.push(Violation {
-            check: "readiness",
-            object: format!("{OPERATOR}/readyz"),
-            at: now,
-            detail: "never judged: the world never held still for the deadline".into(),
-        });
+    for judge in &readiness {
+        if judge.judged == 0 && failure.is_none() {
+            violations.push(Violation {
+                check: "readiness",
+                object: format!("{}/readyz", judge.operator()),
+                at: now,
+                detail: "never judged: the world never held still for the deadline".into(),
+            });
+        }
     }
     if let Some(e) = failure {
         violations.push(Violation {
@@ -286,11 +316,27 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
         failover_submission_lags: monitor.lags.failover_submission.clone(),
         duplicates,
         rpcs,
+        acting_writes: monitor.acting_writes().clone(),
     }
+}
+
+/// The operator replica the Lease names now (ground truth), else `operator`: partitions
+/// of "the operator" cut the replica that acts, whichever it is.
+fn acting_operator(leases: &LeaseHistory, stops: &BTreeMap<String, OperatorStop>) -> String {
+    leases
+        .holder(OPERATOR_LEASE)
+        .filter(|h| stops.contains_key(h))
+        .unwrap_or_else(|| OPERATOR.to_owned())
 }
 
 fn schedule_fault(sim: &mut Sim, at: Duration, fault: Fault, api_up: Rc<Cell<bool>>) {
     let api = sim.api.clone();
+    let leases = sim.leases.clone();
+    let stops: BTreeMap<String, OperatorStop> = sim
+        .operator_hosts()
+        .into_iter()
+        .filter_map(|h| sim.operator_stop(&h).map(|s| (h, s)))
+        .collect();
     sim.world.at(at, move |w: &mut World| {
         let now = w.elapsed();
         match fault {
@@ -322,8 +368,9 @@ fn schedule_fault(sim: &mut Sim, at: Duration, fault: Fault, api_up: Rc<Cell<boo
             }
             Fault::PartitionOperatorReplica { slot, heal_after } => {
                 let replica = w.cluster().host_of(slot);
-                w.partition(OPERATOR, &replica);
-                w.at(now + heal_after, move |w| w.repair(OPERATOR, &replica));
+                let operator = acting_operator(&leases, &stops);
+                w.partition(&operator, &replica);
+                w.at(now + heal_after, move |w| w.repair(&operator, &replica));
             }
             Fault::PartitionReplica { slot, heal_after } => {
                 let cut = w.cluster().host_of(slot);
@@ -351,6 +398,13 @@ fn schedule_fault(sim: &mut Sim, at: Duration, fault: Fault, api_up: Rc<Cell<boo
             }
             Fault::WatchCut => api.faults().cut_watches(crate::kube_api::CutKind::Abort),
             Fault::StatusConflict { writes } => api.faults().conflict_next_status_writes(writes),
+            // A replica that a leader change took down is already on its way back: its
+            // restart is that fault's to make (restarting it early would also run it
+            // with its SIGTERM still pending).
+            Fault::OperatorRestart if w.net().is_down(OPERATOR) => {
+                w.trace()
+                    .record(now, "harness", format!("{OPERATOR} is down: no restart"));
+            }
             Fault::OperatorRestart => w.restart(OPERATOR),
             Fault::NodeNotReadyFlap { node, down_for } => {
                 let name = format!("node-{node}");
@@ -380,17 +434,42 @@ fn schedule_fault(sim: &mut Sim, at: Duration, fault: Fault, api_up: Rc<Cell<boo
                 let replicas: Vec<String> = (0..w.cluster().config().replicas)
                     .map(|slot| w.cluster().host_of(slot))
                     .collect();
+                let operator = acting_operator(&leases, &stops);
                 for replica in &replicas {
-                    w.partition(OPERATOR, replica);
+                    w.partition(&operator, replica);
                 }
                 w.at(now + heal_after, move |w| {
                     for replica in &replicas {
-                        w.repair(OPERATOR, replica);
+                        w.repair(&operator, replica);
                     }
                 });
             }
             Fault::NodeDeleted { node } => {
                 let _ = api.delete("v1", "Node", None, &format!("node-{node}"));
+            }
+            Fault::OperatorLeaderChange { how, down_for } => {
+                let leader = acting_operator(&leases, &stops);
+                let stop = stops[&leader].clone();
+                match how {
+                    LeaderChange::Isolate => {
+                        w.partition(&leader, KUBE_API_HOST);
+                        w.at(now + down_for, move |w| w.repair(&leader, KUBE_API_HOST));
+                        return;
+                    }
+                    // The process drains, releases the lease and exits; the pod is out of
+                    // the picture (not ready) from now.
+                    LeaderChange::Sigterm => {
+                        w.trace()
+                            .record(now, "harness", format!("stop {leader} (SIGTERM)"));
+                        w.net().mark_down(&leader);
+                        stop.stop();
+                    }
+                    LeaderChange::Crash => w.kill(&leader, KillMode::Graceful),
+                }
+                w.at(now + down_for, move |w| {
+                    stop.reset();
+                    w.restart(&leader);
+                });
             }
         }
     });

@@ -33,6 +33,19 @@ pub struct ScenarioConfig {
     /// after a leader change" gets a sample from every such fault instead of from the rare
     /// job that happened to wait through one.
     pub election_job_within: Duration,
+    /// Fraction of scenarios that run two operator replicas, each with one
+    /// `operator-leader-change`. A quarter: about 500 of the 2,000 seeds of a sweep take a
+    /// leader change, while the other three quarters keep the one-replica scenarios (and
+    /// their coverage of every other fault) exactly as they were.
+    pub two_replica_fraction: f64,
+    /// How long the replica a leader change takes down stays down: longer than a takeover
+    /// (lease duration plus two retry periods, 25 s with the defaults), so the other
+    /// replica must take over before it returns; at most 90 s, as a pod's restart
+    /// back-off would allow.
+    pub leader_change_down: (Duration, Duration),
+    /// Flags added to the second replica's (after the profile's): empty in every sweep;
+    /// tests break that replica with them to show the checks catch it.
+    pub operator_b_flags: Vec<String>,
 }
 
 impl Default for ScenarioConfig {
@@ -48,6 +61,9 @@ impl Default for ScenarioConfig {
             pod_run_time: (Duration::from_secs(5), Duration::from_secs(60)),
             pod_failure_fraction: 0.1,
             election_job_within: Duration::from_secs(4),
+            two_replica_fraction: 0.25,
+            leader_change_down: (Duration::from_secs(30), Duration::from_secs(90)),
+            operator_b_flags: Vec::new(),
         }
     }
 }
@@ -94,6 +110,25 @@ pub enum Fault {
     PartitionOperatorService { heal_after: Duration },
     /// A labelled node is deleted from the cluster.
     NodeDeleted { node: usize },
+    /// With two operator replicas: the one the Lease names is lost to the lease for
+    /// `down_for` (see [`LeaderChange`]); the other must take over by the lease meanwhile.
+    OperatorLeaderChange {
+        how: LeaderChange,
+        down_for: Duration,
+    },
+}
+
+/// How an operator leader change takes the leading replica away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaderChange {
+    /// Its process crashes (connections close) and restarts after the down time.
+    Crash,
+    /// SIGTERM: it drains, releases the lease, exits, and restarts after the down time.
+    Sigterm,
+    /// It keeps running but is cut off from the API server: it can neither renew nor
+    /// see that another took over, and must stop acting on its own (the split brain a
+    /// lease exists to prevent).
+    Isolate,
 }
 
 impl Fault {
@@ -114,6 +149,7 @@ impl Fault {
             Fault::ReplyLost { .. } => "reply-lost",
             Fault::PartitionOperatorService { .. } => "partition-operator-service",
             Fault::NodeDeleted { .. } => "node-deleted",
+            Fault::OperatorLeaderChange { .. } => "operator-leader-change",
         }
     }
 
@@ -133,7 +169,8 @@ impl Fault {
             | Fault::PartitionReplica { heal_after, .. }
             | Fault::PartitionOperatorService { heal_after } => *heal_after,
             Fault::ApiOutage { duration } => *duration,
-            Fault::NodeNotReadyFlap { down_for, .. } => *down_for,
+            Fault::NodeNotReadyFlap { down_for, .. }
+            | Fault::OperatorLeaderChange { down_for, .. } => *down_for,
             _ => Duration::from_secs(1),
         }
     }
@@ -152,6 +189,8 @@ pub struct Plan {
     pub nodes: usize,
     /// When the controller replicas start (the operator starts at 0).
     pub controllers_at: Duration,
+    /// The operator replicas' hosts (`operator`, and `operator-b` when two run).
+    pub operators: Vec<&'static str>,
     pub jobs: Vec<PlannedJob>,
     pub faults: Vec<PlannedFault>,
     /// When the run ends: after the last fault healed plus the quiet period, and after
@@ -238,6 +277,32 @@ pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
         };
         faults.push(PlannedFault { at, fault });
     }
+    // Two replicas are drawn from a stream of their own, so a seed's one-replica plan is
+    // the same whether or not it also runs a second replica.
+    let mut replicas_rng = rng_for(seed, "operator-replicas");
+    let operators = if replicas_rng.random_bool(config.two_replica_fraction) {
+        let at = Duration::from_millis(
+            replicas_rng
+                .random_range(window_start.as_millis() as u64..window_end.as_millis() as u64),
+        );
+        let (low, high) = config.leader_change_down;
+        faults.push(PlannedFault {
+            at,
+            fault: Fault::OperatorLeaderChange {
+                how: [
+                    LeaderChange::Crash,
+                    LeaderChange::Sigterm,
+                    LeaderChange::Isolate,
+                ][replicas_rng.random_range(0..3)],
+                down_for: Duration::from_millis(
+                    replicas_rng.random_range(low.as_millis() as u64..=high.as_millis() as u64),
+                ),
+            },
+        });
+        vec![super::OPERATOR, super::OPERATOR_B]
+    } else {
+        vec![super::OPERATOR]
+    };
     faults.sort_by_key(|f| f.at);
     for (i, f) in faults.iter().enumerate() {
         if !f.fault.ends_the_leader() {
@@ -275,6 +340,7 @@ pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
         seed,
         nodes: config.nodes,
         controllers_at,
+        operators,
         jobs,
         faults,
         end,
@@ -303,8 +369,61 @@ mod tests {
                 seen.insert(f.fault.name());
             }
         }
-        assert_eq!(seen.len(), DRAWN.len(), "{seen:?}");
+        // Every drawn class, and the leader change of two-replica scenarios.
+        assert_eq!(seen.len(), DRAWN.len() + 1, "{seen:?}");
         assert!(seen.contains("partition-replica"));
+        assert!(seen.contains("operator-leader-change"));
+    }
+
+    #[test]
+    fn a_quarter_of_seeds_run_two_replicas_each_with_one_leader_change() {
+        let config = ScenarioConfig::default();
+        let mut two = 0;
+        let mut hows = std::collections::BTreeMap::new();
+        for seed in 0..400 {
+            let plan = plan(seed, &config);
+            let changes: Vec<&PlannedFault> = plan
+                .faults
+                .iter()
+                .filter(|f| matches!(f.fault, Fault::OperatorLeaderChange { .. }))
+                .collect();
+            if plan.operators.len() == 2 {
+                two += 1;
+                assert_eq!(changes.len(), 1, "seed {seed}");
+                let Fault::OperatorLeaderChange { how, down_for } = changes[0].fault else {
+                    unreachable!()
+                };
+                *hows.entry(format!("{how:?}")).or_insert(0) += 1;
+                assert!(down_for >= config.leader_change_down.0, "seed {seed}");
+                assert!(plan.end >= changes[0].at + down_for + config.quiet_period);
+            } else {
+                assert!(changes.is_empty(), "seed {seed}");
+            }
+            // The rest of the plan is the one-replica plan of the same seed.
+            let one = plan_with_fraction(seed, 0.0);
+            let others: Vec<String> = plan
+                .faults
+                .iter()
+                .filter(|f| !matches!(f.fault, Fault::OperatorLeaderChange { .. }))
+                .map(|f| format!("{f:?}"))
+                .collect();
+            let expected: Vec<String> = one.faults.iter().map(|f| format!("{f:?}")).collect();
+            assert_eq!(others, expected, "seed {seed}");
+        }
+        assert!(
+            (70..=130).contains(&two),
+            "{two} of 400 seeds run two replicas"
+        );
+        assert_eq!(hows.len(), 3, "{hows:?}");
+        assert!(hows.values().all(|n| *n > 15), "{hows:?}");
+    }
+
+    fn plan_with_fraction(seed: u64, fraction: f64) -> Plan {
+        let config = ScenarioConfig {
+            two_replica_fraction: fraction,
+            ..ScenarioConfig::default()
+        };
+        plan(seed, &config)
     }
 
     #[test]

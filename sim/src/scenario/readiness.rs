@@ -15,6 +15,7 @@
 use std::time::Duration;
 
 use crate::harness::Sim;
+use crate::operator::KUBE_API_HOST;
 use crate::prober::ProbeLog;
 use crate::world::CONTROLLER_SERVICE;
 
@@ -49,6 +50,11 @@ impl ReadinessJudge {
         }
     }
 
+    /// The operator host this judge probes.
+    pub fn operator(&self) -> &str {
+        &self.operator
+    }
+
     /// The operator process was restarted at `at`.
     pub fn restarted(&mut self, at: Duration) {
         self.started_at = at;
@@ -58,15 +64,27 @@ impl ReadinessJudge {
     /// What the readiness answer depends on, now.
     fn view(&self, sim: &Sim, now: Duration, api_up: bool) -> WorldView {
         let net = sim.world.net();
-        let endpoints = net
+        let endpoints: Vec<String> = net
             .ready_endpoints(CONTROLLER_SERVICE, now)
             .into_iter()
             .filter(|e| !net.is_down(e) && net.can_reach(&self.operator, e))
             .collect();
+        let leader = sim.world.cluster().leader_with_quorum();
+        let cut_from_leader = endpoints
+            .iter()
+            .filter(|e| {
+                leader
+                    .as_ref()
+                    .is_some_and(|l| *e != l && !net.can_reach(e, l))
+            })
+            .cloned()
+            .collect();
         WorldView {
-            api_up,
+            up: !net.is_down(&self.operator),
+            api_up: api_up && net.can_reach(&self.operator, KUBE_API_HOST),
             endpoints,
-            leader: sim.world.cluster().leader_with_quorum(),
+            cut_from_leader,
+            leader,
         }
     }
 
@@ -81,6 +99,7 @@ impl ReadinessJudge {
         };
         let truth = view.ready();
         let reachable = !view.endpoints.is_empty();
+        let (process_up, api_reachable) = (view.up, view.api_up);
         self.world = Some((view, since));
         let settled_since = since.max(self.started_at);
         if now < settled_since + self.deadline || self.flagged {
@@ -104,10 +123,15 @@ impl ReadinessJudge {
             object: format!("{}/readyz", self.operator),
             at: now,
             detail: format!(
-                "said {said} for {:.0}s; since {:.1}s the API server is {} and a controller endpoint is {}",
+                "said {said} for {:.0}s; since {:.1}s the process is {}, the API server is {} and a controller endpoint is {}",
                 self.deadline.as_secs_f64(),
                 settled_since.as_secs_f64(),
-                if api_up { "up" } else { "down" },
+                if process_up { "up" } else { "down" },
+                match (api_up, api_reachable) {
+                    (true, true) => "up",
+                    (true, false) => "unreachable",
+                    (false, _) => "down",
+                },
                 if reachable {
                     "reachable"
                 } else {
@@ -121,15 +145,25 @@ impl ReadinessJudge {
 /// The parts of the world `/readyz` reflects.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct WorldView {
+    /// The operator's process runs (not crashed, not shutting down): a process that is
+    /// gone answers no probe, which the kubelet counts as not ready.
+    up: bool,
+    /// The API server answers, and this operator can reach it.
     api_up: bool,
     /// Live, ready controller endpoints the operator can reach.
     endpoints: Vec<String>,
+    /// Those of them cut off from the leader: a Ping through one is forwarded to the
+    /// leader and hangs until the operator's channel leaves it, so a replica partition
+    /// is a change the answer depends on (it does not change the truth). A standby, whose
+    /// channel only readiness Pings use, leaves such a replica more slowly than a leader
+    /// whose other calls find the way around it (seed 193: 14 s after the cut).
+    cut_from_leader: Vec<String>,
     leader: Option<String>,
 }
 
 impl WorldView {
     /// Whether the operator should say it is ready.
     fn ready(&self) -> bool {
-        self.api_up && !self.endpoints.is_empty()
+        self.up && self.api_up && !self.endpoints.is_empty()
     }
 }

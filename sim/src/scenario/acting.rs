@@ -1,0 +1,414 @@
+//! sim.md's safety check "at most one operator replica acts as leader at a time, per its
+//! lease", judged from ground truth: the writes the API server applied, each with the host
+//! its connection came from ([`crate::kube_api::writes`]), against the Lease's holders as
+//! the store applied them ([`crate::leases`]). Never from the replicas' `leading` flags
+//! or their logs.
+//!
+//! What only a leader writes: everything an operator replica writes except Leases. A
+//! standby's only writes are its campaign on the Lease (create, takeover, and its release
+//! on shutdown; see `spur_operator::lease`); every other write comes from the leader's
+//! tasks (SpurJob finalizers and status, Events, orphan and job pod deletes, pod-end
+//! reports) or from the agent, which refuses LaunchJob and CancelJob unless this replica
+//! holds the SpurJob store only a leader has. Writes to any Lease are left out, whatever
+//! its name, so a replica campaigning on the wrong Lease is caught by what it then writes.
+//!
+//! A replica's identity in the Lease is its pod name, which is its host name in the
+//! simulation (see `crate::operator::config_from_flags`).
+//!
+//! On the controller's side, every write call (RegisterAgent, Heartbeat, UpdateNode,
+//! SubmitJob, CancelJob, ReportJobStatus) an operator replica makes is leader-only too:
+//! a standby only Pings, for its readiness ([`crate::controller::calls`]).
+//!
+//! Two rules:
+//! - `acting-without-lease`: each leader-only write is applied while the Lease names its
+//!   writer (the term in force just before the write's resourceVersion), and each write
+//!   call reaches the controller while the Lease names its caller (the term in force at
+//!   the simulated time the replica received it: calls have no resourceVersion);
+//! - `acting-interleaved`: when the writer of leader-only writes changes from one replica
+//!   to another, the Lease passed to the new writer between the old writer's last write
+//!   and the new writer's first: two replicas' writes never interleave within one term.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use crate::controller::calls::CallRecord;
+use crate::kube_api::WriteRecord;
+use crate::leases::{LeaseHistory, Term};
+
+use super::Violation;
+
+/// The last leader-only write judged.
+#[derive(Clone, Debug)]
+struct Acted {
+    host: String,
+    rv: u64,
+    at: Duration,
+    what: String,
+}
+
+/// Judges operator replicas' writes as they are applied.
+#[derive(Debug)]
+pub struct ActingCheck {
+    /// The Lease that elects the acting replica, `namespace/name`.
+    lease: String,
+    /// The operator replicas' hosts; writes from other hosts are not theirs to judge.
+    replicas: BTreeSet<String>,
+    last: Option<Acted>,
+    /// Each rule flags a host once per Lease term (rv of the term, or 0 for none) and
+    /// per server (API or controller), so one mistake does not bury the report under every
+    /// write that followed it.
+    flagged: BTreeSet<(&'static str, &'static str, String, u64)>,
+    lost_flagged: bool,
+    calls_lost_flagged: bool,
+    /// Controller write calls judged, per host.
+    pub calls_judged: std::collections::BTreeMap<String, usize>,
+    /// Leader-only writes judged, per host (a check that judged nothing proves nothing).
+    pub judged: std::collections::BTreeMap<String, usize>,
+}
+
+fn describe(w: &WriteRecord) -> String {
+    format!(
+        "{} {}{}",
+        w.method.as_str(),
+        w.object(),
+        if w.status { " (status)" } else { "" }
+    )
+}
+
+/// What the Lease said in `term`.
+fn named(term: Option<&Term>) -> String {
+    match term {
+        Some(Term {
+            holder: Some(h),
+            at,
+            ..
+        }) => format!("the lease named {h} (since {:.1}s)", at.as_secs_f64()),
+        Some(t) => format!("the lease named nobody (since {:.1}s)", t.at.as_secs_f64()),
+        None => "the lease did not exist".to_owned(),
+    }
+}
+
+fn is_lease(w: &WriteRecord) -> bool {
+    w.kind == "Lease"
+}
+
+impl ActingCheck {
+    pub fn new(lease: &str, replicas: &[&str]) -> ActingCheck {
+        ActingCheck {
+            lease: lease.to_owned(),
+            replicas: replicas.iter().map(|r| (*r).to_owned()).collect(),
+            last: None,
+            flagged: BTreeSet::new(),
+            lost_flagged: false,
+            calls_lost_flagged: false,
+            calls_judged: Default::default(),
+            judged: Default::default(),
+        }
+    }
+
+    /// Judges `writes` (in the order applied, as [`crate::kube_api::ApiServer::take_writes`]
+    /// gives them) against `leases`; `lost` counts writes the server could not record,
+    /// which makes the record incomplete and is a violation of its own.
+    pub fn judge(
+        &mut self,
+        writes: &[WriteRecord],
+        leases: &LeaseHistory,
+        lost: u64,
+    ) -> Vec<Violation> {
+        let mut violations = Vec::new();
+        if lost > 0 && !self.lost_flagged {
+            self.lost_flagged = true;
+            violations.push(Violation {
+                check: "acting-record",
+                object: "kube-api/writes".into(),
+                at: writes.last().map_or(Duration::ZERO, |w| w.at),
+                detail: format!("{lost} writes were not recorded: cannot judge who acted"),
+            });
+        }
+        for w in writes {
+            let Some(host) = w.host.as_deref() else {
+                continue;
+            };
+            if !self.replicas.contains(host) || is_lease(w) {
+                continue;
+            }
+            *self.judged.entry(host.to_owned()).or_default() += 1;
+            let term = leases.term_before(&self.lease, w.rv);
+            let holder = term.as_ref().and_then(|t| t.holder.as_deref());
+            if holder != Some(host) {
+                let since = term.as_ref().map_or(0, |t| t.rv);
+                let named = named(term.as_ref());
+                self.flag(
+                    &mut violations,
+                    ("acting-without-lease", "kube-api"),
+                    host,
+                    since,
+                    w,
+                    format!("{host} applied {} while {named}", describe(w)),
+                );
+            }
+            if let Some(prev) = &self.last
+                && prev.host != host
+                && !leases.acquired_between(&self.lease, host, prev.rv, w.rv)
+            {
+                let since = term.as_ref().map_or(0, |t| t.rv);
+                let detail = format!(
+                    "{host} applied {} at {:.1}s after {} applied {} at {:.1}s, and the lease did not pass to {host} between",
+                    describe(w),
+                    w.at.as_secs_f64(),
+                    prev.host,
+                    prev.what,
+                    prev.at.as_secs_f64()
+                );
+                self.flag(
+                    &mut violations,
+                    ("acting-interleaved", "kube-api"),
+                    host,
+                    since,
+                    w,
+                    detail,
+                );
+            }
+            self.last = Some(Acted {
+                host: host.to_owned(),
+                rv: w.rv,
+                at: w.at,
+                what: describe(w),
+            });
+        }
+        violations
+    }
+
+    /// Judges the controller write calls `calls` (in the order received) against
+    /// `leases`; `lost` counts calls the controller could not record.
+    pub fn judge_calls(
+        &mut self,
+        calls: &[CallRecord],
+        leases: &LeaseHistory,
+        lost: u64,
+    ) -> Vec<Violation> {
+        let mut violations = Vec::new();
+        if lost > 0 && !self.calls_lost_flagged {
+            self.calls_lost_flagged = true;
+            violations.push(Violation {
+                check: "acting-record",
+                object: "spurctld/calls".into(),
+                at: calls.last().map_or(Duration::ZERO, |c| c.at),
+                detail: format!("{lost} calls were not recorded: cannot judge who acted"),
+            });
+        }
+        for call in calls {
+            if !self.replicas.contains(&call.caller) {
+                continue;
+            }
+            *self.calls_judged.entry(call.caller.clone()).or_default() += 1;
+            let term = leases.term_at(&self.lease, call.at);
+            if term.as_ref().and_then(|t| t.holder.as_deref()) == Some(call.caller.as_str()) {
+                continue;
+            }
+            let detail = format!(
+                "{} called {} on {} at {:.1}s while {}",
+                call.caller,
+                call.method,
+                call.replica,
+                call.at.as_secs_f64(),
+                named(term.as_ref())
+            );
+            let (host, at) = (call.caller.clone(), call.at);
+            let key = (
+                "acting-without-lease",
+                "spurctld",
+                host.clone(),
+                term.map_or(0, |t| t.rv),
+            );
+            if self.flagged.insert(key) {
+                violations.push(Violation {
+                    check: "acting-without-lease",
+                    object: format!("operator/{host}"),
+                    at,
+                    detail,
+                });
+            }
+        }
+        violations
+    }
+
+    /// Judges what `sim`'s API server applied and its controller replicas received since
+    /// the last call.
+    pub fn sample(&mut self, sim: &crate::harness::Sim) -> Vec<Violation> {
+        let writes = sim.api.take_writes();
+        let mut violations = self.judge(&writes, &sim.leases, sim.api.writes_dropped());
+        let cluster = sim.world.cluster();
+        let calls = cluster.take_calls();
+        violations.extend(self.judge_calls(&calls, &sim.leases, cluster.calls_dropped()));
+        violations
+    }
+
+    fn flag(
+        &mut self,
+        out: &mut Vec<Violation>,
+        (check, server): (&'static str, &'static str),
+        host: &str,
+        term: u64,
+        w: &WriteRecord,
+        detail: String,
+    ) {
+        if self.flagged.insert((check, server, host.to_owned(), term)) {
+            out.push(Violation {
+                check,
+                object: format!("operator/{host}"),
+                at: w.at,
+                detail,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kube_api::WriteMethod;
+
+    const LEASE: &str = "spur-system/spur-operator";
+
+    fn write(rv: u64, host: &str, kind: &str) -> WriteRecord {
+        WriteRecord {
+            rv,
+            at: Duration::from_secs(rv),
+            host: Some(host.into()),
+            method: WriteMethod::Patch,
+            kind: kind.into(),
+            namespace: Some("default".into()),
+            name: format!("obj-{rv}"),
+            status: false,
+            holder: None,
+        }
+    }
+
+    fn history(terms: &[(u64, Option<&str>)]) -> LeaseHistory {
+        let h = LeaseHistory::default();
+        for (rv, holder) in terms {
+            h.record(
+                LEASE,
+                *rv,
+                Duration::from_secs(*rv),
+                holder.map(str::to_owned),
+            );
+        }
+        h
+    }
+
+    fn checks(v: &[Violation]) -> Vec<&'static str> {
+        v.iter().map(|v| v.check).collect()
+    }
+
+    #[test]
+    fn a_takeover_by_the_lease_passes() {
+        let leases = history(&[(1, Some("a")), (10, None), (12, Some("b")), (20, Some("a"))]);
+        let mut check = ActingCheck::new(LEASE, &["a", "b"]);
+        let writes = [
+            write(2, "a", "SpurJob"),
+            write(5, "a", "Pod"),
+            // b's campaign is not acting.
+            write(8, "b", "Lease"),
+            write(13, "b", "Pod"),
+            write(21, "a", "Event"),
+            // Not a replica: not judged.
+            write(22, "kubectl", "Pod"),
+        ];
+        assert!(check.judge(&writes, &leases, 0).is_empty());
+        assert_eq!(check.judged["a"], 3);
+        assert_eq!(check.judged["b"], 1);
+    }
+
+    #[test]
+    fn a_write_while_the_lease_names_another_is_flagged() {
+        let leases = history(&[(1, Some("a")), (12, Some("b"))]);
+        let mut check = ActingCheck::new(LEASE, &["a", "b"]);
+        let v = check.judge(&[write(2, "a", "Pod"), write(13, "a", "Pod")], &leases, 0);
+        assert_eq!(checks(&v), ["acting-without-lease"]);
+        assert!(
+            v[0].detail.contains("a applied patch Pod default/obj-13"),
+            "{}",
+            v[0].detail
+        );
+        assert!(v[0].detail.contains("the lease named b"), "{}", v[0].detail);
+        assert_eq!(v[0].at, Duration::from_secs(13));
+        // Before the lease exists, nobody acts.
+        let mut check = ActingCheck::new(LEASE, &["a"]);
+        let v = check.judge(&[write(1, "a", "Pod")], &history(&[(5, Some("a"))]), 0);
+        assert!(v[0].detail.contains("did not exist"), "{}", v[0].detail);
+    }
+
+    #[test]
+    fn two_replicas_on_different_leases_interleave() {
+        // a holds the lease the check watches; b campaigns on a lease of its own, so
+        // each believes it leads.
+        let leases = history(&[(1, Some("a"))]);
+        let mut check = ActingCheck::new(LEASE, &["a", "b"]);
+        let v = check.judge(
+            &[
+                write(2, "a", "Pod"),
+                write(3, "b", "Lease"),
+                write(4, "b", "Pod"),
+                write(5, "a", "Pod"),
+                write(6, "b", "Pod"),
+            ],
+            &leases,
+            0,
+        );
+        assert_eq!(
+            checks(&v),
+            [
+                "acting-without-lease",
+                "acting-interleaved",
+                "acting-interleaved"
+            ]
+        );
+        assert!(
+            v[1].detail
+                .contains("after a applied patch Pod default/obj-2"),
+            "{}",
+            v[1].detail
+        );
+    }
+
+    #[test]
+    fn a_controller_call_while_the_lease_names_another_is_flagged() {
+        let leases = history(&[(1, Some("a")), (12, Some("b"))]);
+        let call = |secs, caller: &str| CallRecord {
+            at: Duration::from_secs(secs),
+            caller: caller.into(),
+            replica: "spurctld-0".into(),
+            method: "SubmitJob",
+        };
+        let mut check = ActingCheck::new(LEASE, &["a", "b"]);
+        let calls = [
+            call(2, "a"),
+            call(12, "b"),
+            call(13, "a"),
+            call(14, "a"),
+            call(15, "x"),
+        ];
+        let v = check.judge_calls(&calls, &leases, 0);
+        assert_eq!(checks(&v), ["acting-without-lease"]);
+        assert!(
+            v[0].detail
+                .contains("a called SubmitJob on spurctld-0 at 13.0s while the lease named b"),
+            "{}",
+            v[0].detail
+        );
+        assert_eq!(check.calls_judged["a"], 3);
+    }
+
+    #[test]
+    fn a_lost_record_is_a_violation() {
+        let mut check = ActingCheck::new(LEASE, &["a"]);
+        let v = check.judge(&[], &history(&[]), 2);
+        assert_eq!(checks(&v), ["acting-record"]);
+        assert!(
+            check.judge(&[], &history(&[]), 2).is_empty(),
+            "flagged once"
+        );
+    }
+}
