@@ -33,7 +33,8 @@ pub struct RecordMetrics {
     pub submission_lag_ms: LagSummary,
     pub status_lag_ms: LagSummary,
     pub duplicates: usize,
-    /// Calls the controller replicas answered.
+    /// Calls the operator made to the controller replicas (a forward is not a second call;
+    /// the readiness probe's Pings are calls).
     pub rpcs: usize,
     /// Leader-only writes the API server applied from each operator replica (the acting
     /// check judged them all): a replica that never wrote never acted.

@@ -99,7 +99,7 @@ pub async fn run_with_handles<N: Network>(
     let health_listener = listen(&world.network, config.health_listen, "health").await?;
     let health = Health::new(
         metrics.clone(),
-        readiness_probes(world.kube.clone(), controller.clone()),
+        readiness_probes(world.kube.clone(), controller.clone(), config.probe_timeout),
         config.probe_timeout,
     );
     let health_task = tokio::spawn(serve_http(
@@ -353,6 +353,7 @@ fn start_leader_tasks<N: Network>(
 fn readiness_probes(
     kube: kube::Client,
     controller: ControllerClient,
+    bound: std::time::Duration,
 ) -> Vec<(&'static str, Box<dyn Probe>)> {
     let kube = Arc::new(kube);
     let api_server = move || -> BoxFuture<'static, Result<(), String>> {
@@ -368,7 +369,7 @@ fn readiness_probes(
         let controller = controller.clone();
         Box::pin(async move {
             controller
-                .ping()
+                .ping_within(bound)
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string())

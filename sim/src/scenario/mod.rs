@@ -79,7 +79,8 @@ pub struct Outcome {
     pub status_lags: Vec<u64>,
     pub failover_submission_lags: Vec<u64>,
     pub duplicates: usize,
-    /// Calls the controller replicas answered.
+    /// Calls the operator made to the controller replicas (a forward is not a second call;
+    /// the readiness probe's Pings are calls).
     pub rpcs: usize,
     /// Leader-only writes applied from each operator replica.
     pub acting_writes: BTreeMap<String, usize>,
@@ -295,13 +296,7 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
             detail: e,
         });
     }
-    let rpcs = sim
-        .world
-        .trace()
-        .events()
-        .iter()
-        .filter(|e| e.host.starts_with("spurctld") && e.event.contains(" -> "))
-        .count();
+    let rpcs = controller_calls(&sim);
     Outcome {
         seed,
         profile,
@@ -327,6 +322,23 @@ fn acting_operator(leases: &LeaseHistory, stops: &BTreeMap<String, OperatorStop>
         .holder(OPERATOR_LEASE)
         .filter(|h| stops.contains_key(h))
         .unwrap_or_else(|| OPERATOR.to_owned())
+}
+
+/// Calls the operator replicas made to the controller: the answers the replicas traced to a
+/// client's call (`GetJobs -> ok …`), not those to a follower's forward (`GetJobs
+/// (forwarded) -> …`), nor commits (`commit #4 t2: submit job … -> JobId(2)`).
+fn controller_calls(sim: &Sim) -> usize {
+    sim.world
+        .trace()
+        .events()
+        .iter()
+        .filter(|e| {
+            e.host.starts_with("spurctld")
+                && e.event
+                    .split_once(" -> ")
+                    .is_some_and(|(call, _)| !call.contains(' '))
+        })
+        .count()
 }
 
 fn schedule_fault(sim: &mut Sim, at: Duration, fault: Fault, api_up: Rc<Cell<bool>>) {

@@ -70,20 +70,10 @@ impl ReadinessJudge {
             .filter(|e| !net.is_down(e) && net.can_reach(&self.operator, e))
             .collect();
         let leader = sim.world.cluster().leader_with_quorum();
-        let cut_from_leader = endpoints
-            .iter()
-            .filter(|e| {
-                leader
-                    .as_ref()
-                    .is_some_and(|l| *e != l && !net.can_reach(e, l))
-            })
-            .cloned()
-            .collect();
         WorldView {
             up: !net.is_down(&self.operator),
             api_up: api_up && net.can_reach(&self.operator, KUBE_API_HOST),
             endpoints,
-            cut_from_leader,
             leader,
         }
     }
@@ -152,12 +142,6 @@ struct WorldView {
     api_up: bool,
     /// Live, ready controller endpoints the operator can reach.
     endpoints: Vec<String>,
-    /// Those of them cut off from the leader: a Ping through one is forwarded to the
-    /// leader and hangs until the operator's channel leaves it, so a replica partition
-    /// is a change the answer depends on (it does not change the truth). A standby, whose
-    /// channel only readiness Pings use, leaves such a replica more slowly than a leader
-    /// whose other calls find the way around it (seed 193: 14 s after the cut).
-    cut_from_leader: Vec<String>,
     leader: Option<String>,
 }
 

@@ -282,6 +282,28 @@ impl ControllerClient {
             .await
     }
 
+    /// A Ping that fails as DEADLINE_EXCEEDED unless answered within `bound` of now, the
+    /// channel included. The bound is kept inside the client so an unanswered Ping drops
+    /// the channel as any call that times out does: a caller's own timeout only cancels the
+    /// call, and the next one (the readiness probe's, 5 s later) would wait on the same
+    /// stuck channel, a follower cut off from its leader, whose forwards hang.
+    pub async fn ping_within(
+        &self,
+        bound: std::time::Duration,
+    ) -> Result<pb::PingResponse, ControllerError> {
+        let deadline = tokio::time::Instant::now() + bound;
+        self.call("Ping", (), move |mut c, r| async move {
+            tokio::time::timeout_at(deadline, c.ping(r))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Status::deadline_exceeded(format!(
+                        "no answer within {bound:?}"
+                    )))
+                })
+        })
+        .await
+    }
+
     pub async fn register_agent(
         &self,
         request: pb::RegisterAgentRequest,

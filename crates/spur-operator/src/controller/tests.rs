@@ -658,6 +658,40 @@ async fn a_channel_to_the_same_outdated_view_goes_with_the_abandoned_call() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_ping_unanswered_within_its_bound_drops_the_channel() {
+    // Only readiness Pings use the channel (a standby): a caller's own timeout would leave
+    // the next Ping on the same stuck follower; the client's bound drops it.
+    // Without the leader recheck, which would leave such a channel too once the other
+    // replicas answer, however long its caller waits.
+    for inside in [true, false] {
+        let follower = ScriptedController::named("spurctld-0");
+        let network = MemoryNetwork::start(ScriptedController::named("spurctld-0"));
+        network.add_host("follower", follower.clone());
+        network.redirect_next(&["follower"]);
+        let client = client_over(&network, probed_only());
+        client.get_jobs(Default::default()).await.unwrap();
+        follower.set_ping_delay(Duration::from_secs(3600));
+        let bound = Duration::from_secs(2);
+        if inside {
+            let err = client.ping_within(bound).await.unwrap_err();
+            assert_eq!(err.code(), Code::DeadlineExceeded, "{err}");
+        } else {
+            tokio::time::timeout(bound, client.ping())
+                .await
+                .unwrap_err();
+        }
+        let dials = network.dials();
+        follower.set_ping_delay(Duration::ZERO);
+        client.ping().await.unwrap();
+        assert_eq!(
+            network.dials() > dials,
+            inside,
+            "bound inside the client: {inside}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_slow_answer_while_the_same_leader_answers_is_left_alone() {
     let (follower, network, client) = follower_of_the_same_leader().await;
     follower.set_delay(Duration::from_millis(3500));
