@@ -141,8 +141,9 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
 }
 
 /// turmoil's step in scenarios: 20 ms resolves every bound the operator uses (the shortest
-/// is a 250 ms retry or hedge) and runs the 2,000 seeds of `cargo test` in about 4 minutes
-/// on two cores, against 5.5 at 10 ms. It once made seeds 205 and 219 miss the status
+/// is a 250 ms retry or hedge) and runs the 2,000 seeds of `cargo test` in about 4.5
+/// minutes on two cores (a quarter of them with two operator replicas), against 5.5 for
+/// one replica at 10 ms. It once made seeds 205 and 219 miss the status
 /// deadline, through a channel to a replica cut after its probe serving stale reads until
 /// rotation; with the leader recheck all 2,000 seeds pass at either step. `SIM_TICK_MS`
 /// overrides it.
