@@ -8,7 +8,8 @@
 //!   as the API server applied them.
 //! - [`world`]: one turmoil simulation per seed, with the replicas, faults and the trace.
 //! - [`trace`] and [`determinism`]: what makes a seed replay exactly, and the proof.
-//! - [`scenario`]: seeded fault scenarios and their checks; [`report`]: their JSON lines,
+//! - [`scenario`]: seeded fault scenarios and their checks ([`record_log`] holds the writes
+//!   and calls they judge); [`report`]: their JSON lines,
 //!   summaries, and the merging of sweep shards; [`cli`]: `spur-sim`'s commands.
 //! - [`smoke`]: `spur-sim world-smoke`, a fixed scenario printing its trace hash.
 
@@ -24,6 +25,7 @@ pub mod net;
 pub mod operator;
 pub mod prober;
 pub mod profiles;
+pub mod record_log;
 pub mod report;
 pub mod scenario;
 pub mod smoke;

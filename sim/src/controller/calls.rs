@@ -3,17 +3,12 @@
 //! the host its connection came from and the simulated time. Ground truth for the acting
 //! check on the controller side: a standby operator replica only Pings.
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use spur_proto::FORWARDED_KEY;
 
 use super::Cluster;
-
-/// Records kept until a reader takes them: as [`crate::kube_api::writes::WRITE_LOG_LIMIT`],
-/// far above the few calls a sample interval sees, and the loss is counted.
-pub const CALL_LOG_LIMIT: usize = 65_536;
 
 /// One write call, as the replica that first received it saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,30 +23,8 @@ pub struct CallRecord {
     pub method: &'static str,
 }
 
-/// Calls not yet taken, oldest first.
-#[derive(Debug, Default)]
-pub struct CallLog {
-    records: VecDeque<CallRecord>,
-    dropped: u64,
-}
-
-impl CallLog {
-    pub fn push(&mut self, record: CallRecord) {
-        if self.records.len() >= CALL_LOG_LIMIT {
-            self.dropped += 1;
-            return;
-        }
-        self.records.push_back(record);
-    }
-
-    pub fn take(&mut self) -> Vec<CallRecord> {
-        self.records.drain(..).collect()
-    }
-
-    pub fn dropped(&self) -> u64 {
-        self.dropped
-    }
-}
+/// Calls not yet taken, in the order received.
+pub type CallLog = crate::record_log::RecordLog<CallRecord>;
 
 /// The write methods of `slurm.SlurmController`: what only an acting operator calls (a
 /// standby only Pings; GetJob and GetJobs are reads).

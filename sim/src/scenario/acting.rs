@@ -88,6 +88,26 @@ fn named(term: Option<&Term>) -> String {
     }
 }
 
+/// A record that lost `lost` entries cannot be judged: a violation of its own, once.
+fn incomplete(
+    flagged: &mut bool,
+    object: &str,
+    what: &str,
+    lost: u64,
+    at: Duration,
+) -> Option<Violation> {
+    if lost == 0 || *flagged {
+        return None;
+    }
+    *flagged = true;
+    Some(Violation {
+        check: "acting-record",
+        object: object.into(),
+        at,
+        detail: format!("{lost} {what} were not recorded: cannot judge who acted"),
+    })
+}
+
 fn is_lease(w: &WriteRecord) -> bool {
     w.kind == "Lease"
 }
@@ -115,16 +135,16 @@ impl ActingCheck {
         leases: &LeaseHistory,
         lost: u64,
     ) -> Vec<Violation> {
-        let mut violations = Vec::new();
-        if lost > 0 && !self.lost_flagged {
-            self.lost_flagged = true;
-            violations.push(Violation {
-                check: "acting-record",
-                object: "kube-api/writes".into(),
-                at: writes.last().map_or(Duration::ZERO, |w| w.at),
-                detail: format!("{lost} writes were not recorded: cannot judge who acted"),
-            });
-        }
+        let at = writes.last().map_or(Duration::ZERO, |w| w.at);
+        let mut violations: Vec<Violation> = incomplete(
+            &mut self.lost_flagged,
+            "kube-api/writes",
+            "writes",
+            lost,
+            at,
+        )
+        .into_iter()
+        .collect();
         for w in writes {
             let Some(host) = w.host.as_deref() else {
                 continue;
@@ -187,16 +207,16 @@ impl ActingCheck {
         leases: &LeaseHistory,
         lost: u64,
     ) -> Vec<Violation> {
-        let mut violations = Vec::new();
-        if lost > 0 && !self.calls_lost_flagged {
-            self.calls_lost_flagged = true;
-            violations.push(Violation {
-                check: "acting-record",
-                object: "spurctld/calls".into(),
-                at: calls.last().map_or(Duration::ZERO, |c| c.at),
-                detail: format!("{lost} calls were not recorded: cannot judge who acted"),
-            });
-        }
+        let at = calls.last().map_or(Duration::ZERO, |c| c.at);
+        let mut violations: Vec<Violation> = incomplete(
+            &mut self.calls_lost_flagged,
+            "spurctld/calls",
+            "calls",
+            lost,
+            at,
+        )
+        .into_iter()
+        .collect();
         for call in calls {
             if !self.replicas.contains(&call.caller) {
                 continue;
