@@ -251,18 +251,12 @@ fn start_leader_tasks<N: Network>(
         )
         .with_submit_read_back(config.submit_read_back),
     );
-    let mut drain_jobs = drain.clone();
     let jobs_run = jobs
         .run(reconcile, error_policy, jobs_ctx)
         .for_each(|_| async {});
-    tasks.spawn(async move {
-        tokio::select! {
-            () = jobs_run => {}
-            _ = drain_jobs.wait_for(|d| *d) => {}
-        }
-    });
     // Every leader task stops at the drain: one that polls on would keep a shutdown
     // waiting out the whole grace period, holding the lease and saying "ready".
+    tasks.spawn(until_drained(drain.clone(), jobs_run));
     tasks.spawn(until_drained(
         drain.clone(),
         crate::jobs::status::run_poller(
@@ -340,13 +334,7 @@ fn start_leader_tasks<N: Network>(
         metrics.clone(),
         forgotten_tx,
     );
-    let mut drain_beats = drain;
-    tasks.spawn(async move {
-        tokio::select! {
-            () = beats => {}
-            _ = drain_beats.wait_for(|d| *d) => {}
-        }
-    });
+    tasks.spawn(until_drained(drain, beats));
     tasks
 }
 
