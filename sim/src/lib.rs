@@ -25,6 +25,7 @@ pub mod net;
 pub mod operator;
 pub mod prober;
 pub mod profiles;
+pub mod real_peer;
 pub mod record_log;
 pub mod report;
 pub mod scenario;

@@ -1,359 +1,733 @@
-//! What a controller answers, written against the wire protocol only: a plain tonic client
-//! and no knowledge of the model.
+//! What a controller answers, pinned on the model AND on the real spurctld.
 //!
-//! By default each case runs against the simulated replicas (through the simulated
-//! `spurctld` Service). With `SPUR_CONFORMANCE_ADDR=host:port` it runs against any
-//! controller over real TCP, a real spurctld or `spur-sim controllers`:
+//! Each case is written against the wire protocol only (a plain tonic client, and a small
+//! agent server of its own) and runs on the simulated replicas, then on real spurctld
+//! processes it starts itself (`../shared/peers/spurctld/spurctld` or `$SPURCTLD`): one
+//! replica and three under Raft on loopback addresses of their own, fresh for each case,
+//! killed at the end even on panic. A case that fails on the model and passes on the real
+//! binary is a bug in the model (`../shared/spec/fidelity.md`, row numbers in brackets).
 //!
 //! ```text
-//! SPUR_CONFORMANCE_ADDR=127.0.0.1:6817 cargo test -p spur-sim --test controller_conformance
+//! cargo test -p spur-sim --test controller_conformance            # model + real
+//! SPURCTLD=/path/to/spurctld cargo test -p spur-sim --test controller_conformance
 //! ```
-//!
-//! The model-only cases at the end (a leader kill) need the simulation and are skipped
-//! against a real address.
 
-mod common;
+#[path = "conformance/agent.rs"]
+mod agent;
+#[path = "conformance/target.rs"]
+mod target;
 
-use std::future::Future;
 use std::time::Duration;
 
-use common::{KillSwitch, channel, now, run_with_kills, submit, wait_for_leader};
+use agent::{LaunchRule, TestAgent};
 use spur_proto as pb;
-use spur_proto::SlurmControllerClient;
-use spur_sim::net::ServiceDialer;
-use spur_sim::world::{KillMode, World};
+use target::{Replicas, Setup, Target, conformance};
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
 
-/// Where the cases send their requests.
-#[derive(Clone)]
-enum Target {
-    /// The simulated replicas, through the simulated Service.
-    Sim(ServiceDialer),
-    /// A controller over real TCP.
-    Tcp(String),
-}
-
-impl Target {
-    /// A channel to the controller, connecting again until it succeeds (the simulated
-    /// Service has no ready endpoint for the first second).
-    async fn client(&self) -> SlurmControllerClient<Channel> {
-        for _ in 0..30 {
-            if let Some(client) = self.try_client().await {
-                return client;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        panic!("could not connect to the controller");
-    }
-
-    async fn try_client(&self) -> Option<SlurmControllerClient<Channel>> {
-        match self {
-            Target::Sim(dialer) => channel(dialer.clone(), "spurctld", |e| {
-                e.connect_timeout(Duration::from_secs(2))
-                    .timeout(Duration::from_secs(10))
-            })
-            .await
-            .ok(),
-            Target::Tcp(addr) => {
-                let channel = Endpoint::from_shared(format!("http://{addr}"))
-                    .expect("address")
-                    .connect_timeout(Duration::from_secs(2))
-                    .timeout(Duration::from_secs(10))
-                    .connect()
-                    .await
-                    .ok()?;
-                Some(SlurmControllerClient::new(channel))
-            }
-        }
-    }
-
-    /// Waits until a leader answers writes: an update of a node nobody registered is
-    /// refused by a leader (an answer) and UNAVAILABLE without one.
-    async fn wait_for_leader(&self) {
-        loop {
-            let mut client = self.client().await;
-            let probe = pb::UpdateNodeRequest {
-                name: "conformance-probe-never-registered".to_owned(),
-                ..Default::default()
-            };
-            match client.update_node(probe).await {
-                Err(status) if status.code() == Code::Unavailable => {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                _ => return,
-            }
-        }
-    }
-}
-
-/// Names unique to this run, so repeated runs against one controller do not collide.
-fn unique(name: &str) -> String {
-    match std::env::var("SPUR_CONFORMANCE_ADDR") {
-        Ok(_) => {
-            let stamp = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis();
-            format!("{name}-{}-{stamp}", std::process::id())
-        }
-        Err(_) => name.to_owned(),
-    }
-}
-
-/// Runs `case` against the target chosen by the environment.
-fn conformance<F, Fut>(seed: u64, case: F)
-where
-    F: FnOnce(Target) -> Fut,
-    Fut: Future<Output = ()> + 'static,
-{
-    if let Ok(addr) = std::env::var("SPUR_CONFORMANCE_ADDR") {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let target = Target::Tcp(addr);
-        runtime.block_on(async move {
-            target.wait_for_leader().await;
-            case(target).await;
-        });
-        return;
-    }
-    let mut world = World::new(seed);
-    world.start_controllers();
-    let target = Target::Sim(world.dialer("conformance"));
-    let run = case(target.clone());
-    world.client("conformance", async move {
-        target.wait_for_leader().await;
-        run.await;
-        Ok(())
-    });
-    world.run().expect("simulation");
-}
-
-fn registration(name: &str, cpus: u32) -> pb::RegisterAgentRequest {
+fn registration(name: &str, address: &str, port: u32) -> pb::RegisterAgentRequest {
     pb::RegisterAgentRequest {
         hostname: name.to_owned(),
         resources: Some(pb::ResourceSet {
-            cpus,
+            cpus: 8,
             memory_mb: 16_384,
             ..Default::default()
         }),
         version: "conformance".to_owned(),
-        // An agent address nothing listens on: the controller may try to launch jobs
-        // there and must survive failing to.
-        address: "127.0.0.1".to_owned(),
-        port: 1,
+        address: address.to_owned(),
+        port,
         ..Default::default()
     }
 }
 
-#[test]
-fn a_node_registers_and_registers_again() {
-    conformance(100, |target| async move {
-        let name = unique("conf-node-a");
-        let mut client = target.client().await;
-        let first = client.register_agent(registration(&name, 4)).await.unwrap();
-        assert!(first.get_ref().accepted, "{first:?}");
-        let again = client.register_agent(registration(&name, 8)).await.unwrap();
+/// A registration whose agent nobody serves: the controller may try to launch there and
+/// must survive failing to.
+fn unreachable_node(name: &str) -> pb::RegisterAgentRequest {
+    registration(name, "127.0.0.1", 1)
+}
+
+fn spec(name: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        name: name.to_owned(),
+        num_nodes: 1,
+        num_tasks: 1,
+        tasks_per_node: 1,
+        cpus_per_task: 1,
+        comment: format!("spurjob-uid={name}"),
+        ..Default::default()
+    }
+}
+
+fn submit(spec: pb::JobSpec) -> pb::SubmitJobRequest {
+    pb::SubmitJobRequest { spec: Some(spec) }
+}
+
+fn heartbeat(name: &str) -> pb::HeartbeatRequest {
+    pb::HeartbeatRequest {
+        hostname: name.to_owned(),
+        cpu_load: 10,
+        free_memory_mb: 1024,
+        ..Default::default()
+    }
+}
+
+async fn job(target: &Target, id: u32) -> pb::JobInfo {
+    target
+        .client()
+        .await
+        .get_job(pb::GetJobRequest { job_id: id })
+        .await
+        .unwrap_or_else(|s| panic!("{}: GetJob {id}: {s:?}", target.name))
+        .into_inner()
+}
+
+/// Polls job `id` every 200 ms until `done` holds; panics after `limit`.
+async fn until_job(
+    target: &Target,
+    id: u32,
+    limit: Duration,
+    what: &str,
+    done: impl Fn(&pb::JobInfo) -> bool,
+) -> pb::JobInfo {
+    let start = tokio::time::Instant::now();
+    loop {
+        let info = job(target, id).await;
+        if done(&info) {
+            return info;
+        }
         assert!(
-            again.get_ref().accepted,
-            "re-registration is accepted: {again:?}"
+            start.elapsed() < limit,
+            "{}: job {id} not {what} after {limit:?}: {info:?}{}",
+            target.name,
+            target.logs()
         );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn state(info: &pb::JobInfo) -> pb::JobState {
+    pb::JobState::try_from(info.state).unwrap_or(pb::JobState::JobPending)
+}
+
+// ---- Registration and heartbeats [6, 18]
+
+#[test]
+fn a_node_registers_again_and_registration_is_never_accepted_false() {
+    conformance(100, Replicas::Any, Setup::default(), |target| async move {
+        let mut client = target.client().await;
+        for cpus in [4, 8] {
+            let mut request = unreachable_node("conf-node-a");
+            request.resources.as_mut().unwrap().cpus = cpus;
+            let answer = client.register_agent(request).await.unwrap().into_inner();
+            assert!(answer.accepted, "{}: {answer:?}", target.name);
+        }
     });
 }
 
 #[test]
-fn a_heartbeat_of_a_known_node_is_accepted_and_of_an_unknown_one_is_not_found() {
-    conformance(101, |target| async move {
-        let name = unique("conf-node-b");
+fn a_heartbeat_of_a_known_node_is_accepted_and_of_an_unknown_one_not_found() {
+    conformance(101, Replicas::Any, Setup::default(), |target| async move {
         let mut client = target.client().await;
-        client.register_agent(registration(&name, 4)).await.unwrap();
-        let heartbeat = |hostname: &str| pb::HeartbeatRequest {
-            hostname: hostname.to_owned(),
-            cpu_load: 10,
-            free_memory_mb: 1024,
+        client
+            .register_agent(unreachable_node("conf-node-b"))
+            .await
+            .unwrap();
+        client.heartbeat(heartbeat("conf-node-b")).await.unwrap();
+        let status = client.heartbeat(heartbeat("conf-ghost")).await.unwrap_err();
+        assert_eq!(status.code(), Code::NotFound, "{}: {status:?}", target.name);
+        assert!(
+            status
+                .message()
+                .contains("node conf-ghost not found — is the node registered?"),
+            "{}: {status:?}",
+            target.name
+        );
+    });
+}
+
+// ---- Ping [3]
+
+#[test]
+fn ping_is_answered_locally_with_the_replicas_own_hostname_also_while_the_leader_is_frozen() {
+    conformance(
+        102,
+        Replicas::Three,
+        Setup::default(),
+        |target| async move {
+            for slot in 0..target.replicas() {
+                let answer = target.replica(slot).await.ping(()).await.unwrap();
+                assert_eq!(
+                    answer.get_ref().hostname,
+                    target.hostname(slot),
+                    "{}: replica {slot}",
+                    target.name
+                );
+            }
+            let leader = target.wait_for_leader().await;
+            target.freeze(leader).await;
+            for slot in (0..target.replicas()).filter(|s| *s != leader) {
+                let mut client = target.replica(slot).await;
+                let asked = tokio::time::Instant::now();
+                let answer = tokio::time::timeout(Duration::from_secs(2), client.ping(()))
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!(
+                            "{}: a follower's Ping hung while the leader was frozen",
+                            target.name
+                        )
+                    })
+                    .unwrap();
+                assert_eq!(answer.get_ref().hostname, target.hostname(slot));
+                assert!(asked.elapsed() < Duration::from_secs(1));
+            }
+            target.thaw(leader).await;
+        },
+    );
+}
+
+// ---- Nodes [5]
+
+#[test]
+fn update_node_of_an_unknown_node_is_internal_with_a_state_and_ok_without() {
+    conformance(103, Replicas::Any, Setup::default(), |target| async move {
+        let mut client = target.client().await;
+        let with_state = pb::UpdateNodeRequest {
+            name: "conf-ghost".to_owned(),
+            state: Some(pb::NodeState::NodeDown as i32),
+            reason: Some("conformance".to_owned()),
             ..Default::default()
         };
-        client.heartbeat(heartbeat(&name)).await.unwrap();
-
-        let ghost = unique("conf-ghost");
-        let status = client.heartbeat(heartbeat(&ghost)).await.unwrap_err();
-        assert_eq!(status.code(), Code::NotFound, "{status:?}");
-        assert!(status.message().contains(&ghost), "{status:?}");
+        let status = client.update_node(with_state).await.unwrap_err();
+        assert_eq!(status.code(), Code::Internal, "{}: {status:?}", target.name);
+        assert!(
+            status.message().contains("node conf-ghost not found"),
+            "{}: {status:?}",
+            target.name
+        );
+        let without = pb::UpdateNodeRequest {
+            name: "conf-ghost".to_owned(),
+            ..Default::default()
+        };
+        client
+            .update_node(without)
+            .await
+            .unwrap_or_else(|s| panic!("{}: {s:?}", target.name));
     });
 }
 
 #[test]
 fn a_nodes_state_is_updated() {
-    conformance(102, |target| async move {
-        let name = unique("conf-node-c");
+    conformance(104, Replicas::Any, Setup::default(), |target| async move {
         let mut client = target.client().await;
-        client.register_agent(registration(&name, 4)).await.unwrap();
-        let update = |state: pb::NodeState, reason: &str| pb::UpdateNodeRequest {
-            name: name.clone(),
-            state: Some(state as i32),
-            reason: Some(reason.to_owned()),
-            ..Default::default()
-        };
         client
-            .update_node(update(pb::NodeState::NodeDrain, "conformance"))
+            .register_agent(unreachable_node("conf-node-c"))
             .await
             .unwrap();
-        client
-            .update_node(update(pb::NodeState::NodeIdle, ""))
-            .await
-            .unwrap();
+        for state in [pb::NodeState::NodeDrain, pb::NodeState::NodeIdle] {
+            client
+                .update_node(pb::UpdateNodeRequest {
+                    name: "conf-node-c".to_owned(),
+                    state: Some(state as i32),
+                    reason: Some("conformance".to_owned()),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
     });
 }
 
+// ---- Jobs [2, 9, 14, 16, 17]
+
 #[test]
-fn a_job_is_submitted_read_back_by_id_and_by_name_with_its_comment_and_cancelled() {
-    conformance(103, |target| async move {
-        let name = unique("conf-job");
+fn a_job_is_read_back_by_id_and_by_a_comma_list_of_names_with_its_comment() {
+    conformance(105, Replicas::Any, Setup::default(), |target| async move {
         let mut client = target.client().await;
-        let id = client
-            .submit_job(submit(&name))
-            .await
-            .unwrap()
-            .into_inner()
-            .job_id;
-        assert!(id > 0);
+        let mut ids = Vec::new();
+        for name in ["conf-a", "conf-b", "conf-c"] {
+            ids.push(
+                client
+                    .submit_job(submit(spec(name)))
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .job_id,
+            );
+        }
+        let info = job(&target, ids[0]).await;
+        assert_eq!(info.name, "conf-a");
+        assert_eq!(info.comment, "spurjob-uid=conf-a");
+        assert_eq!(state(&info), pb::JobState::JobPending);
 
-        let job = client
-            .get_job(pb::GetJobRequest { job_id: id })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(job.job_id, id);
-        assert_eq!(job.name, name);
-        assert_eq!(job.comment, format!("spurjob-uid={name}"));
-
-        let by_name = client
+        let by_names = client
             .get_jobs(pb::GetJobsRequest {
-                name: name.clone(),
+                name: "conf-a,conf-c".to_owned(),
                 ..Default::default()
             })
             .await
             .unwrap()
             .into_inner()
             .jobs;
-        let found = by_name
-            .iter()
-            .find(|j| j.job_id == id)
-            .expect("found by name");
-        assert_eq!(found.comment, format!("spurjob-uid={name}"));
-        assert!(by_name.iter().all(|j| j.name == name));
-
-        client
-            .cancel_job(pb::CancelJobRequest {
-                job_id: id,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        let job = client
-            .get_job(pb::GetJobRequest { job_id: id })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(job.state, pb::JobState::JobCancelled as i32);
+        let mut names: Vec<_> = by_names.iter().map(|j| j.name.as_str()).collect();
+        names.sort();
+        assert_eq!(names, ["conf-a", "conf-c"], "{}", target.name);
+        assert!(
+            by_names
+                .iter()
+                .all(|j| j.comment.starts_with("spurjob-uid="))
+        );
     });
 }
 
 #[test]
-fn a_job_status_report_is_accepted_and_a_state_other_than_completed_or_failed_refused() {
-    conformance(104, |target| async move {
+fn cancel_of_an_unknown_and_of_a_finished_job_is_internal() {
+    conformance(106, Replicas::Any, Setup::default(), |target| async move {
         let mut client = target.client().await;
+        let status = client
+            .cancel_job(pb::CancelJobRequest {
+                job_id: 999_999,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Internal, "{}: {status:?}", target.name);
+        assert!(
+            status.message().contains("job 999999 not found"),
+            "{}: {status:?}",
+            target.name
+        );
+
         let id = client
-            .submit_job(submit(&unique("conf-report")))
+            .submit_job(submit(spec("conf-cancel")))
             .await
             .unwrap()
             .into_inner()
             .job_id;
-        let report = |state: pb::JobState, exit_code| pb::ReportJobStatusRequest {
+        let cancel = pb::CancelJobRequest {
             job_id: id,
-            state: state as i32,
-            exit_code,
             ..Default::default()
         };
-        let refused = client
-            .report_job_status(report(pb::JobState::JobRunning, 0))
-            .await;
-        assert!(refused.is_err(), "JOB_RUNNING is not a report: {refused:?}");
-        client
-            .report_job_status(report(pb::JobState::JobCompleted, 0))
-            .await
-            .unwrap();
+        client.cancel_job(cancel.clone()).await.unwrap();
+        let info = job(&target, id).await;
+        assert_eq!(state(&info), pb::JobState::JobCancelled);
+        let again = client.cancel_job(cancel).await.unwrap_err();
+        assert_eq!(again.code(), Code::Internal, "{}: {again:?}", target.name);
+        assert!(
+            again.message().contains(&format!("job {id} is already")),
+            "{}: {again:?}",
+            target.name
+        );
     });
 }
-
-// The model alone: a leader kill needs the simulation.
 
 #[test]
-fn model_a_leader_kill_answers_unavailable_and_job_ids_keep_increasing() {
-    if std::env::var("SPUR_CONFORMANCE_ADDR").is_ok() {
-        return;
-    }
-    let mut world = World::new(105);
-    world.start_controllers();
-    let cluster = world.cluster().clone();
-    let dialer = world.dialer("conformance");
-    let kills = KillSwitch::default();
-    let switch = kills.clone();
-    world.client("conformance", async move {
-        let target = Target::Sim(dialer);
-        target.wait_for_leader().await;
-        let leader = wait_for_leader(&cluster).await;
-        let mut before = 0;
-        for n in 0..3 {
-            let mut client = target.client().await;
-            before = client
-                .submit_job(submit(&format!("pre-{n}")))
-                .await?
-                .into_inner()
-                .job_id;
-        }
-        switch.kill(&leader, KillMode::Graceful).await;
-        let killed_at = now();
-        let mut unavailable = 0;
-        let after = loop {
-            // A fresh channel each time, as a careful client does after a transport error.
-            let result = match channel(target_dialer(&target), "spurctld", |e| {
-                e.connect_timeout(Duration::from_secs(2))
-                    .timeout(Duration::from_secs(5))
-            })
-            .await
-            {
-                Ok(mut client) => client.submit_job(submit("post")).await,
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            };
-            match result {
-                Ok(response) => break response.into_inner().job_id,
-                Err(status) => {
-                    assert!(
-                        matches!(status.code(), Code::Unavailable | Code::Unknown),
-                        "{status:?}"
-                    );
-                    unavailable += 1;
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
+fn a_gpu_gres_entry_together_with_gpus_per_node_is_refused_and_each_alone_accepted() {
+    conformance(107, Replicas::Any, Setup::default(), |target| async move {
+        let mut client = target.client().await;
+        let gres = vec!["gpu:any:2".to_owned()];
+        let per_node = Some(pb::GpuRequest {
+            count: 2,
+            gpu_type: String::new(),
+        });
+        let both = pb::JobSpec {
+            gres: gres.clone(),
+            gpus_per_node: per_node.clone(),
+            ..spec("conf-gpu-both")
         };
-        assert!(unavailable > 0, "writes failed while the election ran");
-        assert!(now() - killed_at <= Duration::from_secs(10));
-        assert!(after > before, "job id {after} continues after {before}");
-        Ok(())
+        let status = client.submit_job(submit(both)).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::InvalidArgument,
+            "{}: {status:?}",
+            target.name
+        );
+        assert!(
+            status.message().contains("only one GPU request form"),
+            "{}: {status:?}",
+            target.name
+        );
+        for (name, spec) in [
+            (
+                "gres",
+                pb::JobSpec {
+                    gres,
+                    ..spec("conf-gpu-gres")
+                },
+            ),
+            (
+                "gpus_per_node",
+                pb::JobSpec {
+                    gpus_per_node: per_node,
+                    ..spec("conf-gpu-per-node")
+                },
+            ),
+        ] {
+            client
+                .submit_job(submit(spec))
+                .await
+                .unwrap_or_else(|s| panic!("{}: {name} alone: {s:?}", target.name));
+        }
     });
-    run_with_kills(&mut world, &kills);
 }
 
-fn target_dialer(target: &Target) -> ServiceDialer {
-    match target {
-        Target::Sim(dialer) => dialer.clone(),
-        Target::Tcp(_) => unreachable!("model-only case"),
+#[test]
+fn an_array_job_is_expanded_into_tasks_that_clone_the_comment() {
+    conformance(108, Replicas::Any, Setup::default(), |target| async move {
+        let mut client = target.client().await;
+        let array = pb::JobSpec {
+            array_spec: "0-2".to_owned(),
+            ..spec("conf-array")
+        };
+        let parent = client
+            .submit_job(submit(array))
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        let tasks = client
+            .get_jobs(pb::GetJobsRequest {
+                name: "conf-array".to_owned(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .jobs;
+        assert_eq!(tasks.len(), 3, "{}: {tasks:?}", target.name);
+        assert!(
+            tasks.iter().all(|t| t.comment == "spurjob-uid=conf-array"),
+            "{}: {tasks:?}",
+            target.name
+        );
+        assert!(
+            tasks.iter().all(|t| t.job_id != parent),
+            "{}: the parent id {parent} has no record of its own: {tasks:?}",
+            target.name
+        );
+    });
+}
+
+// ---- Dispatch to an agent [1, 4, 7, 15]
+
+/// Registers `names` with `agent`'s address; returns the agent's socket as spurctld sends
+/// it in `peer_nodes`.
+async fn register_with(target: &Target, names: &[&str], agent: TestAgent) -> (TestAgent, String) {
+    let (address, port) = target.serve_agent(agent.clone()).await;
+    let mut client = target.client().await;
+    for name in names {
+        client
+            .register_agent(registration(name, &address, port))
+            .await
+            .unwrap();
+        client.heartbeat(heartbeat(name)).await.unwrap();
     }
+    (agent, format!("{address}:{port}"))
+}
+
+fn two_node_spec(name: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        num_nodes: 2,
+        num_tasks: 4,
+        tasks_per_node: 2,
+        ..spec(name)
+    }
+}
+
+#[test]
+fn a_launch_names_sockets_in_peer_nodes_and_node_names_in_the_spec_and_the_job_ends_when_every_node_reported()
+ {
+    conformance(110, Replicas::Any, Setup::default(), |target| async move {
+        let (agent, socket) = register_with(
+            &target,
+            &["conf-n1", "conf-n2"],
+            TestAgent::new(LaunchRule::Accept),
+        )
+        .await;
+        let mut client = target.client().await;
+        let id = client
+            .submit_job(submit(two_node_spec("conf-two")))
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        // spurctld commits RUNNING, then the nodes: for a moment a running job lists none.
+        let info = until_job(&target, id, Duration::from_secs(20), "running", |j| {
+            state(j) == pb::JobState::JobRunning && !j.nodelist.is_empty()
+        })
+        .await;
+        // [15] a compressed hostlist.
+        assert_eq!(info.nodelist, "conf-n[1-2]", "{}", target.name);
+
+        let mut launches = agent.launches(id);
+        launches.sort_by_key(|l| l.task_offset);
+        assert_eq!(launches.len(), 2, "{}: {launches:?}", target.name);
+        let names: Vec<&str> = launches.iter().map(|l| l.target_node.as_str()).collect();
+        let nodelist = launches[0].spec.as_ref().unwrap().nodelist.clone();
+        for (rank, launch) in launches.iter().enumerate() {
+            assert_eq!(launch.peer_nodes, [socket.clone(), socket.clone()]);
+            assert_eq!(launch.task_offset, rank as u32 * 2, "{}", target.name);
+            let spec = launch.spec.as_ref().unwrap();
+            assert_eq!(spec.nodelist, nodelist);
+            let position = spec
+                .nodelist
+                .split(',')
+                .position(|n| n == launch.target_node);
+            assert_eq!(position, Some(rank), "{}: {launch:?}", target.name);
+            assert!(launch.run_attempt >= 1, "{}: {launch:?}", target.name);
+        }
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(sorted, ["conf-n1", "conf-n2"]);
+
+        let report = |node: &str, exit_code: i32| pb::ReportJobStatusRequest {
+            job_id: id,
+            state: if exit_code == 0 {
+                pb::JobState::JobCompleted as i32
+            } else {
+                pb::JobState::JobFailed as i32
+            },
+            exit_code,
+            reporting_node: node.to_owned(),
+            run_attempt: launches[0].run_attempt,
+            ..Default::default()
+        };
+        // [7] an empty reporting node is an OK no-op.
+        client.report_job_status(report("", 0)).await.unwrap();
+        assert_eq!(state(&job(&target, id).await), pb::JobState::JobRunning);
+        // A node outside the allocation is refused.
+        let outside = client
+            .report_job_status(report("conf-elsewhere", 0))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            outside.code(),
+            Code::InvalidArgument,
+            "{}: {outside:?}",
+            target.name
+        );
+        assert!(
+            outside
+                .message()
+                .contains(&format!("node conf-elsewhere is not allocated to job {id}")),
+            "{}: {outside:?}",
+            target.name
+        );
+        // An older run attempt is ignored.
+        let mut stale = report(names[0], 0);
+        stale.run_attempt = launches[0].run_attempt.saturating_sub(1).max(0);
+        if stale.run_attempt > 0 {
+            client.report_job_status(stale).await.unwrap();
+            assert_eq!(state(&job(&target, id).await), pb::JobState::JobRunning);
+        }
+        // One node's end moves the job to COMPLETING until the other reports; the job's
+        // result is the first node's (rank 0), whatever the others exited with.
+        client.report_job_status(report(names[0], 0)).await.unwrap();
+        let partial = state(&job(&target, id).await);
+        assert_eq!(partial, pb::JobState::JobCompleting, "{}", target.name);
+        client.report_job_status(report(names[1], 3)).await.unwrap();
+        let done = until_job(&target, id, Duration::from_secs(5), "ended", |j| {
+            state(j) != pb::JobState::JobCompleting
+        })
+        .await;
+        assert_eq!(
+            state(&done),
+            pb::JobState::JobCompleted,
+            "{}: {done:?}",
+            target.name
+        );
+        assert_eq!(done.exit_code, 0, "{}: {done:?}", target.name);
+    });
+}
+
+#[test]
+fn a_job_stays_pending_while_its_launch_is_held_open() {
+    conformance(111, Replicas::Any, Setup::default(), |target| async move {
+        let (agent, _) =
+            register_with(&target, &["conf-held"], TestAgent::new(LaunchRule::Hold)).await;
+        let mut client = target.client().await;
+        let id = client
+            .submit_job(submit(spec("conf-held-job")))
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        agent
+            .wait_for_launches(id, 1, Duration::from_secs(20))
+            .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let held = job(&target, id).await;
+        assert_eq!(
+            state(&held),
+            pb::JobState::JobPending,
+            "{}: {held:?}",
+            target.name
+        );
+        agent.release();
+        until_job(&target, id, Duration::from_secs(10), "running", |j| {
+            state(j) == pb::JobState::JobRunning
+        })
+        .await;
+    });
+}
+
+#[test]
+fn a_refused_launch_cancels_the_launched_nodes_and_is_retried_with_the_same_run_attempt_after_5s() {
+    conformance(112, Replicas::Any, Setup::default(), |target| async move {
+        let (agent, _) = register_with(
+            &target,
+            &["conf-r1", "conf-r2"],
+            TestAgent::new(LaunchRule::RefuseFirstOn("conf-r2".to_owned())),
+        )
+        .await;
+        let mut client = target.client().await;
+        let id = client
+            .submit_job(submit(two_node_spec("conf-refused")))
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        until_job(&target, id, Duration::from_secs(40), "running", |j| {
+            state(j) == pb::JobState::JobRunning
+        })
+        .await;
+        let launches = agent.launch_times(id);
+        assert_eq!(launches.len(), 4, "{}: two rounds of two", target.name);
+        let attempts: Vec<u32> = launches.iter().map(|(l, _)| l.run_attempt).collect();
+        assert!(
+            attempts.iter().all(|a| *a == attempts[0]),
+            "{}: the retry keeps the run attempt: {attempts:?}",
+            target.name
+        );
+        let gap = launches[2].1.duration_since(launches[0].1);
+        assert!(
+            gap >= Duration::from_millis(4500) && gap <= Duration::from_secs(12),
+            "{}: retried {gap:?} after the refusal",
+            target.name
+        );
+        let cancels = agent.cancels(id);
+        assert!(
+            cancels.iter().any(|signal| *signal == 9),
+            "{}: the node that launched is cancelled with signal 9: {cancels:?}",
+            target.name
+        );
+    });
+}
+
+// ---- Elections [8, 10, 20]
+
+#[test]
+fn a_killed_leader_is_replaced_within_about_6s_and_job_ids_continue() {
+    conformance(
+        120,
+        Replicas::Three,
+        Setup::default(),
+        |target| async move {
+            let mut client = target.client().await;
+            let before = client
+                .submit_job(submit(spec("conf-pre")))
+                .await
+                .unwrap()
+                .into_inner()
+                .job_id;
+            let leader = target.wait_for_leader().await;
+            let follower = (leader + 1) % 3;
+            target.kill(leader).await;
+            let killed = tokio::time::Instant::now();
+            let mut refusals = 0;
+            let after = loop {
+                let result = match target.try_replica(follower).await {
+                    Some(mut client) => client.submit_job(submit(spec("conf-post"))).await,
+                    None => Err(tonic::Status::unavailable("connect")),
+                };
+                match result {
+                    Ok(answer) => break answer.into_inner().job_id,
+                    Err(status) => {
+                        assert!(
+                            matches!(
+                                status.code(),
+                                Code::Unavailable | Code::Unknown | Code::Internal
+                            ),
+                            "{}: {status:?}",
+                            target.name
+                        );
+                        refusals += 1;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            };
+            let took = killed.elapsed();
+            assert!(
+                refusals > 0,
+                "{}: writes failed during the election",
+                target.name
+            );
+            assert!(
+                took >= Duration::from_secs(3) && took <= Duration::from_secs(12),
+                "{}: a new leader took writes {took:?} after the kill",
+                target.name
+            );
+            assert!(after > before, "{}: {after} after {before}", target.name);
+        },
+    );
+}
+
+#[test]
+fn a_follower_without_a_leader_refuses_writes_not_the_raft_leader_without_a_hint() {
+    conformance(
+        121,
+        Replicas::Three,
+        Setup::default(),
+        |target| async move {
+            let leader = target.wait_for_leader().await;
+            let survivor = (leader + 1) % 3;
+            target.kill(leader).await;
+            target.kill((leader + 2) % 3).await;
+            let start = tokio::time::Instant::now();
+            loop {
+                let mut client = target.replica(survivor).await;
+                let answer = tokio::time::timeout(
+                    Duration::from_secs(3),
+                    client.submit_job(submit(spec("conf-orphan"))),
+                )
+                .await;
+                if let Ok(Err(status)) = &answer
+                    && status.code() == Code::Unavailable
+                    && status.message() == "not the Raft leader"
+                    && status.metadata().get(spur_proto::LEADER_HINT_KEY).is_none()
+                {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "{}: still {answer:?} 20 s after losing the majority",
+                    target.name
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        },
+    );
+}
+
+#[test]
+fn a_leader_without_quorum_still_accepts_heartbeats() {
+    conformance(
+        122,
+        Replicas::Three,
+        Setup::default(),
+        |target| async move {
+            let mut client = target.client().await;
+            client
+                .register_agent(unreachable_node("conf-lonely"))
+                .await
+                .unwrap();
+            let leader = target.wait_for_leader().await;
+            target.kill((leader + 1) % 3).await;
+            target.kill((leader + 2) % 3).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let mut client = target.replica(leader).await;
+            client
+                .heartbeat(heartbeat("conf-lonely"))
+                .await
+                .unwrap_or_else(|s| panic!("{}: {s:?}", target.name));
+        },
+    );
 }

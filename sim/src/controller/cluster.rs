@@ -16,7 +16,7 @@ use rand::RngExt;
 use rand_chacha::ChaCha8Rng;
 use tonic::Status;
 
-use super::scheduler::Launch;
+use super::scheduler::{Dispatch, DispatchNode};
 use super::state::{Command, LogEntry, Outcome, StateMachine};
 use super::{ControllerConfig, replica_host};
 use crate::net::Network;
@@ -74,6 +74,14 @@ struct Slot {
     alive: bool,
     /// Who it believes leads.
     known_leader: Option<String>,
+    /// When it last heard from the leader it names (a follower forgets it after
+    /// `forget_leader_after` of silence).
+    heard_leader_at: Duration,
+    /// When it last became leader (the health check's grace counts from then).
+    leading_since: Duration,
+    /// When it last heard each node's heartbeat or registration: memory of the process,
+    /// not of the log (spurctld keeps heartbeats in memory).
+    heartbeats: BTreeMap<String, Duration>,
     /// Its copy of the state, up to what it has applied.
     state: StateMachine,
 }
@@ -119,6 +127,9 @@ impl Cluster {
                 generation: 0,
                 alive: false,
                 known_leader: None,
+                heard_leader_at: Duration::ZERO,
+                leading_since: Duration::ZERO,
+                heartbeats: BTreeMap::new(),
                 state: StateMachine::default(),
             })
             .collect();
@@ -212,6 +223,9 @@ impl Cluster {
             return;
         }
         me.alive = true;
+        // A process starts knowing no leader and no heartbeat.
+        me.known_leader = None;
+        me.heartbeats.clear();
         drop(state);
         self.trace.record(now, host, "replica started");
     }
@@ -236,6 +250,7 @@ impl Cluster {
         me.host = replica_host(slot, me.generation);
         me.alive = false;
         me.known_leader = None;
+        me.heartbeats.clear();
         me.state = StateMachine::default();
         let host = me.host.clone();
         // A new pod must win an election like any other; it does not inherit the slot's
@@ -350,16 +365,64 @@ impl Cluster {
         Ok(outcome)
     }
 
-    /// Runs `check` on the state of `slot`, which must lead and reach a majority (a write
-    /// that changes nothing replicated, such as a heartbeat).
-    pub fn leader_check<T>(
+    /// Runs `check` on the state of `slot`, which must believe it leads, with or without a
+    /// majority: what spurctld does for a heartbeat (kept in the leader's memory, no Raft
+    /// write), so a leader cut off from its peers still answers it.
+    pub fn leader_local<T>(
         &self,
         slot: usize,
         check: impl FnOnce(&StateMachine) -> Result<T, Status>,
     ) -> Result<T, ProposeError> {
         let state = self.lock();
-        self.leadership(&state, slot)?;
-        check(&state.slots[slot].state).map_err(ProposeError::Refused)
+        let me = &state.slots[slot];
+        if me.known_leader.as_deref() != Some(me.host.as_str()) {
+            return Err(ProposeError::NotLeader {
+                leader: me.known_leader.clone(),
+            });
+        }
+        check(&me.state).map_err(ProposeError::Refused)
+    }
+
+    /// `slot` heard from node `name` (a heartbeat or a registration) at `now`.
+    pub fn heard_from(&self, slot: usize, name: &str, now: Duration) {
+        self.lock().slots[slot]
+            .heartbeats
+            .insert(name.to_owned(), now);
+    }
+
+    /// On the leader `slot`: the nodes not yet DOWN or held whose last heartbeat it heard
+    /// is older than the timeout. None for `max(timeout, 30 s)` after it became leader
+    /// (spurctld's post-election grace), nor on a replica that does not lead.
+    pub fn silent_nodes(&self, slot: usize, now: Duration) -> Vec<String> {
+        let state = self.lock();
+        let me = &state.slots[slot];
+        let timeout = self.config.heartbeat_timeout;
+        if me.known_leader.as_deref() != Some(me.host.as_str())
+            || now.saturating_sub(me.leading_since) < timeout.max(Duration::from_secs(30))
+        {
+            return Vec::new();
+        }
+        me.state
+            .nodes
+            .iter()
+            .filter(|(_, node)| {
+                !matches!(
+                    node.state,
+                    spur_proto::NodeState::NodeDown
+                        | spur_proto::NodeState::NodeDrain
+                        | spur_proto::NodeState::NodeDraining
+                )
+            })
+            .filter(|(name, _)| {
+                let last = me
+                    .heartbeats
+                    .get(*name)
+                    .copied()
+                    .unwrap_or(me.leading_since);
+                now.saturating_sub(last) > timeout
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     /// Reads `slot`'s own copy of the state (possibly stale).
@@ -426,41 +489,38 @@ impl Cluster {
         }
     }
 
-    /// On the leader `slot` (with a majority): places pending jobs on idle nodes, commits
-    /// each placement, and returns the `LaunchJob` calls to make, one per node.
-    pub fn schedule(&self, slot: usize, now: Duration, at: SystemTime) -> Vec<Launch> {
-        let mut state = self.lock();
+    /// On the leader `slot` (with a majority): the dispatches to make now, one per job
+    /// that fits on idle nodes. Nothing is committed: as in spurctld, the job stays
+    /// PENDING with no nodes until every node confirmed its LaunchJob.
+    pub fn schedule(&self, slot: usize, at: SystemTime) -> Vec<Dispatch> {
+        let state = self.lock();
         if self.leadership(&state, slot).is_err() {
             return Vec::new();
         }
-        let placements = state.slots[slot].state.placements();
-        let mut launches = Vec::new();
-        for (job_id, nodes) in placements {
-            let attempt = state.slots[slot].state.jobs[&job_id].attempt + 1;
-            let command = Command::StartJob {
-                job_id,
-                nodes: nodes.clone(),
-                attempt,
-                at,
-            };
-            self.append(&mut state, slot, command, now);
-            let copy = &state.slots[slot].state;
-            let spec = copy.jobs[&job_id].spec.clone();
-            for (offset, node) in nodes.iter().enumerate() {
-                let registered = &copy.nodes[node];
-                launches.push(Launch {
+        let copy = &state.slots[slot].state;
+        copy.placements(at)
+            .into_iter()
+            .map(|(job_id, nodes)| {
+                let job = &copy.jobs[&job_id];
+                Dispatch {
                     job_id,
-                    node: node.clone(),
-                    address: registered.address.clone(),
-                    port: registered.port,
-                    spec: spec.clone(),
-                    peers: nodes.clone(),
-                    task_offset: offset as u32,
-                    attempt,
-                });
-            }
-        }
-        launches
+                    attempt: job.attempt + 1,
+                    requeue_count: job.requeue_count,
+                    spec: job.spec.clone(),
+                    nodes: nodes
+                        .into_iter()
+                        .map(|name| {
+                            let node = &copy.nodes[&name];
+                            DispatchNode {
+                                address: node.address.clone(),
+                                port: node.port,
+                                name,
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
     }
 
     fn sample_election(&self, state: &mut ClusterState) -> Duration {
@@ -474,11 +534,12 @@ impl Cluster {
     /// with a new leader among the replicas that reach a majority.
     pub fn tick(&self, now: Duration) {
         let mut state = self.lock();
+        self.forget_silent_leaders(&mut state, now);
         let healthy = state.leader.filter(|&slot| self.has_quorum(&state, slot));
         match (healthy, state.election_due) {
             (Some(leader), _) => {
                 state.election_due = None;
-                self.spread_leader(&mut state, leader);
+                self.spread_leader(&mut state, leader, now);
             }
             (None, None) => {
                 let after = self.sample_election(&mut state);
@@ -512,16 +573,18 @@ impl Cluster {
                 Self::catch_up(&mut state, winner);
                 let host = state.slots[winner].host.clone();
                 state.slots[winner].known_leader = Some(host.clone());
+                state.slots[winner].leading_since = now;
                 self.trace
                     .record(now, &host, format!("elected leader, term {}", state.term));
-                self.spread_leader(&mut state, winner);
+                self.spread_leader(&mut state, winner, now);
             }
             (None, Some(_)) => {}
         }
     }
 
-    /// Replicas that reach the leader learn who leads and catch up.
-    fn spread_leader(&self, state: &mut ClusterState, leader: usize) {
+    /// Replicas that reach the leader learn who leads and catch up; a follower that has
+    /// not heard its leader for `forget_leader_after` forgets it.
+    fn spread_leader(&self, state: &mut ClusterState, leader: usize, now: Duration) {
         let leader_host = state.slots[leader].host.clone();
         let informed: Vec<usize> = (0..state.slots.len())
             .filter(|&slot| {
@@ -533,7 +596,32 @@ impl Cluster {
             if state.slots[slot].known_leader.as_deref() != Some(leader_host.as_str()) {
                 state.slots[slot].known_leader = Some(leader_host.clone());
             }
+            state.slots[slot].heard_leader_at = now;
             Self::catch_up(state, slot);
+        }
+    }
+
+    /// Followers that have not heard the leader they name for `forget_leader_after`
+    /// forget it (spurctld's followers then refuse writes at once, with no leader hint).
+    fn forget_silent_leaders(&self, state: &mut ClusterState, now: Duration) {
+        let healthy = state
+            .leader
+            .filter(|&slot| self.has_quorum(state, slot))
+            .map(|slot| state.slots[slot].host.clone());
+        for slot in &mut state.slots {
+            let names_other = slot
+                .known_leader
+                .as_ref()
+                .is_some_and(|leader| *leader != slot.host);
+            let hears = healthy.as_ref().is_some_and(|leader| {
+                slot.known_leader.as_ref() == Some(leader) && self.reach(&slot.host, leader)
+            });
+            if names_other
+                && !hears
+                && now.saturating_sub(slot.heard_leader_at) >= self.config.forget_leader_after
+            {
+                slot.known_leader = None;
+            }
         }
     }
 }

@@ -1,11 +1,13 @@
 //! One replica's `slurm.SlurmController` server.
 //!
-//! Answers as wire.md's last section records a real highly available spurctld answering:
-//! the leader applies writes; a follower forwards them over its own unbounded tonic client
-//! (one per leader, cached) with `x-spur-forwarded: true` and returns that client's answer
-//! or error as its own; with no forwarding client it answers UNAVAILABLE (`not the Raft
-//! leader` with `x-spur-leader`, or `no leader elected yet`). Reads are forwarded when
-//! possible and otherwise served from the replica's own, possibly stale, copy.
+//! Answers as a real highly available spurctld answers (wire.md's last section,
+//! fidelity.md): the leader applies writes; a follower forwards them over its own unbounded
+//! tonic client (one per leader, cached) with `x-spur-forwarded: true` and returns that
+//! client's answer or error as its own; with no forwarding client it answers UNAVAILABLE
+//! `not the Raft leader`, with `x-spur-leader` only while it knows a leader. Reads are
+//! forwarded when possible and otherwise served from the replica's own, possibly stale,
+//! copy. Ping is answered locally, never forwarded. The codes and texts of refusals are
+//! spurctld's, pinned by `sim/tests/controller_conformance.rs` on the real binary.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -19,7 +21,7 @@ use tonic::{Code, Request, Response, Status};
 use super::Clock;
 use super::cluster::{Cluster, LostReply, ProposeError, RefusalKind, Role};
 use super::scheduler;
-use super::state::{Command, Outcome, node_not_found};
+use super::state::{AgentStop, Command, Outcome, node_not_found};
 use crate::net::DialerConnector;
 
 type Client = SlurmControllerClient<Channel>;
@@ -43,18 +45,42 @@ struct ReplicaInner<D> {
     forward: Mutex<Option<(String, Client)>>,
 }
 
-/// UNAVAILABLE from a replica that cannot reach a leader, as spurctld answers it.
+/// UNAVAILABLE from a replica that cannot reach a leader, as spurctld answers it: the
+/// same text with or without a leader, the hint only while it knows one.
 pub fn not_leader(leader: Option<&str>, port: u16) -> Status {
-    match leader {
-        Some(leader) => {
-            let mut status = Status::unavailable("not the Raft leader");
-            if let Ok(value) = format!("{leader}:{port}").parse() {
-                status.metadata_mut().insert(LEADER_HINT_KEY, value);
-            }
-            status
-        }
-        None => Status::unavailable("no leader elected yet"),
+    let mut status = Status::unavailable("not the Raft leader");
+    if let Some(leader) = leader
+        && let Ok(value) = format!("{leader}:{port}").parse()
+    {
+        status.metadata_mut().insert(LEADER_HINT_KEY, value);
     }
+    status
+}
+
+/// The GPU request forms of a spec (a `gpu:` gres entry is one): spurctld accepts one.
+fn gpu_request_forms(spec: &pb::JobSpec) -> usize {
+    usize::from(spec.gpus_per_node.is_some())
+        + usize::from(spec.gres.iter().any(|g| g.starts_with("gpu")))
+}
+
+/// SubmitJob's refusals, in spurctld's words (INVALID_ARGUMENT).
+fn validate(spec: &pb::JobSpec) -> Result<(), Status> {
+    if !spec.partition.is_empty() && spec.partition != "default" {
+        return Err(Status::invalid_argument(format!(
+            "partition '{}' not found",
+            spec.partition
+        )));
+    }
+    if gpu_request_forms(spec) > 1 {
+        return Err(Status::invalid_argument(
+            "only one GPU request form (gpus, gpus_per_node, gpus_per_task, or a gpu gres entry) may be set",
+        ));
+    }
+    if !spec.array_spec.is_empty() {
+        super::state::array_tasks(&spec.array_spec)
+            .map_err(|e| Status::invalid_argument(format!("invalid array spec: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Whether a forward failed in the transport rather than being answered by the leader.
@@ -331,11 +357,11 @@ impl<D: Dialer> Replica<D> {
     }
 
     /// Spawns `SlurmAgent.CancelJob` on the nodes a cancelled job held.
-    fn stop_on_agents(&self, job_id: u32, nodes: Vec<(String, String, u32)>) {
-        for (node, address, port) in nodes {
+    fn stop_on_agents(&self, stops: Vec<AgentStop>) {
+        for stop in stops {
             let replica = self.clone();
             tokio::spawn(async move {
-                scheduler::cancel_on_agent(&replica, job_id, &node, &address, port).await;
+                scheduler::stop_on_agent(&replica, &stop).await;
             });
         }
     }
@@ -344,22 +370,15 @@ impl<D: Dialer> Replica<D> {
 #[tonic::async_trait]
 impl<D: Dialer> pb::SlurmController for Replica<D> {
     async fn ping(&self, request: Request<()>) -> Result<Response<pb::PingResponse>, Status> {
-        let host = self.inner.host.clone();
-        let version = self.inner.cluster.config().version.clone();
-        let wall = self.inner.clock.wall;
-        self.read(
-            "Ping",
-            request,
-            move |_| {
-                Ok(pb::PingResponse {
-                    hostname: host,
-                    server_time: Some(wall().into()),
-                    version,
-                })
-            },
-            |mut client, request| async move { client.ping(request).await },
-        )
-        .await
+        // Answered by this process alone, leader or not: it says "this replica is up",
+        // nothing about leadership.
+        let answer = Ok(Response::new(pb::PingResponse {
+            hostname: self.inner.host.clone(),
+            server_time: Some((self.inner.clock.wall)().into()),
+            version: self.inner.cluster.config().version.clone(),
+        }));
+        self.record_answer("Ping", forwarded(&request), &answer);
+        answer
     }
 
     async fn register_agent(
@@ -385,6 +404,9 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                     None => {}
                 }
                 let name = req.hostname.clone();
+                this.inner
+                    .cluster
+                    .heard_from(this.inner.slot, &name, this.now());
                 this.commit(Command::RegisterNode {
                     name: req.hostname,
                     address: req.address,
@@ -395,7 +417,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                 .await?;
                 Ok(pb::RegisterAgentResponse {
                     accepted: true,
-                    message: String::new(),
+                    message: "registered".to_owned(),
                     node_token: format!("token-{name}"),
                 })
             },
@@ -413,24 +435,27 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
             "Heartbeat",
             request,
             |req| async move {
-                loop {
-                    let known = this.inner.cluster.leader_check(this.inner.slot, |state| {
-                        if state.nodes.contains_key(&req.hostname) {
-                            Ok(())
-                        } else {
-                            Err(node_not_found(&req.hostname))
-                        }
-                    });
-                    match known {
-                        Ok(()) => return Ok(pb::HeartbeatResponse {}),
-                        Err(ProposeError::Refused(status)) => return Err(status),
-                        Err(ProposeError::NotLeader { leader }) => {
-                            return Err(not_leader(leader.as_deref(), this.port()));
-                        }
-                        Err(ProposeError::NoQuorum) => {
-                            tokio::time::sleep(this.inner.cluster.config().commit_retry).await;
-                        }
+                // Kept in the leader's memory, no Raft write: a leader without a quorum
+                // answers it too.
+                let known = this.inner.cluster.leader_local(this.inner.slot, |state| {
+                    if state.nodes.contains_key(&req.hostname) {
+                        Ok(())
+                    } else {
+                        Err(node_not_found(&req.hostname))
                     }
+                });
+                match known {
+                    Ok(()) => {
+                        this.inner
+                            .cluster
+                            .heard_from(this.inner.slot, &req.hostname, this.now());
+                        Ok(pb::HeartbeatResponse {})
+                    }
+                    Err(ProposeError::Refused(status)) => Err(status),
+                    Err(ProposeError::NotLeader { leader }) => {
+                        Err(not_leader(leader.as_deref(), this.port()))
+                    }
+                    Err(ProposeError::NoQuorum) => unreachable!("a leader-local check"),
                 }
             },
             |mut client, request| async move { client.heartbeat(request).await },
@@ -450,10 +475,14 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                 let state = match req.state {
                     Some(value) => Some(
                         pb::NodeState::try_from(value)
-                            .map_err(|_| Status::invalid_argument("unknown node state"))?,
+                            .map_err(|_| Status::invalid_argument("invalid node state"))?,
                     ),
                     None => None,
                 };
+                // Nothing to change: spurctld answers OK without looking the node up.
+                if state.is_none() && req.labels.is_empty() && req.remove_labels.is_empty() {
+                    return Ok(());
+                }
                 this.commit(Command::UpdateNode {
                     name: req.name,
                     state,
@@ -480,7 +509,8 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
             |req| async move {
                 let spec = req
                     .spec
-                    .ok_or_else(|| Status::invalid_argument("job spec is missing"))?;
+                    .ok_or_else(|| Status::invalid_argument("missing job spec"))?;
+                validate(&spec)?;
                 let at = (this.inner.clock.wall)();
                 match this
                     .commit(Command::SubmitJob {
@@ -559,8 +589,8 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                         at,
                     })
                     .await?;
-                if let Outcome::Cancelled(nodes) = outcome {
-                    this.stop_on_agents(req.job_id, nodes);
+                if let Outcome::Stop(stops) = outcome {
+                    this.stop_on_agents(stops);
                 }
                 Ok(())
             },
@@ -578,16 +608,30 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
             "ReportJobStatus",
             request,
             |req| async move {
+                let state = pb::JobState::try_from(req.state)
+                    .map_err(|_| Status::invalid_argument("invalid job state"))?;
+                // No node named: an OK no-op, whatever the state.
+                if req.reporting_node.is_empty() {
+                    return Ok(());
+                }
+                let upper = |s: pb::JobState| s.as_str_name().trim_start_matches("JOB_").to_owned();
+                if !matches!(state, pb::JobState::JobCompleted | pb::JobState::JobFailed) {
+                    return Err(Status::invalid_argument(format!(
+                        "invalid completion state {}; only COMPLETED or FAILED are accepted for completion reports",
+                        upper(state)
+                    )));
+                }
                 let expected = if req.exit_code == 0 {
                     pb::JobState::JobCompleted
                 } else {
                     pb::JobState::JobFailed
                 };
-                if req.state != expected as i32 {
+                if state != expected {
                     return Err(Status::invalid_argument(format!(
-                        "state must be {} for exit code {}",
-                        expected.as_str_name(),
-                        req.exit_code
+                        "completion state {} does not match exit_code {}; expected {}",
+                        upper(state),
+                        req.exit_code,
+                        upper(expected)
                     )));
                 }
                 let at = (this.inner.clock.wall)();
@@ -595,6 +639,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                     job_id: req.job_id,
                     node: req.reporting_node,
                     exit_code: req.exit_code,
+                    run_attempt: req.run_attempt,
                     at,
                 })
                 .await?;

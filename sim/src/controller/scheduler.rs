@@ -1,5 +1,16 @@
-//! The leader's scheduler: pending jobs onto registered idle nodes, then
-//! `SlurmAgent.LaunchJob` on the address and port each node registered, once per node.
+//! The leader's scheduler and health check, as spurctld's (fidelity.md rows 1, 4, 6):
+//!
+//! - pending jobs are placed on idle nodes and dispatched one job after another: a
+//!   `LaunchJob` to every node of the allocation at once, with no connect or request
+//!   bound (so one hung launch holds up all scheduling, as in spurctld);
+//! - only when every node confirmed does the job become RUNNING; on any failure the nodes
+//!   that launched are told to stop (signal 9), and the job stays PENDING until a backoff
+//!   of 5 s doubling (capped at 300 s) has passed, held after 5 failures; the retry
+//!   carries the same `run_attempt`;
+//! - every 30 s the leader marks nodes whose heartbeats it has not heard for the timeout
+//!   DOWN "Not responding", fails their jobs (NODE_FAIL) and tells their agents (signal 9).
+
+use std::time::Duration;
 
 use spur_operator::net::Dialer;
 use spur_proto as pb;
@@ -8,42 +19,156 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::Replica;
 use super::cluster::Role;
-use super::state::Command;
+use super::state::{AgentStop, Command, Outcome};
 use crate::net::DialerConnector;
 
-/// One `LaunchJob` call to make.
+/// One node of a dispatch.
 #[derive(Clone, Debug)]
-pub struct Launch {
-    pub job_id: u32,
-    /// The node it runs on (`target_node`).
-    pub node: String,
+pub struct DispatchNode {
+    pub name: String,
     /// Where the node's agent listens (from its registration).
     pub address: String,
     pub port: u32,
-    pub spec: pb::JobSpec,
-    /// Every node of the allocation.
-    pub peers: Vec<String>,
-    pub task_offset: u32,
-    /// Run attempt, from 1.
-    pub attempt: u32,
 }
 
-/// Runs the scheduler of `replica` forever; it acts only while the replica leads.
+/// One job's dispatch: a `LaunchJob` per node.
+#[derive(Clone, Debug)]
+pub struct Dispatch {
+    pub job_id: u32,
+    /// The job's run attempt + 1 (a failed dispatch does not change the job's attempt, so
+    /// its retry carries the same value).
+    pub attempt: u32,
+    /// Failed dispatches before this one (for the backoff).
+    pub requeue_count: u32,
+    pub spec: pb::JobSpec,
+    /// In rank order.
+    pub nodes: Vec<DispatchNode>,
+}
+
+impl Dispatch {
+    /// The `LaunchJob` request for the node of rank `rank`: `peer_nodes` holds every
+    /// node's agent socket, `spec.nodelist` the node names in rank order, `task_offset`
+    /// the rank times the tasks per node.
+    pub fn request(&self, rank: usize) -> pb::LaunchJobRequest {
+        let spec = &self.spec;
+        let num_nodes = spec.num_nodes.max(1);
+        let tasks_per_node = if spec.tasks_per_node > 0 {
+            spec.tasks_per_node
+        } else {
+            (spec.num_tasks / num_nodes).max(1)
+        };
+        let mut sent = spec.clone();
+        sent.nodelist = self
+            .nodes
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        // spurctld sends the node's GPUs as one `gpu:` gres entry and clears the other
+        // GPU request forms.
+        let gpus = gpu_count(spec);
+        sent.gres.retain(|g| !g.starts_with("gpu"));
+        sent.gpus_per_node = None;
+        if gpus > 0 {
+            sent.gres.push(format!("gpu:{gpus}"));
+        }
+        pb::LaunchJobRequest {
+            job_id: self.job_id,
+            spec: Some(sent),
+            allocated: None,
+            peer_nodes: self
+                .nodes
+                .iter()
+                .map(|n| format!("{}:{}", n.address, n.port))
+                .collect(),
+            task_offset: rank as u32 * tasks_per_node,
+            target_node: self.nodes[rank].name.clone(),
+            array_job_id: 0,
+            array_task_id: 0,
+            run_attempt: self.attempt,
+        }
+    }
+}
+
+/// GPUs per node a spec asks for, in whichever single form it uses.
+fn gpu_count(spec: &pb::JobSpec) -> u64 {
+    if let Some(request) = &spec.gpus_per_node {
+        return u64::from(request.count);
+    }
+    spec.gres
+        .iter()
+        .filter_map(|g| g.strip_prefix("gpu:"))
+        .filter_map(|rest| rest.rsplit(':').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The wait after `failures` failed dispatches: 5 s doubling, capped.
+fn backoff(base: Duration, max: Duration, failures: u32) -> Duration {
+    base.saturating_mul(1u32 << failures.min(16)).min(max)
+}
+
+/// Runs the scheduler and health check of `replica` forever; they act only while the
+/// replica leads. The health check is a task of its own, as in spurctld, so a dispatch
+/// that hangs does not stop it.
 pub async fn run<D: Dialer>(replica: Replica<D>) {
+    tokio::spawn(health(replica.clone()));
     let interval = replica.cluster().config().schedule_interval;
     loop {
         tokio::time::sleep(interval).await;
         if replica.cluster().role(replica.slot()) != Role::Leader {
             continue;
         }
+        evict(&replica).await;
         let at = (replica.clock().wall)();
-        let launches = replica
-            .cluster()
-            .schedule(replica.slot(), replica.now(), at);
-        for launch in launches {
-            let replica = replica.clone();
-            tokio::spawn(async move { launch_on_agent(&replica, launch).await });
+        // One job after another, each waiting for all its nodes.
+        for dispatch in replica.cluster().schedule(replica.slot(), at) {
+            self::dispatch(&replica, dispatch).await;
         }
+    }
+}
+
+async fn health<D: Dialer>(replica: Replica<D>) {
+    let tick = replica.cluster().config().health_tick;
+    loop {
+        tokio::time::sleep(tick).await;
+        if replica.cluster().role(replica.slot()) == Role::Leader {
+            health_check(&replica).await;
+        }
+    }
+}
+
+async fn health_check<D: Dialer>(replica: &Replica<D>) {
+    let silent = replica
+        .cluster()
+        .silent_nodes(replica.slot(), replica.now());
+    if silent.is_empty() {
+        return;
+    }
+    let at = (replica.clock().wall)();
+    if let Ok(Outcome::Stop(stops)) = replica
+        .commit(Command::NodesNotResponding { names: silent, at })
+        .await
+    {
+        for stop in stops {
+            let replica = replica.clone();
+            tokio::spawn(async move { stop_on_agent(&replica, &stop).await });
+        }
+    }
+}
+
+async fn evict<D: Dialer>(replica: &Replica<D>) {
+    let config = replica.cluster().config();
+    let Some(before) = (replica.clock().wall)().checked_sub(config.terminal_retention) else {
+        return;
+    };
+    let due = replica.cluster().read(replica.slot(), |state| {
+        state
+            .jobs
+            .values()
+            .any(|j| j.is_terminal() && j.end_time.is_some_and(|t| t < before))
+    });
+    if due {
+        let _ = replica.commit(Command::EvictJobs { before }).await;
     }
 }
 
@@ -51,12 +176,13 @@ async fn agent_client<D: Dialer>(
     replica: &Replica<D>,
     address: &str,
     port: u32,
+    bound: Option<Duration>,
 ) -> Result<SlurmAgentClient<Channel>, String> {
-    let config = replica.cluster().config();
-    let endpoint = Endpoint::from_shared(format!("http://{address}:{port}"))
-        .map_err(|e| e.to_string())?
-        .connect_timeout(config.agent_connect_timeout)
-        .timeout(config.agent_request_timeout);
+    let mut endpoint =
+        Endpoint::from_shared(format!("http://{address}:{port}")).map_err(|e| e.to_string())?;
+    if let Some(bound) = bound {
+        endpoint = endpoint.connect_timeout(bound).timeout(bound);
+    }
     let channel = endpoint
         .connect_with_connector(DialerConnector::new(replica.dialer().clone()))
         .await
@@ -64,14 +190,16 @@ async fn agent_client<D: Dialer>(
     Ok(SlurmAgentClient::new(channel))
 }
 
-/// `message` as a call to an agent, with a bearer token when the replicas have an agent key.
+/// `message` as a call to an agent, with a bearer token when the replicas have an agent
+/// key: spurctld's claims, valid 5 minutes.
 fn agent_request<D: Dialer, T>(replica: &Replica<D>, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     if let Some(key) = &replica.cluster().config().agent_key {
-        let exp = (crate::determinism::EPOCH + replica.now()).as_secs() + 300;
+        let iat = (crate::determinism::EPOCH + replica.now()).as_secs();
         let token = spur_operator::agent_auth::sign(
             key,
-            &serde_json::json!({"sub": "spurctld", "exp": exp}),
+            &serde_json::json!({"sub": "spurctld", "uid": 0, "iat": iat, "exp": iat + 300,
+                "admin": true}),
         );
         let value = format!("Bearer {token}")
             .parse()
@@ -81,70 +209,166 @@ fn agent_request<D: Dialer, T>(replica: &Replica<D>, message: T) -> tonic::Reque
     request
 }
 
-async fn launch_on_agent<D: Dialer>(replica: &Replica<D>, launch: Launch) {
-    let request = pb::LaunchJobRequest {
-        job_id: launch.job_id,
-        spec: Some(launch.spec.clone()),
-        allocated: None,
-        peer_nodes: launch.peers.clone(),
-        task_offset: launch.task_offset,
-        target_node: launch.node.clone(),
-        array_job_id: 0,
-        array_task_id: 0,
-        run_attempt: launch.attempt,
-    };
-    let result = match agent_client(replica, &launch.address, launch.port).await {
-        Ok(mut client) => match client.launch_job(agent_request(replica, request)).await {
-            Ok(response) if response.get_ref().success => Ok(()),
-            Ok(response) => Err(format!("refused: {}", response.get_ref().error)),
-            Err(status) => Err(format!("{:?} {}", status.code(), status.message())),
-        },
-        Err(error) => Err(error),
-    };
-    match result {
-        Ok(()) => replica.record(format!(
-            "LaunchJob job {} on {} attempt {}: ok",
-            launch.job_id, launch.node, launch.attempt
-        )),
-        Err(error) => {
-            replica.record(format!(
-                "LaunchJob job {} on {} attempt {}: {error}",
-                launch.job_id, launch.node, launch.attempt
-            ));
-            // The job goes back to pending; a replica that lost the lead meanwhile
-            // leaves that to the new leader's view of the job.
-            let _ = replica
-                .commit(Command::LaunchFailed {
-                    job_id: launch.job_id,
-                    attempt: launch.attempt,
-                })
-                .await;
-        }
+/// One `LaunchJob`: `Ok` when the agent confirmed it.
+async fn launch<D: Dialer>(
+    replica: &Replica<D>,
+    node: &DispatchNode,
+    request: pb::LaunchJobRequest,
+) -> Result<(), String> {
+    let mut client = agent_client(replica, &node.address, node.port, None).await?;
+    match client.launch_job(agent_request(replica, request)).await {
+        Ok(response) if response.get_ref().success => Ok(()),
+        Ok(response) => Err(format!("agent rejected job: {}", response.get_ref().error)),
+        Err(status) => Err(format!("{:?} {}", status.code(), status.message())),
     }
 }
 
-/// Tells the agent of `node` to stop `job_id` (after a cancellation).
-pub(super) async fn cancel_on_agent<D: Dialer>(
-    replica: &Replica<D>,
-    job_id: u32,
-    node: &str,
-    address: &str,
-    port: u32,
-) {
-    let result = match agent_client(replica, address, port).await {
-        Ok(mut client) => client
+async fn dispatch<D: Dialer>(replica: &Replica<D>, dispatch: Dispatch) {
+    let launches = dispatch.nodes.iter().enumerate().map(|(rank, node)| {
+        let request = dispatch.request(rank);
+        async move { launch(replica, node, request).await }
+    });
+    let results = futures::future::join_all(launches).await;
+    for (node, result) in dispatch.nodes.iter().zip(&results) {
+        let outcome = match result {
+            Ok(()) => "ok".to_owned(),
+            Err(e) => e.clone(),
+        };
+        replica.record(format!(
+            "LaunchJob job {} on {} attempt {}: {outcome}",
+            dispatch.job_id, node.name, dispatch.attempt
+        ));
+    }
+    let confirmed: Vec<&DispatchNode> = dispatch
+        .nodes
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.is_ok())
+        .map(|(n, _)| n)
+        .collect();
+    let stop = |node: &DispatchNode, signal| AgentStop {
+        job_id: dispatch.job_id,
+        node: node.name.clone(),
+        address: node.address.clone(),
+        port: node.port,
+        signal,
+    };
+    if confirmed.len() == dispatch.nodes.len() {
+        let at = (replica.clock().wall)();
+        let running = Command::JobRunning {
+            job_id: dispatch.job_id,
+            at,
+        };
+        let start = Command::StartJob {
+            job_id: dispatch.job_id,
+            nodes: dispatch.nodes.iter().map(|n| n.name.clone()).collect(),
+            attempt: dispatch.attempt,
+            at,
+        };
+        let started = match replica.commit(running).await {
+            Ok(_) => replica.commit(start).await,
+            Err(status) => Err(status),
+        };
+        if started.is_err() {
+            // Confirmed but not started (the replica lost the lead): the agents stop it.
+            for node in &dispatch.nodes {
+                stop_on_agent(replica, &stop(node, 0)).await;
+            }
+        }
+        return;
+    }
+    for node in &confirmed {
+        stop_on_agent(replica, &stop(node, 9)).await;
+    }
+    let config = replica.cluster().config();
+    let wait = backoff(
+        config.dispatch_backoff,
+        config.dispatch_backoff_max,
+        dispatch.requeue_count,
+    );
+    let failed = Command::DispatchFailed {
+        job_id: dispatch.job_id,
+        detail: format!(
+            "dispatch confirmation failed: {} of {} nodes confirmed",
+            confirmed.len(),
+            dispatch.nodes.len()
+        ),
+        retry_at: (replica.clock().wall)() + wait,
+        max_requeue: config.max_batch_requeue,
+    };
+    // A replica that lost the lead meanwhile leaves the job to the new leader.
+    let _ = replica.commit(failed).await;
+}
+
+/// Tells the agent of `stop.node` to stop `stop.job_id`, bounded as spurctld bounds it.
+pub(super) async fn stop_on_agent<D: Dialer>(replica: &Replica<D>, stop: &AgentStop) {
+    let bound = replica.cluster().config().agent_cancel_timeout;
+    let call = async {
+        let mut client = agent_client(replica, &stop.address, stop.port, Some(bound)).await?;
+        client
             .cancel_job(agent_request(
                 replica,
-                pb::AgentCancelJobRequest { job_id, signal: 0 },
+                pb::AgentCancelJobRequest {
+                    job_id: stop.job_id,
+                    signal: stop.signal,
+                },
             ))
             .await
             .map(|_| ())
-            .map_err(|status| format!("{:?} {}", status.code(), status.message())),
-        Err(error) => Err(error),
+            .map_err(|status| format!("{:?} {}", status.code(), status.message()))
     };
-    let outcome = match result {
-        Ok(()) => "ok".to_owned(),
-        Err(error) => error,
+    let outcome = match tokio::time::timeout(bound, call).await {
+        Ok(Ok(())) => "ok".to_owned(),
+        Ok(Err(error)) => error,
+        Err(_) => format!("no answer in {bound:?}"),
     };
-    replica.record(format!("agent CancelJob job {job_id} on {node}: {outcome}"));
+    replica.record(format!(
+        "agent CancelJob job {} signal {} on {}: {outcome}",
+        stop.job_id, stop.signal, stop.node
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_from_5s_to_300s() {
+        let waits: Vec<u64> = (0..8)
+            .map(|n| backoff(Duration::from_secs(5), Duration::from_secs(300), n).as_secs())
+            .collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300]);
+    }
+
+    #[test]
+    fn a_launch_names_sockets_as_peers_and_names_in_the_spec() {
+        let node = |name: &str| DispatchNode {
+            name: name.to_owned(),
+            address: "10.0.0.5".to_owned(),
+            port: 6818,
+        };
+        let dispatch = Dispatch {
+            job_id: 7,
+            attempt: 1,
+            requeue_count: 0,
+            spec: pb::JobSpec {
+                num_nodes: 2,
+                tasks_per_node: 4,
+                gpus_per_node: Some(pb::GpuRequest {
+                    count: 2,
+                    gpu_type: String::new(),
+                }),
+                ..Default::default()
+            },
+            nodes: vec![node("b"), node("a")],
+        };
+        let second = dispatch.request(1);
+        assert_eq!(second.peer_nodes, ["10.0.0.5:6818", "10.0.0.5:6818"]);
+        assert_eq!(second.task_offset, 4);
+        assert_eq!(second.target_node, "a");
+        let spec = second.spec.unwrap();
+        assert_eq!(spec.nodelist, "b,a");
+        assert_eq!(spec.gres, ["gpu:2"]);
+        assert!(spec.gpus_per_node.is_none());
+    }
 }

@@ -12,7 +12,8 @@ use tonic::Status;
 /// A command in the replicated log.
 #[derive(Clone, Debug)]
 pub enum Command {
-    /// A node registered (or registered again: refreshes resources and address).
+    /// A node registered (or registered again: refreshes resources and address, never
+    /// its state).
     RegisterNode {
         name: String,
         address: String,
@@ -28,29 +29,45 @@ pub enum Command {
         labels: BTreeMap<String, String>,
         remove_labels: Vec<String>,
     },
-    /// A job submitted; it gets the next job id.
+    /// A job submitted; it gets the next job id (an array: the parent id, its tasks the
+    /// ids after it).
     SubmitJob {
         spec: Box<pb::JobSpec>,
         at: SystemTime,
     },
     /// A job cancelled.
     CancelJob { job_id: u32, at: SystemTime },
-    /// The scheduler placed a job on nodes (run attempt `attempt`).
+    /// Every node of a dispatch confirmed its LaunchJob: the job is RUNNING, its nodes
+    /// not yet recorded (spurctld commits the state change, then [`Command::StartJob`]).
+    JobRunning { job_id: u32, at: SystemTime },
+    /// The running job's nodes (run attempt `attempt`).
     StartJob {
         job_id: u32,
         nodes: Vec<String>,
         attempt: u32,
         at: SystemTime,
     },
-    /// A `LaunchJob` of attempt `attempt` failed: the job goes back to pending.
-    LaunchFailed { job_id: u32, attempt: u32 },
+    /// A dispatch failed: the job stays pending, not before `retry_at` (spurctld's
+    /// `JobDispatchBackoff`), or is held after too many tries.
+    DispatchFailed {
+        job_id: u32,
+        detail: String,
+        retry_at: SystemTime,
+        max_requeue: u32,
+    },
     /// One node's end of a job.
     ReportJobStatus {
         job_id: u32,
         node: String,
         exit_code: i32,
+        run_attempt: u32,
         at: SystemTime,
     },
+    /// The leader's health check: nodes silent too long go DOWN "Not responding" and
+    /// their jobs NODE_FAIL.
+    NodesNotResponding { names: Vec<String>, at: SystemTime },
+    /// Terminal jobs that ended before `before` are evicted (spurctld keeps them an hour).
+    EvictJobs { before: SystemTime },
     /// State loss: the controller forgets every registered node.
     ForgetNodes,
 }
@@ -65,11 +82,12 @@ impl Command {
             }
             Command::SubmitJob { spec, .. } => format!("submit job name={}", spec.name),
             Command::CancelJob { job_id, .. } => format!("cancel job {job_id}"),
+            Command::JobRunning { job_id, .. } => format!("job {job_id} running"),
             Command::StartJob { job_id, nodes, .. } => {
                 format!("start job {job_id} on {}", nodes.join(","))
             }
-            Command::LaunchFailed { job_id, attempt } => {
-                format!("launch of job {job_id} attempt {attempt} failed")
+            Command::DispatchFailed { job_id, detail, .. } => {
+                format!("dispatch of job {job_id} failed: {detail}")
             }
             Command::ReportJobStatus {
                 job_id,
@@ -77,6 +95,10 @@ impl Command {
                 exit_code,
                 ..
             } => format!("job {job_id} on {node} ended exit={exit_code}"),
+            Command::NodesNotResponding { names, .. } => {
+                format!("nodes not responding: {}", names.join(","))
+            }
+            Command::EvictJobs { .. } => "evict old terminal jobs".to_owned(),
             Command::ForgetNodes => "forget all nodes".to_owned(),
         }
     }
@@ -102,8 +124,18 @@ pub enum Outcome {
     Done,
     /// A submission's new job id.
     JobId(u32),
-    /// A cancelled job whose nodes the agents must stop (name, address, port).
-    Cancelled(Vec<(String, String, u32)>),
+    /// Jobs whose nodes the agents must be told to stop: (job, node, address, port, signal).
+    Stop(Vec<AgentStop>),
+}
+
+/// A CancelJob the leader sends an agent after a state change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentStop {
+    pub job_id: u32,
+    pub node: String,
+    pub address: String,
+    pub port: u32,
+    pub signal: i32,
 }
 
 /// A registered node.
@@ -128,20 +160,54 @@ pub struct Job {
     pub submit_time: SystemTime,
     pub start_time: Option<SystemTime>,
     pub end_time: Option<SystemTime>,
-    /// The nodes of the current allocation, in placement order.
+    /// The nodes of the current allocation, in rank order (empty while pending, also
+    /// during a dispatch).
     pub nodes: Vec<String>,
     /// Exit codes reported so far, by node.
     pub reports: BTreeMap<String, i32>,
     pub exit_code: i32,
-    /// Run attempt of the current allocation (1 for the first launch).
+    /// Run attempt of the last start (0 before the first): a dispatch uses this + 1, so a
+    /// failed dispatch's retry carries the same value.
     pub attempt: u32,
+    /// Failed dispatches so far.
+    pub requeue_count: u32,
+    /// Not dispatched before this time (after a failed dispatch).
+    pub begin_time: Option<SystemTime>,
+    /// Held: never dispatched again (after `max_batch_requeue` failures).
+    pub held: bool,
+}
+
+/// spurctld's names for job states in its messages (`job 5 is already Completed`).
+pub fn state_display(state: pb::JobState) -> &'static str {
+    match state {
+        pb::JobState::JobPending => "Pending",
+        pb::JobState::JobRunning => "Running",
+        pb::JobState::JobCompleting => "Completing",
+        pb::JobState::JobCompleted => "Completed",
+        pb::JobState::JobFailed => "Failed",
+        pb::JobState::JobCancelled => "Cancelled",
+        pb::JobState::JobTimeout => "Timeout",
+        pb::JobState::JobNodeFail => "NodeFail",
+        pb::JobState::JobPreempted => "Preempted",
+        pb::JobState::JobSuspended => "Suspended",
+        pb::JobState::JobDeadline => "Deadline",
+        pb::JobState::JobOutOfMemory => "OutOfMemory",
+        pb::JobState::JobRequeued => "Requeued",
+    }
 }
 
 impl Job {
-    fn is_terminal(&self) -> bool {
-        !matches!(
+    /// Whether the job ended (PREEMPTED and REQUEUED come back to PENDING, so they are not).
+    pub fn is_terminal(&self) -> bool {
+        matches!(
             self.state,
-            pb::JobState::JobPending | pb::JobState::JobRunning
+            pb::JobState::JobCompleted
+                | pb::JobState::JobFailed
+                | pb::JobState::JobCancelled
+                | pb::JobState::JobTimeout
+                | pb::JobState::JobNodeFail
+                | pb::JobState::JobDeadline
+                | pb::JobState::JobOutOfMemory
         )
     }
 
@@ -159,10 +225,17 @@ impl Job {
             start_time: self.start_time.map(Into::into),
             end_time: self.end_time.map(Into::into),
             num_nodes: self.spec.num_nodes.max(1),
-            nodelist: self.nodes.join(","),
+            nodelist: super::hostlist::compress(&self.nodes),
             exit_code: self.exit_code,
             comment: self.spec.comment.clone(),
         }
+    }
+
+    fn end(&mut self, state: pb::JobState, reason: &str, exit_code: i32, at: SystemTime) {
+        self.state = state;
+        self.state_reason = reason.to_owned();
+        self.exit_code = exit_code;
+        self.end_time = Some(at);
     }
 }
 
@@ -188,27 +261,104 @@ impl Default for StateMachine {
     }
 }
 
-/// The answer to a heartbeat or update for a node the controller does not know.
+/// The answer to a heartbeat for a node the controller does not know.
 pub fn node_not_found(name: &str) -> Status {
     Status::not_found(format!("node {name} not found — is the node registered?"))
 }
 
+/// A node state that is an admin hold: it fails the node's running jobs, and heartbeats
+/// do not lift it (only an explicit IDLE does). DRAIN is not one of them for running work:
+/// a busy node drains.
+fn fails_running_jobs(state: pb::NodeState) -> bool {
+    matches!(
+        state,
+        pb::NodeState::NodeDown | pb::NodeState::NodeError | pb::NodeState::NodeSuspended
+    )
+}
+
+/// Whether a report of `run_attempt` is older than the job's current attempt (0 is unset).
+fn is_stale(run_attempt: u32, current: u32) -> bool {
+    run_attempt != 0 && current != 0 && run_attempt < current
+}
+
+/// The task indices of an array spec such as `0-3`, `1,4,7`, `0-10:2`, with an optional
+/// `%N` concurrency limit (ignored here); `None` when it does not parse.
+pub fn array_tasks(spec: &str) -> Result<Vec<u32>, String> {
+    let body = spec.split('%').next().unwrap_or_default().trim();
+    if body.is_empty() {
+        return Err("empty spec".to_owned());
+    }
+    let mut tasks = Vec::new();
+    for part in body.split(',') {
+        let (range, step) = match part.split_once(':') {
+            Some((range, step)) => (
+                range,
+                step.trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("bad step {step}"))?,
+            ),
+            None => (part, 1),
+        };
+        if step == 0 {
+            return Err("step cannot be 0".to_owned());
+        }
+        let number = |s: &str| {
+            s.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("bad index {s}"))
+        };
+        let (from, to) = match range.split_once('-') {
+            Some((a, b)) => (number(a)?, number(b)?),
+            None => (number(range)?, number(range)?),
+        };
+        if from > to {
+            return Err(format!("{from} > {to}"));
+        }
+        tasks.extend((from..=to).step_by(step as usize));
+    }
+    if tasks.len() > 100_000 {
+        return Err(format!(
+            "array too large: {} tasks (max 100000)",
+            tasks.len()
+        ));
+    }
+    Ok(tasks)
+}
+
 impl StateMachine {
     /// Whether `command` may be appended, judged on the leader's state. A refusal is the
-    /// answer the client gets.
+    /// answer the client gets, with spurctld's code and text.
     pub fn check(&self, command: &Command) -> Result<(), Status> {
         match command {
             Command::RegisterNode { name, .. } if name.is_empty() => {
                 Err(Status::invalid_argument("hostname is empty"))
             }
             Command::UpdateNode { name, .. } if !self.nodes.contains_key(name) => {
-                Err(node_not_found(name))
+                Err(Status::internal(format!("node {name} not found")))
             }
-            Command::CancelJob { job_id, .. } | Command::ReportJobStatus { job_id, .. }
-                if !self.jobs.contains_key(job_id) =>
-            {
-                Err(Status::not_found(format!("job {job_id} not found")))
-            }
+            Command::CancelJob { job_id, .. } => match self.jobs.get(job_id) {
+                None => Err(Status::internal(format!("job {job_id} not found"))),
+                Some(job) if job.is_terminal() => Err(Status::internal(format!(
+                    "job {job_id} is already {}",
+                    state_display(job.state)
+                ))),
+                Some(_) => Ok(()),
+            },
+            // In spurctld's order: unknown, finished (OK), an older attempt (OK, ignored),
+            // a node outside the allocation (also while a dispatch is in flight).
+            Command::ReportJobStatus {
+                job_id,
+                node,
+                run_attempt,
+                ..
+            } => match self.jobs.get(job_id) {
+                None => Err(Status::not_found(format!("job {job_id} not found"))),
+                Some(job) if job.is_terminal() || is_stale(*run_attempt, job.attempt) => Ok(()),
+                Some(job) if !job.nodes.contains(node) => Err(Status::invalid_argument(format!(
+                    "node {node} is not allocated to job {job_id}"
+                ))),
+                Some(_) => Ok(()),
+            },
             _ => Ok(()),
         }
     }
@@ -235,7 +385,12 @@ impl StateMachine {
                     running_job: None,
                 });
                 node.address = address.clone();
-                node.port = *port;
+                // Port 0 means the agent's default.
+                node.port = if *port == 0 {
+                    u32::from(spur_proto::AGENT_PORT)
+                } else {
+                    *port
+                };
                 node.resources = resources.clone();
                 node.labels = labels.clone();
                 Outcome::Done
@@ -247,16 +402,21 @@ impl StateMachine {
                 labels,
                 remove_labels,
             } => {
-                if let Some(node) = self.nodes.get_mut(name) {
-                    if let Some(state) = state {
-                        node.state = *state;
-                    }
-                    if let Some(reason) = reason {
-                        node.reason = reason.clone();
-                    }
-                    node.labels.extend(labels.clone());
-                    for key in remove_labels {
-                        node.labels.remove(key);
+                let Some(node) = self.nodes.get_mut(name) else {
+                    return Outcome::Done;
+                };
+                if let Some(reason) = reason {
+                    node.reason = reason.clone();
+                }
+                node.labels.extend(labels.clone());
+                for key in remove_labels {
+                    node.labels.remove(key);
+                }
+                if let Some(state) = *state {
+                    node.state = state;
+                    if fails_running_jobs(state) {
+                        // The agent is not told (spurctld's UpdateNode path sends nothing).
+                        self.fail_jobs_on(&[name.clone()], "NodeDown", None);
                     }
                 }
                 Outcome::Done
@@ -264,22 +424,36 @@ impl StateMachine {
             Command::SubmitJob { spec, at } => {
                 let id = self.next_job_id;
                 self.next_job_id += 1;
-                self.jobs.insert(
+                let job = |id: u32, spec: pb::JobSpec| Job {
                     id,
-                    Job {
-                        id,
-                        spec: spec.as_ref().clone(),
-                        state: pb::JobState::JobPending,
-                        state_reason: "Priority".to_owned(),
-                        submit_time: *at,
-                        start_time: None,
-                        end_time: None,
-                        nodes: Vec::new(),
-                        reports: BTreeMap::new(),
-                        exit_code: 0,
-                        attempt: 0,
-                    },
-                );
+                    spec,
+                    state: pb::JobState::JobPending,
+                    state_reason: "Priority".to_owned(),
+                    submit_time: *at,
+                    start_time: None,
+                    end_time: None,
+                    nodes: Vec::new(),
+                    reports: BTreeMap::new(),
+                    exit_code: 0,
+                    attempt: 0,
+                    requeue_count: 0,
+                    begin_time: None,
+                    held: false,
+                };
+                if spec.array_spec.is_empty() {
+                    self.jobs.insert(id, job(id, spec.as_ref().clone()));
+                } else {
+                    // The parent id has no record of its own; each task is a full clone
+                    // (name and comment too) with the next id.
+                    let tasks = array_tasks(&spec.array_spec).unwrap_or_default();
+                    for _ in tasks {
+                        let task_id = self.next_job_id;
+                        self.next_job_id += 1;
+                        let mut task = spec.as_ref().clone();
+                        task.array_spec.clear();
+                        self.jobs.insert(task_id, job(task_id, task));
+                    }
+                }
                 Outcome::JobId(id)
             }
             Command::CancelJob { job_id, at } => {
@@ -289,12 +463,9 @@ impl StateMachine {
                 if job.is_terminal() {
                     return Outcome::Done;
                 }
-                job.state = pb::JobState::JobCancelled;
-                job.state_reason = "cancelled".to_owned();
-                job.end_time = Some(*at);
-                let nodes = job.nodes.clone();
-                let stops = self.release_nodes(*job_id, &nodes);
-                Outcome::Cancelled(stops)
+                job.end(pb::JobState::JobCancelled, "cancelled", job.exit_code, *at);
+                let nodes = std::mem::take(&mut job.nodes);
+                Outcome::Stop(self.release_nodes(*job_id, &nodes, 0))
             }
             Command::StartJob {
                 job_id,
@@ -305,67 +476,111 @@ impl StateMachine {
                 let Some(job) = self.jobs.get_mut(job_id) else {
                     return Outcome::Done;
                 };
+                if !matches!(
+                    job.state,
+                    pb::JobState::JobPending | pb::JobState::JobRunning
+                ) || !job.nodes.is_empty()
+                {
+                    return Outcome::Done;
+                }
                 job.state = pb::JobState::JobRunning;
                 job.state_reason = String::new();
-                job.start_time = Some(*at);
+                job.start_time.get_or_insert(*at);
                 job.nodes = nodes.clone();
                 job.reports.clear();
                 job.attempt = *attempt;
                 for name in nodes {
                     if let Some(node) = self.nodes.get_mut(name) {
                         node.running_job = Some(*job_id);
-                        node.state = pb::NodeState::NodeAllocated;
+                        if node.state == pb::NodeState::NodeIdle {
+                            node.state = pb::NodeState::NodeAllocated;
+                        }
                     }
                 }
                 Outcome::Done
             }
-            Command::LaunchFailed { job_id, attempt } => {
+            Command::JobRunning { job_id, at } => {
+                if let Some(job) = self.jobs.get_mut(job_id)
+                    && job.state == pb::JobState::JobPending
+                {
+                    job.state = pb::JobState::JobRunning;
+                    job.state_reason = String::new();
+                    job.start_time = Some(*at);
+                }
+                Outcome::Done
+            }
+            Command::DispatchFailed {
+                job_id,
+                detail,
+                retry_at,
+                max_requeue,
+            } => {
                 let Some(job) = self.jobs.get_mut(job_id) else {
                     return Outcome::Done;
                 };
-                if job.state != pb::JobState::JobRunning || job.attempt != *attempt {
+                if job.state != pb::JobState::JobPending {
                     return Outcome::Done;
                 }
-                job.state = pb::JobState::JobPending;
-                job.state_reason = "launch failed".to_owned();
-                job.start_time = None;
-                let nodes = std::mem::take(&mut job.nodes);
-                self.release_nodes(*job_id, &nodes);
+                job.requeue_count += 1;
+                job.begin_time = Some(*retry_at);
+                if job.requeue_count >= *max_requeue {
+                    job.held = true;
+                    job.state_reason = "JobHoldMaxRequeue".to_owned();
+                } else {
+                    job.state_reason = format!("JobLaunchFailure ({detail})");
+                }
                 Outcome::Done
             }
             Command::ReportJobStatus {
                 job_id,
                 node,
                 exit_code,
+                run_attempt,
                 at,
             } => {
                 let Some(job) = self.jobs.get_mut(job_id) else {
                     return Outcome::Done;
                 };
-                if job.is_terminal() {
+                // A finished job, or a report of an older attempt, is ignored.
+                if job.is_terminal() || is_stale(*run_attempt, job.attempt) {
                     return Outcome::Done;
                 }
-                // A report without a node name stands for the job's only node.
-                let node = if node.is_empty() && job.nodes.len() == 1 {
-                    job.nodes[0].clone()
-                } else {
-                    node.clone()
-                };
-                job.reports.insert(node, *exit_code);
-                let all_reported =
-                    !job.nodes.is_empty() && job.nodes.iter().all(|n| job.reports.contains_key(n));
-                if all_reported {
-                    let failed = job.reports.values().find(|code| **code != 0).copied();
-                    job.exit_code = failed.unwrap_or(0);
-                    job.state = if failed.is_some() {
-                        pb::JobState::JobFailed
-                    } else {
-                        pb::JobState::JobCompleted
-                    };
-                    job.end_time = Some(*at);
-                    let nodes = job.nodes.clone();
-                    self.release_nodes(*job_id, &nodes);
+                if !job.nodes.contains(node) {
+                    return Outcome::Done;
                 }
+                job.reports.insert(node.clone(), *exit_code);
+                if job.state == pb::JobState::JobRunning {
+                    job.state = pb::JobState::JobCompleting;
+                    job.end_time = Some(*at);
+                }
+                let all_reported = job.nodes.iter().all(|n| job.reports.contains_key(n));
+                if all_reported {
+                    // The job's result is its first node's, whatever the others exited with.
+                    let primary = job.reports[&job.nodes[0]];
+                    let state = if primary == 0 {
+                        pb::JobState::JobCompleted
+                    } else {
+                        pb::JobState::JobFailed
+                    };
+                    job.end(state, "", primary, *at);
+                    let nodes = job.nodes.clone();
+                    self.release_nodes(*job_id, &nodes, 0);
+                }
+                Outcome::Done
+            }
+            Command::NodesNotResponding { names, at } => {
+                for name in names {
+                    if let Some(node) = self.nodes.get_mut(name) {
+                        node.state = pb::NodeState::NodeDown;
+                        node.reason = "Not responding".to_owned();
+                    }
+                }
+                Outcome::Stop(self.fail_jobs_on(names, "NodeDown", Some((*at, 9))))
+            }
+            Command::EvictJobs { before } => {
+                self.jobs.retain(|_, job| {
+                    !job.is_terminal() || job.end_time.is_none_or(|t| t >= *before)
+                });
                 Outcome::Done
             }
             Command::ForgetNodes => {
@@ -375,8 +590,44 @@ impl StateMachine {
         }
     }
 
-    /// Frees the nodes `job_id` held; returns (name, address, port) of each.
-    fn release_nodes(&mut self, job_id: u32, names: &[String]) -> Vec<(String, String, u32)> {
+    /// Fails every running job on `names` (NODE_FAIL, exit -1) and frees their nodes; with
+    /// `stop`, the agents of those nodes are told to stop it with that signal.
+    fn fail_jobs_on(
+        &mut self,
+        names: &[String],
+        reason: &str,
+        stop: Option<(SystemTime, i32)>,
+    ) -> Vec<AgentStop> {
+        let at = stop.map_or_else(crate::determinism::epoch, |(at, _)| at);
+        let failed: Vec<u32> = self
+            .jobs
+            .values()
+            .filter(|job| {
+                matches!(
+                    job.state,
+                    pb::JobState::JobRunning
+                        | pb::JobState::JobCompleting
+                        | pb::JobState::JobSuspended
+                ) && job.nodes.iter().any(|n| names.contains(n))
+            })
+            .map(|job| job.id)
+            .collect();
+        let mut stops = Vec::new();
+        for id in failed {
+            let job = self.jobs.get_mut(&id).expect("listed");
+            let end = job.end_time.unwrap_or(at);
+            job.end(pb::JobState::JobNodeFail, reason, -1, end);
+            let nodes = job.nodes.clone();
+            let freed = self.release_nodes(id, &nodes, stop.map_or(0, |(_, s)| s));
+            if stop.is_some() {
+                stops.extend(freed);
+            }
+        }
+        stops
+    }
+
+    /// Frees the nodes `job_id` held; returns the agent stops for them with `signal`.
+    fn release_nodes(&mut self, job_id: u32, names: &[String], signal: i32) -> Vec<AgentStop> {
         let mut freed = Vec::new();
         for name in names {
             if let Some(node) = self.nodes.get_mut(name) {
@@ -386,14 +637,21 @@ impl StateMachine {
                         node.state = pb::NodeState::NodeIdle;
                     }
                 }
-                freed.push((name.clone(), node.address.clone(), node.port));
+                freed.push(AgentStop {
+                    job_id,
+                    node: name.clone(),
+                    address: node.address.clone(),
+                    port: node.port,
+                    signal,
+                });
             }
         }
         freed
     }
 
-    /// Pending jobs that fit on idle nodes now, with the nodes each gets (by name order).
-    pub fn placements(&self) -> Vec<(u32, Vec<String>)> {
+    /// Pending jobs that may be dispatched at `now` onto idle nodes, with the nodes each
+    /// gets (by name order).
+    pub fn placements(&self, now: SystemTime) -> Vec<(u32, Vec<String>)> {
         let mut idle: Vec<&String> = self
             .nodes
             .iter()
@@ -402,7 +660,10 @@ impl StateMachine {
             .collect();
         let mut placements = Vec::new();
         for job in self.jobs.values() {
-            if job.state != pb::JobState::JobPending {
+            if job.state != pb::JobState::JobPending
+                || job.held
+                || job.begin_time.is_some_and(|t| t > now)
+            {
                 continue;
             }
             let wanted = job.spec.num_nodes.max(1) as usize;
@@ -415,14 +676,21 @@ impl StateMachine {
         placements
     }
 
-    /// Jobs matching a `GetJobs` request, by id.
+    /// Jobs matching a `GetJobs` request, by id. `name` is a comma-separated list of exact
+    /// names.
     pub fn query(&self, request: &pb::GetJobsRequest) -> Vec<pb::JobInfo> {
+        let names: Vec<&str> = request
+            .name
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect();
         self.jobs
             .values()
             .filter(|job| {
                 (request.states.is_empty() || request.states.contains(&(job.state as i32)))
                     && (request.job_ids.is_empty() || request.job_ids.contains(&job.id))
-                    && (request.name.is_empty() || request.name == job.spec.name)
+                    && (names.is_empty() || names.contains(&job.spec.name.as_str()))
                     && (request.user.is_empty() || request.user == job.spec.user)
                     && (request.partition.is_empty() || request.partition == job.spec.partition)
                     && (request.account.is_empty() || request.account == job.spec.account)
@@ -474,7 +742,7 @@ mod tests {
         state.apply(&register("n1"));
         state.apply(&register("n2"));
         state.apply(&submit("j", 2));
-        let placements = state.placements();
+        let placements = state.placements(at());
         assert_eq!(
             placements,
             vec![(1, vec!["n1".to_owned(), "n2".to_owned()])]
@@ -485,18 +753,20 @@ mod tests {
             attempt: 1,
             at: at(),
         });
-        assert!(state.placements().is_empty(), "nodes are allocated");
+        assert!(state.placements(at()).is_empty(), "nodes are allocated");
         let report = |node: &str, exit_code| Command::ReportJobStatus {
             job_id: 1,
             node: node.to_owned(),
             exit_code,
+            run_attempt: 1,
             at: at(),
         };
-        state.apply(&report("n1", 0));
-        assert_eq!(state.jobs[&1].state, pb::JobState::JobRunning);
         state.apply(&report("n2", 3));
-        assert_eq!(state.jobs[&1].state, pb::JobState::JobFailed);
-        assert_eq!(state.jobs[&1].exit_code, 3);
+        assert_eq!(state.jobs[&1].state, pb::JobState::JobCompleting);
+        state.apply(&report("n1", 0));
+        // The first node decides the job's result.
+        assert_eq!(state.jobs[&1].state, pb::JobState::JobCompleted);
+        assert_eq!(state.jobs[&1].exit_code, 0);
         assert_eq!(state.nodes["n1"].state, pb::NodeState::NodeIdle);
     }
 
@@ -512,15 +782,82 @@ mod tests {
         };
         assert_eq!(
             state.check(&update).unwrap_err().code(),
-            tonic::Code::NotFound
+            tonic::Code::Internal
         );
         let cancel = Command::CancelJob {
             job_id: 9,
             at: at(),
         };
-        assert_eq!(
-            state.check(&cancel).unwrap_err().code(),
-            tonic::Code::NotFound
+        let refused = state.check(&cancel).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Internal);
+        assert_eq!(refused.message(), "job 9 not found");
+    }
+
+    #[test]
+    fn an_array_takes_the_ids_after_its_parent_and_clones_the_comment() {
+        let mut state = StateMachine::default();
+        let mut spec = pb::JobSpec {
+            name: "a".to_owned(),
+            comment: "spurjob-uid=u".to_owned(),
+            array_spec: "0-2".to_owned(),
+            ..Default::default()
+        };
+        let parent = state.apply(&Command::SubmitJob {
+            spec: Box::new(spec.clone()),
+            at: at(),
+        });
+        assert_eq!(parent, Outcome::JobId(1));
+        assert!(!state.jobs.contains_key(&1));
+        assert_eq!(state.jobs.keys().copied().collect::<Vec<_>>(), [2, 3, 4]);
+        assert!(
+            state
+                .jobs
+                .values()
+                .all(|j| j.spec.comment == "spurjob-uid=u")
         );
+        spec.array_spec.clear();
+        assert_eq!(
+            state.apply(&Command::SubmitJob {
+                spec: Box::new(spec),
+                at: at()
+            }),
+            Outcome::JobId(5)
+        );
+    }
+
+    #[test]
+    fn array_specs_parse_as_spurctld_reads_them() {
+        assert_eq!(array_tasks("0-3").unwrap(), [0, 1, 2, 3]);
+        assert_eq!(array_tasks("1,4,7%2").unwrap(), [1, 4, 7]);
+        assert_eq!(array_tasks("0-6:3").unwrap(), [0, 3, 6]);
+        assert!(array_tasks("").is_err());
+        assert!(array_tasks("3-1").is_err());
+        assert!(array_tasks("0-4:0").is_err());
+    }
+
+    #[test]
+    fn down_fails_the_running_job_and_drain_does_not() {
+        for (node_state, expected) in [
+            (pb::NodeState::NodeDown, pb::JobState::JobNodeFail),
+            (pb::NodeState::NodeDrain, pb::JobState::JobRunning),
+        ] {
+            let mut state = StateMachine::default();
+            state.apply(&register("n1"));
+            state.apply(&submit("j", 1));
+            state.apply(&Command::StartJob {
+                job_id: 1,
+                nodes: vec!["n1".to_owned()],
+                attempt: 1,
+                at: at(),
+            });
+            state.apply(&Command::UpdateNode {
+                name: "n1".to_owned(),
+                state: Some(node_state),
+                reason: None,
+                labels: BTreeMap::new(),
+                remove_labels: Vec::new(),
+            });
+            assert_eq!(state.jobs[&1].state, expected, "{node_state:?}");
+        }
     }
 }

@@ -1,0 +1,339 @@
+//! The real spurctld as a peer: finds the binary, writes each replica's config file and
+//! state directory, starts one replica or three under Raft on loopback addresses of their
+//! own, and stops every process it started when dropped, even when a test panics.
+//!
+//! The binary is `$SPURCTLD`, else `../shared/peers/spurctld/spurctld` beside the
+//! workspace (the unmodified controller built from the public ROCm/spur repository).
+
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The client port every replica listens on (spurctld's default).
+pub const CLIENT_PORT: u16 = 6817;
+/// The Raft port every replica listens on (spurctld's default).
+pub const RAFT_PORT: u16 = 6821;
+
+/// Where the real binary is, if anywhere.
+pub fn binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("SPURCTLD") {
+        let path = PathBuf::from(path);
+        return path.is_file().then_some(path);
+    }
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/peers/spurctld/spurctld");
+    beside.is_file().then_some(beside)
+}
+
+/// Whether this run is CI's, where a missing real peer is a failure, not a skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// The binary, or `None` with one loud line saying the real-peer cases did NOT run.
+/// Panics in CI: there the real peer must be present.
+pub fn binary_or_skip(what: &str) -> Option<PathBuf> {
+    match binary() {
+        Some(path) => Some(path),
+        None if in_ci() => panic!(
+            "{what}: spurctld not found (SPURCTLD unset and ../shared/peers/spurctld/spurctld \
+             missing); CI must run the real peer"
+        ),
+        None => {
+            eprintln!(
+                "!!! {what}: the REAL spurctld did NOT run: no binary. Build ROCm/spur's \
+                 spurctld (cargo build --release -p spurctld) and set SPURCTLD=/path/to/spurctld"
+            );
+            None
+        }
+    }
+}
+
+/// What a cluster is started with.
+#[derive(Clone, Debug)]
+pub struct RealConfig {
+    /// 1, or 3 under Raft.
+    pub replicas: usize,
+    /// `heartbeat_timeout_secs`: nodes silent this long go DOWN (spurctld's default is 90).
+    pub heartbeat_timeout_secs: Option<u64>,
+    /// `[auth] jwt_key`: spurctld signs its calls to agents with it.
+    pub jwt_key: Option<String>,
+}
+
+impl Default for RealConfig {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            heartbeat_timeout_secs: None,
+            jwt_key: None,
+        }
+    }
+}
+
+/// One running replica.
+struct Process {
+    child: Child,
+    frozen: bool,
+}
+
+/// Real spurctld replicas, stopped (SIGKILL) when dropped.
+pub struct RealCluster {
+    base: [u8; 3],
+    dir: PathBuf,
+    config: RealConfig,
+    binary: PathBuf,
+    processes: Vec<Option<Process>>,
+}
+
+/// A loopback /24 of its own for each cluster: 127.<a>.<b>.0, from the process id and a
+/// counter, so parallel tests (and parallel test processes) do not collide.
+fn next_base() -> [u8; 3] {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id();
+    [127, 10 + (pid % 200) as u8, (n % 250) as u8 + 1]
+}
+
+impl RealCluster {
+    /// Starts the replicas; returns once each listens on its client port (not once a
+    /// leader exists: see [`RealCluster::leader`]).
+    pub fn start(binary: &Path, config: RealConfig) -> std::io::Result<RealCluster> {
+        let base = next_base();
+        let dir = std::env::temp_dir().join(format!(
+            "spur-real-{}-{}-{}",
+            std::process::id(),
+            base[1],
+            base[2]
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let mut cluster = RealCluster {
+            base,
+            dir,
+            config,
+            binary: binary.to_owned(),
+            processes: Vec::new(),
+        };
+        for slot in 0..cluster.config.replicas {
+            cluster.write_config(slot)?;
+            cluster.processes.push(None);
+            cluster.spawn(slot)?;
+        }
+        for slot in 0..cluster.config.replicas {
+            cluster.wait_listening(slot, Duration::from_secs(10))?;
+        }
+        Ok(cluster)
+    }
+
+    /// How many replicas.
+    pub fn replicas(&self) -> usize {
+        self.config.replicas
+    }
+
+    /// Replica `slot`'s IP (slot 0 is `.1`).
+    pub fn ip(&self, slot: usize) -> Ipv4Addr {
+        let [a, b, c] = self.base;
+        Ipv4Addr::new(a, b, c, slot as u8 + 1)
+    }
+
+    /// Replica `slot`'s client address.
+    pub fn addr(&self, slot: usize) -> SocketAddr {
+        SocketAddr::new(self.ip(slot).into(), CLIENT_PORT)
+    }
+
+    /// An address in this cluster's /24 that no replica uses, for a test's own servers
+    /// (an agent): `.100 + n`.
+    pub fn spare_ip(&self, n: u8) -> Ipv4Addr {
+        let [a, b, c] = self.base;
+        Ipv4Addr::new(a, b, c, 100 + n)
+    }
+
+    fn config_path(&self, slot: usize) -> PathBuf {
+        self.dir.join(format!("spur{}.conf", slot + 1))
+    }
+
+    fn state_dir(&self, slot: usize) -> PathBuf {
+        self.dir.join(format!("state{}", slot + 1))
+    }
+
+    fn write_config(&self, slot: usize) -> std::io::Result<()> {
+        let mut text = String::from("cluster_name = \"conformance\"\n[controller]\n");
+        let _ = writeln!(text, "listen_addr = \"{}\"", self.addr(slot));
+        let _ = writeln!(text, "state_dir = \"{}\"", self.state_dir(slot).display());
+        let raft = |s: usize| format!("{}:{RAFT_PORT}", self.ip(s));
+        if self.config.replicas > 1 {
+            let peers: Vec<String> = (0..self.config.replicas)
+                .map(|s| format!("\"{}\"", raft(s)))
+                .collect();
+            let _ = writeln!(text, "peers = [{}]", peers.join(", "));
+            let _ = writeln!(text, "node_id = {}", slot + 1);
+        }
+        // Even one replica listens for Raft; on its own address, not spurctld's default
+        // [::]:6821, so clusters of parallel tests do not collide.
+        let _ = writeln!(text, "raft_listen_addr = \"{}\"", raft(slot));
+        if let Some(secs) = self.config.heartbeat_timeout_secs {
+            let _ = writeln!(text, "heartbeat_timeout_secs = {secs}");
+        }
+        if let Some(key) = &self.config.jwt_key {
+            let _ = writeln!(text, "[auth]\nplugin = \"jwt\"\njwt_key = \"{key}\"");
+        }
+        text.push_str("[[partitions]]\nname = \"default\"\ndefault = true\n");
+        std::fs::create_dir_all(self.state_dir(slot))?;
+        std::fs::write(self.config_path(slot), text)
+    }
+
+    fn spawn(&mut self, slot: usize) -> std::io::Result<()> {
+        let log = self.dir.join(format!("spurctld{}.log", slot + 1));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
+        let child = Command::new(&self.binary)
+            .arg("-D")
+            .arg("-f")
+            .arg(self.config_path(slot))
+            .arg("--state-dir")
+            .arg(self.state_dir(slot))
+            .arg("--listen")
+            .arg(self.addr(slot).to_string())
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()?;
+        self.processes[slot] = Some(Process {
+            child,
+            frozen: false,
+        });
+        Ok(())
+    }
+
+    fn wait_listening(&mut self, slot: usize, limit: Duration) -> std::io::Result<()> {
+        let start = Instant::now();
+        loop {
+            if std::net::TcpStream::connect_timeout(&self.addr(slot), Duration::from_millis(200))
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if let Some(process) = &mut self.processes[slot]
+                && let Some(status) = process.child.try_wait()?
+            {
+                return Err(std::io::Error::other(format!(
+                    "spurctld {} exited ({status}) before listening; log:\n{}",
+                    slot + 1,
+                    self.log(slot)
+                )));
+            }
+            if start.elapsed() > limit {
+                return Err(std::io::Error::other(format!(
+                    "spurctld {} not listening on {} after {limit:?}",
+                    slot + 1,
+                    self.addr(slot)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Replica `slot`'s log so far (ANSI colour codes included when it wrote any).
+    pub fn log(&self, slot: usize) -> String {
+        let path = self.dir.join(format!("spurctld{}.log", slot + 1));
+        std::fs::read_to_string(path).unwrap_or_default()
+    }
+
+    /// The running replica whose log says it became leader last (openraft's `become
+    /// leader`, by the line's timestamp); `None` before any did.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.replicas())
+            .filter(|slot| self.is_up(*slot))
+            .filter_map(|slot| {
+                let log = self.log(slot);
+                let line = log.lines().rfind(|l| l.contains("become leader"))?;
+                // Lines start with an RFC 3339 timestamp: they sort as text.
+                Some((line.split_whitespace().next()?.to_owned(), slot))
+            })
+            .max()
+            .map(|(_, slot)| slot)
+    }
+
+    /// SIGKILL replica `slot` (a crashed pod); it stays down until [`RealCluster::restart`].
+    pub fn kill(&mut self, slot: usize) {
+        if let Some(mut process) = self.processes[slot].take() {
+            if process.frozen {
+                signal(process.child.id(), "CONT");
+            }
+            let _ = process.child.kill();
+            let _ = process.child.wait();
+        }
+    }
+
+    /// Starts replica `slot` again on its state directory, as a StatefulSet pod comes back.
+    pub fn restart(&mut self, slot: usize) -> std::io::Result<()> {
+        self.kill(slot);
+        self.spawn(slot)?;
+        self.wait_listening(slot, Duration::from_secs(10))
+    }
+
+    /// SIGSTOP replica `slot`: its sockets stay open and nothing answers.
+    pub fn freeze(&mut self, slot: usize) {
+        if let Some(process) = &mut self.processes[slot] {
+            signal(process.child.id(), "STOP");
+            process.frozen = true;
+        }
+    }
+
+    /// SIGCONT replica `slot`.
+    pub fn thaw(&mut self, slot: usize) {
+        if let Some(process) = &mut self.processes[slot] {
+            signal(process.child.id(), "CONT");
+            process.frozen = false;
+        }
+    }
+
+    /// Whether replica `slot` runs (not killed; frozen counts as running).
+    pub fn is_up(&self, slot: usize) -> bool {
+        self.processes[slot].is_some()
+    }
+
+    /// Where the replicas' files are.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Every replica's log, for a failing test's message.
+    pub fn logs(&self) -> String {
+        let mut all = String::new();
+        for slot in 0..self.replicas() {
+            let log = self.log(slot);
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            let _ = writeln!(all, "--- spurctld {} (last 40 lines)", slot + 1);
+            for line in tail.into_iter().rev() {
+                let _ = writeln!(all, "{line}");
+            }
+        }
+        all
+    }
+}
+
+fn signal(pid: u32, name: &str) {
+    // `kill(1)` rather than a libc binding: this runs a few times per test.
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+impl Drop for RealCluster {
+    fn drop(&mut self) {
+        for slot in 0..self.processes.len() {
+            self.kill(slot);
+        }
+        if std::env::var_os("SPUR_KEEP_REAL_LOGS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
