@@ -3,6 +3,7 @@
 //! pinned to the target node.
 
 use std::future::Future;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::PostParams;
@@ -14,7 +15,9 @@ use tonic::{Request, Response, Status};
 
 use crate::agent_auth::AgentAuth;
 use crate::jobs::convert::uid_in_comment;
-use crate::jobs::pods::{build_pod, build_service, rank};
+use crate::jobs::pods::{
+    MAX_POD_GENERATIONS, Placement, build_pod, build_service, is_launched_pod, placement,
+};
 use crate::jobs::reconcile::delete_job_objects;
 use crate::jobs::{LABEL_JOB_ID, SpurJob};
 use crate::metrics::Metrics;
@@ -24,12 +27,23 @@ use crate::nodes::Registered;
 /// GPU resource names, in the order they are looked for on a node.
 const GPU_RESOURCES: [&str; 2] = ["amd.com/gpu", "nvidia.com/gpu"];
 
+/// The largest LaunchJob the agent decodes: spurctld encodes LaunchJob up to 8 MiB
+/// (tonic's default limit, 4 MiB, would refuse the larger ones it sends).
+pub const MAX_LAUNCH_MESSAGE_BYTES: usize = 8 << 20;
+
+/// The bound on one LaunchJob's Kubernetes work when none is configured (see
+/// `--agent-launch-timeout`).
+pub const DEFAULT_LAUNCH_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Clone)]
 pub struct Agent {
     kube: kube::Client,
     /// The SpurJobs, while this replica leads; `None` on a standby.
     jobs: watch::Receiver<Option<Store<SpurJob>>>,
     registered: Registered,
+    /// How long a LaunchJob may wait on the Kubernetes API before it is answered
+    /// UNAVAILABLE: spurctld waits on it without a bound of its own.
+    launch_timeout: Duration,
 }
 
 impl Agent {
@@ -42,7 +56,14 @@ impl Agent {
             kube,
             jobs,
             registered,
+            launch_timeout: DEFAULT_LAUNCH_TIMEOUT,
         }
+    }
+
+    /// Bounds each LaunchJob's Kubernetes work by `timeout`.
+    pub fn with_launch_timeout(mut self, timeout: Duration) -> Agent {
+        self.launch_timeout = timeout;
+        self
     }
 
     fn store(&self) -> Result<Store<SpurJob>, Status> {
@@ -74,6 +95,76 @@ impl Agent {
             .collect();
         matches.sort_by_key(|job| job.name_any());
         matches.into_iter().next()
+    }
+
+    /// Creates the launch's pod (and a multi-node job's Service); unbounded here, bounded
+    /// by the caller.
+    async fn launch(
+        &self,
+        job: &SpurJob,
+        launch: &pb::LaunchJobRequest,
+        placement: &Placement,
+    ) -> Result<Response<pb::LaunchJobResponse>, Status> {
+        let gpu_resource = self.gpu_resource(&launch.target_node).await;
+        let namespace = job.namespace().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(self.kube.clone(), &namespace);
+        let uid = job.uid().unwrap_or_default();
+        let mut launched = None;
+        for generation in 0..MAX_POD_GENERATIONS {
+            let pod = build_pod(job, launch, gpu_resource, generation)
+                .map_err(Status::invalid_argument)?;
+            let name = pod.name_any();
+            match pods.create(&PostParams::default(), &pod).await {
+                Ok(_) => {
+                    tracing::info!(job_id = launch.job_id, node = %launch.target_node, pod = %name, "launched");
+                    launched = Some(name);
+                    break;
+                }
+                Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+                Err(e) => return Err(kube_status("creating the pod", e)),
+            }
+            // The name is taken: by this launch's own pod (a repeated LaunchJob), or by one
+            // that is not this launch's: the cancelled dispatch's pod still terminating (a
+            // retry keeps the run attempt), or another SpurJob's. Only the first is done.
+            match pods.get_opt(&name).await {
+                Ok(Some(existing)) if is_launched_pod(&existing, &uid, launch) => {
+                    launched = Some(name);
+                    break;
+                }
+                Ok(existing) => {
+                    let why = match &existing {
+                        Some(p) if p.metadata.deletion_timestamp.is_some() => "terminating",
+                        Some(_) => "another launch's",
+                        None => "deleted meanwhile",
+                    };
+                    tracing::info!(job_id = launch.job_id, node = %launch.target_node, pod = %name, why, "pod name taken; trying the next");
+                }
+                Err(e) => return Err(kube_status("reading the existing pod", e)),
+            }
+        }
+        let Some(pod_name) = launched else {
+            return Err(Status::unavailable(format!(
+                "job {} on node {}: all {MAX_POD_GENERATIONS} pod names for run attempt {} are held by other pods (still terminating?); try again later",
+                launch.job_id, launch.target_node, launch.run_attempt
+            )));
+        };
+        if placement.nodes.len() > 1 {
+            let services: Api<Service> = Api::namespaced(self.kube.clone(), &namespace);
+            match services
+                .create(&PostParams::default(), &build_service(job, launch.job_id))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+                Err(e) => return Err(kube_status("creating the job's Service", e)),
+            }
+        }
+        Ok(Response::new(pb::LaunchJobResponse {
+            success: true,
+            error: String::new(),
+            stdout_path: format!("pod/{namespace}/{pod_name}"),
+            stderr_path: format!("pod/{namespace}/{pod_name}"),
+        }))
     }
 
     async fn gpu_resource(&self, node: &str) -> &'static str {
@@ -117,44 +208,21 @@ impl pb::SlurmAgent for Agent {
                 launch.job_id
             )));
         };
-        if rank(&launch).is_none() {
-            return Err(Status::permission_denied(format!(
-                "node {} is outside job {}'s allocation ({})",
-                launch.target_node,
-                launch.job_id,
-                launch.peer_nodes.join(",")
-            )));
-        }
-        let gpu_resource = self.gpu_resource(&launch.target_node).await;
-        let pod = build_pod(&job, &launch, gpu_resource).map_err(Status::invalid_argument)?;
-        let namespace = job.namespace().unwrap_or_default();
-        let pods: Api<Pod> = Api::namespaced(self.kube.clone(), &namespace);
-        let pod_name = pod.name_any();
-        match pods.create(&PostParams::default(), &pod).await {
-            Ok(_) => {
-                tracing::info!(job_id = launch.job_id, node = %launch.target_node, pod = %pod_name, "launched");
-            }
-            // A repeated LaunchJob: the pod is already there.
-            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
-            Err(e) => return Err(kube_status("creating the pod", e)),
-        }
-        if launch.peer_nodes.len() > 1 {
-            let services: Api<Service> = Api::namespaced(self.kube.clone(), &namespace);
-            match services
-                .create(&PostParams::default(), &build_service(&job, launch.job_id))
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.is_already_exists() => {}
-                Err(e) => return Err(kube_status("creating the job's Service", e)),
+        let placement = placement(&launch).map_err(Status::invalid_argument)?;
+        // spurctld awaits every LaunchJob, one assignment after another, with no bound:
+        // an API server that does not answer must not hold up all its scheduling.
+        match tokio::time::timeout(self.launch_timeout, self.launch(&job, &launch, &placement))
+            .await
+        {
+            Ok(answer) => answer,
+            Err(_) => {
+                tracing::warn!(job_id = launch.job_id, node = %launch.target_node, timeout = ?self.launch_timeout, "LaunchJob timed out waiting on the Kubernetes API");
+                Err(Status::unavailable(format!(
+                    "job {} on node {}: the Kubernetes API did not answer within {:?}; a retry finds a pod that was created meanwhile",
+                    launch.job_id, launch.target_node, self.launch_timeout
+                )))
             }
         }
-        Ok(Response::new(pb::LaunchJobResponse {
-            success: true,
-            error: String::new(),
-            stdout_path: format!("pod/{namespace}/{pod_name}"),
-            stderr_path: format!("pod/{namespace}/{pod_name}"),
-        }))
     }
 
     async fn cancel_job(
@@ -191,9 +259,11 @@ pub async fn serve<L: Listener>(
     listener: L,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    let server =
+        pb::SlurmAgentServer::new(agent).max_decoding_message_size(MAX_LAUNCH_MESSAGE_BYTES);
     tonic::transport::Server::builder()
-        .add_service(pb::SlurmAgentServer::with_interceptor(
-            agent,
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            server,
             auth.interceptor(metrics),
         ))
         .serve_with_incoming_shutdown(incoming(listener), shutdown)

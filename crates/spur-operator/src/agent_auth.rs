@@ -6,8 +6,14 @@
 //! aws-lc for an HMAC over two base64url segments, and only HS256 is accepted anyway.
 //! What a token must satisfy: three base64url segments; a header whose `alg` is `HS256`
 //! (never `none`, never another algorithm); a valid signature; when present, `exp` not
-//! passed and `nbf` reached, both within the configured leeway. Other claims are not
-//! interpreted: spurctld's token format carries no audience the operator could check.
+//! passed and `nbf` reached, both within the configured leeway; and the subject `sub` is
+//! `spurctld`, as spurd requires. spurctld mints `{sub: "spurctld", uid: 0, iat,
+//! exp: iat + 300, admin: true}` per connection; the other claims are not interpreted (its
+//! token carries no audience the operator could check).
+//!
+//! spurctld signs with its `jwt_key`'s raw bytes, whatever their length, so any non-empty
+//! key is accepted here; one shorter than 32 bytes (RFC 7518's minimum for HS256) is
+//! logged as a warning.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -51,7 +57,16 @@ pub enum TokenError {
     Expired(u64),
     #[error("the token is not valid before {0} (unix seconds)")]
     NotYetValid(u64),
+    #[error("the token's subject is {0:?}, not \"spurctld\"")]
+    Subject(String),
 }
+
+/// The subject spurctld's agent tokens carry, and the only one the agent accepts.
+pub const SUBJECT: &str = "spurctld";
+
+/// The key length RFC 7518 (section 3.2) asks of an HS256 key: shorter keys are accepted
+/// (spurctld signs with whatever it is given) with a warning.
+pub const RECOMMENDED_KEY_BYTES: usize = 32;
 
 /// The outcome of a call that was let through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +86,7 @@ struct Header {
 
 #[derive(Deserialize)]
 struct Claims {
+    sub: Option<String>,
     exp: Option<u64>,
     nbf: Option<u64>,
 }
@@ -93,6 +109,14 @@ impl AgentAuth {
         leeway: Duration,
         clock: WallClock,
     ) -> Self {
+        if let Some(key) = key
+            && key.len() < RECOMMENDED_KEY_BYTES
+        {
+            tracing::warn!(
+                key_bytes = key.len(),
+                "the agent key is shorter than the {RECOMMENDED_KEY_BYTES} bytes RFC 7518 asks of an HS256 key; accepted, as spurctld accepts it"
+            );
+        }
         AgentAuth {
             mode,
             key: key.map(|k| hmac::Key::new(hmac::HMAC_SHA256, k)),
@@ -165,6 +189,9 @@ impl AgentAuth {
             && now.saturating_add(leeway) < nbf
         {
             return Err(TokenError::NotYetValid(nbf));
+        }
+        if claims.sub.as_deref() != Some(SUBJECT) {
+            return Err(TokenError::Subject(claims.sub.unwrap_or_default()));
         }
         Ok(())
     }
@@ -250,7 +277,10 @@ mod tests {
     #[test]
     fn a_bad_token_is_refused_even_when_permissive() {
         let permissive = auth(AgentAuthMode::Permissive, Some(KEY));
-        let other_key = sign(b"another key entirely, 32 bytes..", &json!({}));
+        let other_key = sign(
+            b"another key entirely, 32 bytes..",
+            &json!({"sub": "spurctld"}),
+        );
         assert_eq!(
             permissive.check(&with(Some(&other_key))),
             Err(TokenError::Signature)
@@ -261,7 +291,7 @@ mod tests {
             Err(TokenError::Expired(NOW - 31))
         );
         // Within the leeway, clock skew is forgiven.
-        let just_expired = sign(KEY, &json!({"exp": NOW - 29}));
+        let just_expired = sign(KEY, &json!({"sub": "spurctld", "exp": NOW - 29}));
         assert_eq!(
             permissive.check(&with(Some(&just_expired))),
             Ok(Admitted::Verified)
@@ -305,6 +335,48 @@ mod tests {
             auth(AgentAuthMode::Required, Some(KEY)).check(&with(Some(&parts.join(".")))),
             Err(TokenError::Signature)
         );
+    }
+
+    #[test]
+    fn only_spurctld_is_the_subject() {
+        let required = auth(AgentAuthMode::Required, Some(KEY));
+        // Exactly what spurctld mints.
+        let spurctld = sign(
+            KEY,
+            &json!({"sub": "spurctld", "uid": 0, "iat": NOW, "exp": NOW + 300, "admin": true}),
+        );
+        assert_eq!(
+            required.check(&with(Some(&spurctld))),
+            Ok(Admitted::Verified)
+        );
+        let user = sign(KEY, &json!({"sub": "alice", "uid": 1000, "exp": NOW + 300}));
+        assert_eq!(
+            required.check(&with(Some(&user))),
+            Err(TokenError::Subject("alice".into()))
+        );
+        let none = sign(KEY, &json!({"exp": NOW + 300}));
+        assert_eq!(
+            required.check(&with(Some(&none))),
+            Err(TokenError::Subject(String::new()))
+        );
+        let not_a_string = sign(KEY, &json!({"sub": 7, "exp": NOW + 300}));
+        assert!(matches!(
+            required.check(&with(Some(&not_a_string))),
+            Err(TokenError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn a_key_of_any_length_spurctld_signs_with_is_accepted() {
+        for key in [&b"k"[..], b"short-key", KEY, &[7u8; 100]] {
+            let token = sign(key, &json!({"sub": "spurctld", "exp": NOW + 300}));
+            assert_eq!(
+                auth(AgentAuthMode::Required, Some(key)).check(&with(Some(&token))),
+                Ok(Admitted::Verified),
+                "{} bytes",
+                key.len()
+            );
+        }
     }
 
     #[test]

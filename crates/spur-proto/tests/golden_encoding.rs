@@ -179,7 +179,10 @@ fn update_node_request_sends_explicit_idle() {
     assert_golden(&down, expected, "UpdateNodeRequest DOWN");
 }
 
-fn full_job_spec() -> (JobSpec, Wire) {
+/// A JobSpec with every declared field set. A submission carries GPUs in one form only
+/// (spurctld refuses a `gpu:` gres entry beside gpus_per_node), so gres holds another
+/// resource; `nodelist` is what spurctld fills in a LaunchJob (empty in a submission).
+fn full_job_spec(nodelist: &str) -> (JobSpec, Wire) {
     let spec = JobSpec {
         name: "train".into(),
         partition: "gpu".into(),
@@ -190,7 +193,7 @@ fn full_job_spec() -> (JobSpec, Wire) {
         tasks_per_node: 8,
         cpus_per_task: 4,
         memory_per_node_mb: 65_536,
-        gres: vec!["gpu:mi300x:8".into()],
+        gres: vec!["rdma:1".into()],
         gpus_per_node: Some(GpuRequest {
             count: 8,
             gpu_type: "mi300x".into(),
@@ -206,6 +209,7 @@ fn full_job_spec() -> (JobSpec, Wire) {
         qos: "high".into(),
         priority: 5,
         dependency: vec!["afterok:3".into()],
+        nodelist: nodelist.into(),
         array_spec: "0-3".into(),
         comment: "spurjob-uid=abc".into(),
         host_network: true,
@@ -227,7 +231,7 @@ fn full_job_spec() -> (JobSpec, Wire) {
         .varint(12, 8)
         .varint(13, 4)
         .varint(14, 65_536)
-        .string(16, "gpu:mi300x:8")
+        .string(16, "rdma:1")
         .message(18, Wire::default().varint(1, 8).string(2, "mi300x"))
         .string(20, "#!/bin/sh")
         .string(21, "python")
@@ -237,7 +241,14 @@ fn full_job_spec() -> (JobSpec, Wire) {
         .message(30, Wire::default().varint(1, 3600))
         .string(40, "high")
         .varint(41, 5)
-        .string(43, "afterok:3")
+        .string(43, "afterok:3");
+    // proto3 leaves an empty string off the wire.
+    let wire = if nodelist.is_empty() {
+        wire
+    } else {
+        wire.string(44, nodelist)
+    };
+    let wire = wire
         .string(50, "0-3")
         .string(63, "spurjob-uid=abc")
         .varint(66, 1)
@@ -253,7 +264,7 @@ fn full_job_spec() -> (JobSpec, Wire) {
 
 #[test]
 fn submit_job_request() {
-    let (spec, wire) = full_job_spec();
+    let (spec, wire) = full_job_spec("");
     let message = SubmitJobRequest { spec: Some(spec) };
     assert_golden(
         &message,
@@ -322,7 +333,9 @@ fn report_job_status_request() {
 
 #[test]
 fn agent_requests() {
-    let (spec, spec_wire) = full_job_spec();
+    // As spurctld sends it: the names in spec.nodelist, in rank order; peer_nodes the agent
+    // sockets (one operator: all the same); task_offset = rank × tasks_per_node (8).
+    let (spec, spec_wire) = full_job_spec("gpu-node-1,gpu-node-2");
     let allocated = ResourceAllocations {
         cpus: 32,
         memory_mb: 65_536,
@@ -342,9 +355,9 @@ fn agent_requests() {
         job_id: 9,
         spec: Some(spec),
         allocated: Some(allocated),
-        peer_nodes: vec!["gpu-node-2".into()],
+        peer_nodes: vec!["10.0.0.5:6818".into(), "10.0.0.5:6818".into()],
         task_offset: 8,
-        target_node: "gpu-node-1".into(),
+        target_node: "gpu-node-2".into(),
         array_job_id: 4,
         array_task_id: 1,
         run_attempt: 2,
@@ -358,9 +371,10 @@ fn agent_requests() {
         .varint(1, 9)
         .message(2, spec_wire)
         .message(3, allocated)
-        .string(4, "gpu-node-2")
+        .string(4, "10.0.0.5:6818")
+        .string(4, "10.0.0.5:6818")
         .varint(5, 8)
-        .string(6, "gpu-node-1")
+        .string(6, "gpu-node-2")
         .varint(7, 4)
         .varint(8, 1)
         .varint(9, 2);

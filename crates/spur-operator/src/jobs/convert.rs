@@ -9,6 +9,13 @@ use crate::quantity;
 /// The comment tag that finds a submission again (see `jobs::submit`).
 pub const UID_TAG: &str = "spurjob-uid=";
 
+/// The SpurJob annotation naming the user its job runs as at spurctld (`JobSpec.user`).
+pub const ANNOTATION_USER: &str = "spur.amd.com/user";
+
+/// The user a SpurJob without [`ANNOTATION_USER`] submits as, unless `--default-user` says
+/// otherwise (the flag's default is the same).
+pub const DEFAULT_USER: &str = "k8s";
+
 /// What is wrong with a SpurJob, naming the field as a user writes it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("spec.{field}: {reason}")]
@@ -27,9 +34,35 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ValidationErr
 /// The longest time limit accepted: a year. Longer is a typo, and spurctld stores seconds.
 const MAX_TIME_LIMIT_SECS: u64 = 366 * 24 * 3600;
 
-/// Builds the JobSpec spurctld receives for `job`. `uid` is the object's UID, carried in
-/// the comment so the submission can be found again.
+/// Builds the JobSpec spurctld receives for `job`, submitting as [`DEFAULT_USER`] unless
+/// the SpurJob's annotation names a user (see [`job_spec_as`]).
 pub fn job_spec(job: &SpurJob, uid: &str) -> Result<pb::JobSpec, ValidationError> {
+    job_spec_as(job, uid, DEFAULT_USER)
+}
+
+/// The user `job` submits as: its `spur.amd.com/user` annotation, else `default_user`.
+/// A blank annotation counts as none.
+pub fn job_user(job: &SpurJob, default_user: &str) -> String {
+    job.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_USER))
+        .map(|u| u.trim())
+        .filter(|u| !u.is_empty())
+        .unwrap_or(default_user)
+        .to_owned()
+}
+
+/// Builds the JobSpec spurctld receives for `job`. `uid` is the object's UID, carried in
+/// the comment so the submission can be found again; the job's user is its
+/// `spur.amd.com/user` annotation, else `default_user` (`--default-user`). spurctld takes
+/// the user from an unauthenticated submission as given (with a token it is the token's
+/// subject instead), and a cancel names it.
+pub fn job_spec_as(
+    job: &SpurJob,
+    uid: &str,
+    default_user: &str,
+) -> Result<pb::JobSpec, ValidationError> {
     let spec = &job.spec;
     let name = match &spec.name {
         Some(name) if name.trim().is_empty() => return Err(invalid("name", "must not be empty")),
@@ -76,35 +109,33 @@ pub fn job_spec(job: &SpurJob, uid: &str) -> Result<pb::JobSpec, ValidationError
         parse_secret_ref(reference)
             .map_err(|reason| invalid(format!("secretEnv.{env}"), reason))?;
     }
-    let (gres, gpus_per_node) = match &spec.gpus {
-        Some(gpus) if gpus.count > 0 => {
-            let kind = gpus.gpu_type.clone().unwrap_or_default();
-            let label = if kind.is_empty() {
-                "any"
-            } else {
-                kind.as_str()
-            };
-            (
-                vec![format!("gpu:{label}:{}", gpus.count)],
-                Some(pb::GpuRequest {
-                    count: gpus.count,
-                    gpu_type: kind,
-                }),
-            )
-        }
-        _ => (Vec::new(), None),
-    };
+    // GPUs in exactly one form: spurctld refuses a `gpu:` gres entry together with
+    // gpus_per_node (INVALID_ARGUMENT "only one GPU request form ..."). Both mean the same
+    // to its scheduler (spur-core gpu_request.rs `resolve_gpu_demand_for`: each becomes
+    // `GpuDemand::PerNode { counts: vec![count; num_nodes] }`, which spur-sched's backfill
+    // places per node); gpus_per_node is the explicit form: typed, with no string to parse,
+    // and "any type" is an empty gpu_type (`None`) rather than the literal type name "any"
+    // a gres entry would carry. It is also what upstream's own Kubernetes job controller
+    // sends (spur-k8s job_controller.rs). `gpus` would be a job total, spread unevenly.
+    let gpus_per_node = spec
+        .gpus
+        .as_ref()
+        .filter(|g| g.count > 0)
+        .map(|g| pb::GpuRequest {
+            count: g.count,
+            gpu_type: g.gpu_type.clone().unwrap_or_default(),
+        });
     let argv = spec.command.iter().chain(&spec.args).cloned().collect();
     Ok(pb::JobSpec {
         name,
         partition: spec.partition.clone().unwrap_or_default(),
         account: spec.account.clone().unwrap_or_default(),
+        user: job_user(job, default_user),
         num_nodes: spec.num_nodes,
         num_tasks,
         tasks_per_node: spec.tasks_per_node,
         cpus_per_task: spec.cpus_per_task,
         memory_per_node_mb,
-        gres,
         gpus_per_node,
         argv,
         environment: spec.env.clone(),
@@ -245,13 +276,43 @@ pub fn uid_in_comment(comment: &str) -> Option<&str> {
         .filter(|uid| !uid.is_empty())
 }
 
+/// The per-node GPU request a JobSpec carries: its `gpus_per_node` (what the operator
+/// sends), else its `gpu:` gres entries (what a LaunchJob's spec carries: spurctld
+/// rewrites them to the node's count and clears gpus_per_node), summed as spurctld sums
+/// them. No type (an empty gpu_type, or `any` in a gres entry) is `None`; a count of 0 is
+/// no request.
+pub fn gpus_from(job: &pb::JobSpec) -> Option<super::crd::GpuSpec> {
+    if let Some(g) = job.gpus_per_node.as_ref().filter(|g| g.count > 0) {
+        return Some(super::crd::GpuSpec {
+            count: g.count,
+            gpu_type: (!g.gpu_type.is_empty()).then(|| g.gpu_type.clone()),
+        });
+    }
+    let typed = |t: &str| (!t.is_empty() && t != "any").then(|| t.to_owned());
+    let mut count = 0u32;
+    let mut gpu_type = None;
+    for entry in &job.gres {
+        let parts: Vec<&str> = entry.trim().split(':').collect();
+        let (kind, n) = match parts.as_slice() {
+            ["gpu"] => (None, Some(1)),
+            ["gpu", n] if n.parse::<u32>().is_ok() => (None, n.parse().ok()),
+            ["gpu", kind] => (Some(*kind), Some(1)),
+            ["gpu", kind, n] => (Some(*kind), n.parse::<u32>().ok()),
+            _ => (None, None),
+        };
+        let Some(n) = n else { continue };
+        count = count.saturating_add(n);
+        if gpu_type.is_none() {
+            gpu_type = kind.and_then(typed);
+        }
+    }
+    (count > 0).then_some(super::crd::GpuSpec { count, gpu_type })
+}
+
 /// The fields of a SpurJobSpec that a JobSpec carries back (for the round-trip tests and
 /// for reading a job adopted from the controller).
 pub fn spec_fields_from(job: &pb::JobSpec) -> SpurJobSpec {
-    let gpus = job.gpus_per_node.as_ref().map(|g| super::crd::GpuSpec {
-        count: g.count,
-        gpu_type: (!g.gpu_type.is_empty()).then(|| g.gpu_type.clone()),
-    });
+    let gpus = gpus_from(job);
     let opt = |s: &str| (!s.is_empty()).then(|| s.to_owned());
     SpurJobSpec {
         name: opt(&job.name),
@@ -376,7 +437,14 @@ mod tests {
         assert_eq!(js.argv, ["torchrun", "train.py"]);
         assert_eq!((js.num_nodes, js.num_tasks, js.tasks_per_node), (2, 16, 8));
         assert_eq!(js.memory_per_node_mb, 524_288);
-        assert_eq!(js.gres, ["gpu:mi300x:8"]);
+        assert!(js.gres.is_empty(), "{:?}", js.gres);
+        assert_eq!(
+            js.gpus_per_node,
+            Some(pb::GpuRequest {
+                count: 8,
+                gpu_type: "mi300x".into()
+            })
+        );
         assert_eq!(js.time_limit.unwrap().seconds, 5_400);
         assert_eq!(js.comment, "spurjob-uid=uid-1");
         let any = SpurJobSpec {
@@ -390,7 +458,99 @@ mod tests {
             cpus_per_task: 1,
             ..Default::default()
         };
-        assert_eq!(job_spec(&job(any), "u").unwrap().gres, ["gpu:any:2"]);
+        let js = job_spec(&job(any), "u").unwrap();
+        assert!(js.gres.is_empty());
+        assert_eq!(
+            js.gpus_per_node,
+            Some(pb::GpuRequest {
+                count: 2,
+                gpu_type: String::new()
+            })
+        );
+        assert_eq!(
+            spec_fields_from(&js).gpus,
+            Some(GpuSpec {
+                count: 2,
+                gpu_type: None
+            })
+        );
+    }
+
+    #[test]
+    fn no_gpus_no_gpu_request_and_zero_is_none() {
+        let base = SpurJobSpec {
+            image: "x".into(),
+            num_nodes: 1,
+            tasks_per_node: 1,
+            cpus_per_task: 1,
+            ..Default::default()
+        };
+        let js = job_spec(&job(base.clone()), "u").unwrap();
+        assert!(js.gres.is_empty() && js.gpus_per_node.is_none());
+        let zero = SpurJobSpec {
+            gpus: Some(GpuSpec {
+                count: 0,
+                gpu_type: Some("mi300x".into()),
+            }),
+            ..base
+        };
+        let js = job_spec(&job(zero), "u").unwrap();
+        assert!(js.gres.is_empty() && js.gpus_per_node.is_none());
+    }
+
+    #[test]
+    fn gpus_read_back_from_either_form() {
+        let gres = |entries: &[&str]| pb::JobSpec {
+            gres: entries.iter().map(|e| (*e).to_owned()).collect(),
+            ..Default::default()
+        };
+        let gpu = |count, t: Option<&str>| {
+            Some(GpuSpec {
+                count,
+                gpu_type: t.map(str::to_owned),
+            })
+        };
+        // What spurctld puts in a LaunchJob's spec.
+        assert_eq!(gpus_from(&gres(&["gpu:mi300x:8"])), gpu(8, Some("mi300x")));
+        assert_eq!(gpus_from(&gres(&["gpu:4"])), gpu(4, None));
+        assert_eq!(gpus_from(&gres(&["gpu:any:2"])), gpu(2, None));
+        assert_eq!(gpus_from(&gres(&["gpu"])), gpu(1, None));
+        assert_eq!(
+            gpus_from(&gres(&["rdma:1", "gpu:2", "gpu:3"])),
+            gpu(5, None)
+        );
+        assert_eq!(gpus_from(&gres(&["license:x:1", "gpu:x:y:z", ""])), None);
+        assert_eq!(gpus_from(&gres(&["gpu:mi300x:99999999999"])), None);
+        assert_eq!(gpus_from(&gres(&["gpu:0"])), None);
+        let explicit = pb::JobSpec {
+            gpus_per_node: Some(pb::GpuRequest {
+                count: 8,
+                gpu_type: "mi300x".into(),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(gpus_from(&explicit), gpu(8, Some("mi300x")));
+    }
+
+    #[test]
+    fn the_user_is_the_annotation_or_the_default() {
+        let spec = SpurJobSpec {
+            image: "x".into(),
+            num_nodes: 1,
+            tasks_per_node: 1,
+            cpus_per_task: 1,
+            ..Default::default()
+        };
+        let plain = job(spec);
+        assert_eq!(job_spec(&plain, "u").unwrap().user, DEFAULT_USER);
+        assert_eq!(job_spec_as(&plain, "u", "batch").unwrap().user, "batch");
+        let mut annotated = plain.clone();
+        annotated.metadata.annotations =
+            Some([(ANNOTATION_USER.to_string(), " alice ".to_string())].into());
+        assert_eq!(job_spec_as(&annotated, "u", "batch").unwrap().user, "alice");
+        let mut blank = plain;
+        blank.metadata.annotations = Some([(ANNOTATION_USER.to_string(), " ".to_string())].into());
+        assert_eq!(job_spec_as(&blank, "u", "batch").unwrap().user, "batch");
     }
 
     fn label() -> impl Strategy<Value = String> {
@@ -538,6 +698,9 @@ mod tests {
         #[test]
         fn every_valid_spec_converts_and_keeps_its_values(spec in valid_spec(), uid in "[a-f0-9-]{8,36}") {
             let js = job_spec(&job(spec.clone()), &uid).unwrap();
+            // Exactly one GPU form: spurctld refuses a gpu gres entry beside gpus_per_node.
+            prop_assert!(js.gres.iter().all(|g| !g.starts_with("gpu")), "{:?}", js.gres);
+            prop_assert_eq!(js.gpus_per_node.is_some(), spec.gpus.is_some());
             let back = spec_fields_from(&js);
             prop_assert_eq!(back.name.as_deref(), Some("train"));
             prop_assert_eq!(&back.image, &spec.image);

@@ -24,44 +24,131 @@ pub const ANNOTATION_REPORTED: &str = "spur.amd.com/reported";
 /// The container that runs the job's tasks.
 pub const CONTAINER: &str = "job";
 
-/// The pod's name: the same for the same (job, node, attempt), so a repeated LaunchJob
-/// finds the pod it already created instead of making a second.
-pub fn pod_name(job_id: u32, rank: usize, run_attempt: u32) -> String {
+/// How many pod names [`pod_name`] tries for one (job, rank, attempt) before giving up:
+/// each earlier name is held by a pod still terminating (or by another SpurJob's pod), and
+/// that many at once means something else is wrong; the launch is then refused as
+/// UNAVAILABLE so spurctld tries again after its backoff.
+pub const MAX_POD_GENERATIONS: u32 = 8;
+
+/// The pod's name: the same for the same (job, rank, attempt, generation), so a repeated
+/// LaunchJob finds the pod it already created instead of making a second.
+///
+/// `generation` is 0 for the first name tried. A retry of a failed dispatch keeps the same
+/// `run_attempt` (spurctld increments it only when a job starts), so it may find the pod of
+/// the cancelled dispatch still terminating under that name: it then moves on to
+/// generation 1, 2, … (`-g<n>`), the first name free or held by a live pod of the same
+/// launch. The walk is deterministic (it depends only on which pods exist), and pod reports
+/// find the node from the pod's annotation and spec, never from its name.
+pub fn pod_name(job_id: u32, rank: usize, run_attempt: u32, generation: u32) -> String {
+    let mut name = format!("spur-job-{job_id}-{rank}");
     if run_attempt > 1 {
-        format!("spur-job-{job_id}-{rank}-r{run_attempt}")
-    } else {
-        format!("spur-job-{job_id}-{rank}")
+        name.push_str(&format!("-r{run_attempt}"));
+    }
+    if generation > 0 {
+        name.push_str(&format!("-g{generation}"));
+    }
+    name
+}
+
+/// Where a LaunchJob puts its pod: the node's rank and the allocation's node names, in
+/// rank order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub rank: usize,
+    pub nodes: Vec<String>,
+}
+
+/// The per-node task count spurctld used for `task_offset`: the spec's `tasks_per_node`,
+/// or when it is unset (0) `num_tasks / num_nodes` floored at 1, as spurctld's dispatch
+/// derives it (so 1 for a spec that sets neither).
+pub fn tasks_per_node(spec: Option<&pb::JobSpec>) -> u32 {
+    match spec {
+        Some(s) if s.tasks_per_node > 0 => s.tasks_per_node,
+        Some(s) => (s.num_tasks / s.num_nodes.max(1)).max(1),
+        None => 1,
     }
 }
 
-/// The node's rank in the allocation: its index in `peer_nodes` (0 for a one-node job).
-pub fn rank(launch: &pb::LaunchJobRequest) -> Option<usize> {
-    if launch.peer_nodes.is_empty() {
-        return Some(0);
-    }
+/// The allocation's node names from the LaunchJob's `spec.nodelist` (comma-separated, in
+/// rank order); empty when spurctld sent none.
+pub fn nodelist(launch: &pb::LaunchJobRequest) -> Vec<String> {
     launch
-        .peer_nodes
-        .iter()
-        .position(|n| *n == launch.target_node)
+        .spec
+        .as_ref()
+        .map(|s| s.nodelist.as_str())
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
-/// Builds the pod for `launch` on its target node. `gpu_resource` is the node's GPU
-/// resource name (`amd.com/gpu` or `nvidia.com/gpu`).
+/// The node's rank and the job's nodes, from a LaunchJob as spurctld sends it:
+/// `task_offset = rank × tasks_per_node`, and `spec.nodelist` holds the allocated names in
+/// rank order, so the target node must sit at that rank in it. `peer_nodes` is not used:
+/// it holds each node's agent socket (`addr:port`), the same for every node this operator
+/// registered. Without a nodelist the job is taken as one node, the target; a rank above 0
+/// then has no way to find its peers and is refused. An error names what disagrees.
+pub fn placement(launch: &pb::LaunchJobRequest) -> Result<Placement, String> {
+    let target = launch.target_node.as_str();
+    if target.is_empty() {
+        return Err(format!(
+            "job {}'s LaunchJob names no target node",
+            launch.job_id
+        ));
+    }
+    let per_node = tasks_per_node(launch.spec.as_ref());
+    if !launch.task_offset.is_multiple_of(per_node) {
+        return Err(format!(
+            "job {}'s task_offset {} on node {target} is not a multiple of its {per_node} tasks per node",
+            launch.job_id, launch.task_offset
+        ));
+    }
+    let rank = usize::try_from(launch.task_offset / per_node).unwrap_or(usize::MAX);
+    let nodes = nodelist(launch);
+    if nodes.is_empty() {
+        if rank != 0 {
+            return Err(format!(
+                "job {}'s LaunchJob has no nodelist, but its task_offset {} puts node {target} at rank {rank}: without the allocation's node names its pod cannot find its peers",
+                launch.job_id, launch.task_offset
+            ));
+        }
+        return Ok(Placement {
+            rank,
+            nodes: vec![target.to_owned()],
+        });
+    }
+    let listed = nodes.join(",");
+    let Some(position) = nodes.iter().position(|n| n == target) else {
+        return Err(format!(
+            "node {target} is not in job {}'s nodelist ({listed})",
+            launch.job_id
+        ));
+    };
+    if nodes.get(rank).map(String::as_str) != Some(target) {
+        return Err(format!(
+            "job {}'s task_offset {} gives node {target} rank {rank} ({per_node} tasks per node), but it is at position {position} of the nodelist ({listed})",
+            launch.job_id, launch.task_offset
+        ));
+    }
+    Ok(Placement { rank, nodes })
+}
+
+/// Builds the pod for `launch` on its target node, named for `generation` (see
+/// [`pod_name`]). `gpu_resource` is the node's GPU resource name (`amd.com/gpu` or
+/// `nvidia.com/gpu`).
 pub fn build_pod(
     job: &SpurJob,
     launch: &pb::LaunchJobRequest,
     gpu_resource: &str,
+    generation: u32,
 ) -> Result<Pod, String> {
     let spec = &job.spec;
-    let rank = rank(launch).ok_or_else(|| {
-        format!(
-            "target node {} is not in the allocation {:?}",
-            launch.target_node, launch.peer_nodes
-        )
-    })?;
-    let name = pod_name(launch.job_id, rank, launch.run_attempt);
+    let Placement { rank, nodes } = placement(launch)?;
+    let name = pod_name(launch.job_id, rank, launch.run_attempt, generation);
     let uid = job.uid().unwrap_or_default();
-    let num_nodes = launch.peer_nodes.len().max(1);
+    let num_nodes = nodes.len();
 
     let mut labels = BTreeMap::new();
     labels.insert(LABEL_JOB_ID.to_owned(), launch.job_id.to_string());
@@ -105,7 +192,7 @@ pub fn build_pod(
         ("SPUR_JOB_ID", launch.job_id.to_string()),
         ("SPUR_NODE_RANK", rank.to_string()),
         ("SPUR_NUM_NODES", num_nodes.to_string()),
-        ("SPUR_NODELIST", launch.peer_nodes.join(",")),
+        ("SPUR_NODELIST", nodes.join(",")),
         ("SPUR_TASKS_PER_NODE", spec.tasks_per_node.to_string()),
         ("SPUR_TASK_OFFSET", launch.task_offset.to_string()),
         ("SPUR_RUN_ATTEMPT", launch.run_attempt.to_string()),
@@ -265,6 +352,32 @@ pub fn build_pod(
     })
 }
 
+/// Whether `existing`, found under the name a launch wanted, is that launch's own pod (a
+/// repeated LaunchJob), so the launch is done: the same SpurJob, node and run attempt, and
+/// not being deleted. A pod of the cancelled dispatch still terminating, or one left by
+/// another SpurJob whose job had the same id, is not: the launch needs a pod of its own.
+pub fn is_launched_pod(existing: &Pod, job_uid: &str, launch: &pb::LaunchJobRequest) -> bool {
+    let meta = &existing.metadata;
+    let label = |k: &str| {
+        meta.labels
+            .as_ref()
+            .and_then(|l| l.get(k))
+            .map(String::as_str)
+    };
+    let annotation = |k: &str| {
+        meta.annotations
+            .as_ref()
+            .and_then(|a| a.get(k))
+            .map(String::as_str)
+    };
+    let attempt = launch.run_attempt.to_string();
+    meta.deletion_timestamp.is_none()
+        && label(LABEL_SPURJOB_UID) == Some(job_uid)
+        && label(LABEL_JOB_ID) == Some(launch.job_id.to_string().as_str())
+        && annotation(ANNOTATION_TARGET_NODE) == Some(launch.target_node.as_str())
+        && annotation(ANNOTATION_RUN_ATTEMPT) == Some(attempt.as_str())
+}
+
 /// The headless Service that gives a multi-node job's pods stable names
 /// (`node-<rank>.spur-job-<id>`).
 pub fn build_service(job: &SpurJob, job_id: u32) -> Service {
@@ -344,10 +457,24 @@ mod tests {
         job
     }
 
-    fn launch(target: &str) -> pb::LaunchJobRequest {
+    const NODELIST: &str = "node-a,node-b";
+    const TASKS_PER_NODE: u32 = 8;
+
+    /// A LaunchJob as spurctld sends it: every peer is the operator's agent socket, the
+    /// offset is rank × tasks per node, and the names are in `spec.nodelist`.
+    fn launch_at(target: &str, rank: u32) -> pb::LaunchJobRequest {
         pb::LaunchJobRequest {
             job_id: 12,
-            peer_nodes: vec!["n1".into(), "n2".into()],
+            spec: Some(pb::JobSpec {
+                num_nodes: 2,
+                num_tasks: 2 * TASKS_PER_NODE,
+                tasks_per_node: TASKS_PER_NODE,
+                nodelist: NODELIST.into(),
+                gres: vec!["gpu:8".into()],
+                ..Default::default()
+            }),
+            peer_nodes: vec!["10.0.0.5:6818".into(), "10.0.0.5:6818".into()],
+            task_offset: rank * TASKS_PER_NODE,
             target_node: target.into(),
             allocated: Some(pb::ResourceAllocations {
                 cpus: 32,
@@ -370,22 +497,44 @@ mod tests {
         }
     }
 
+    fn launch(target: &str) -> pb::LaunchJobRequest {
+        let rank = NODELIST.split(',').position(|n| n == target).unwrap_or(0);
+        launch_at(target, rank as u32)
+    }
+
+    fn env_of(pod: &Pod, name: &str) -> Option<String> {
+        pod.spec.as_ref()?.containers[0]
+            .env
+            .as_ref()?
+            .iter()
+            .find(|e| e.name == name)?
+            .value
+            .clone()
+    }
+
     #[test]
     fn the_pod_is_pinned_sized_and_labelled() {
-        let pod = build_pod(&job(), &launch("n2"), "amd.com/gpu").unwrap();
+        let pod = build_pod(&job(), &launch("node-b"), "amd.com/gpu", 0).unwrap();
         assert_eq!(pod.metadata.name.as_deref(), Some("spur-job-12-1"));
         assert_eq!(pod.metadata.namespace.as_deref(), Some("ml"));
         let labels = pod.metadata.labels.as_ref().unwrap();
         assert_eq!(labels[LABEL_JOB_ID], "12");
         assert_eq!(labels[LABEL_MANAGED_BY], "spur-operator");
         assert_eq!(labels[LABEL_SPURJOB_UID], "uid-1");
+        let annotations = pod.metadata.annotations.as_ref().unwrap();
+        assert_eq!(annotations[ANNOTATION_TARGET_NODE], "node-b");
+        assert_eq!(annotations[ANNOTATION_RUN_ATTEMPT], "1");
         let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
         assert_eq!(
             (owner.kind.as_str(), owner.uid.as_str()),
             ("SpurJob", "uid-1")
         );
+        assert_eq!(env_of(&pod, "SPUR_NODE_RANK").as_deref(), Some("1"));
+        assert_eq!(env_of(&pod, "SPUR_NUM_NODES").as_deref(), Some("2"));
+        assert_eq!(env_of(&pod, "SPUR_NODELIST").as_deref(), Some(NODELIST));
+        assert_eq!(env_of(&pod, "SPUR_TASK_OFFSET").as_deref(), Some("8"));
         let spec = pod.spec.unwrap();
-        assert_eq!(spec.node_name.as_deref(), Some("n2"));
+        assert_eq!(spec.node_name.as_deref(), Some("node-b"));
         assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
         assert_eq!(spec.hostname.as_deref(), Some("node-1"));
         assert_eq!(spec.subdomain.as_deref(), Some("spur-job-12"));
@@ -405,8 +554,6 @@ mod tests {
             .as_ref()
             .unwrap();
         assert_eq!((key.name.as_str(), key.key.as_str()), ("hf", "token"));
-        let rank = env.iter().find(|e| e.name == "SPUR_NODE_RANK").unwrap();
-        assert_eq!(rank.value.as_deref(), Some("1"));
         let mounts = c.volume_mounts.as_ref().unwrap();
         let paths: Vec<_> = mounts.iter().map(|m| m.mount_path.as_str()).collect();
         assert_eq!(paths, ["/data", "/ckpt", "/dev/shm"]);
@@ -419,16 +566,127 @@ mod tests {
     }
 
     #[test]
+    fn rank_comes_from_the_task_offset_and_the_nodelist() {
+        // (target, task_offset, tasks_per_node in the spec, nodelist, expected rank or a
+        // piece of the refusal)
+        type Case = (
+            &'static str,
+            u32,
+            u32,
+            &'static str,
+            Result<usize, &'static str>,
+        );
+        let cases: &[Case] = &[
+            ("node-a", 0, 8, NODELIST, Ok(0)),
+            ("node-b", 8, 8, NODELIST, Ok(1)),
+            // tasks_per_node unset: spurctld used num_tasks / num_nodes (16 / 2).
+            ("node-b", 8, 0, NODELIST, Ok(1)),
+            ("node-a", 0, 8, " node-a , node-b ,", Ok(0)),
+            ("node-b", 0, 8, NODELIST, Err("gives node node-b rank 0")),
+            (
+                "node-a",
+                8,
+                8,
+                NODELIST,
+                Err("at position 0 of the nodelist (node-a,node-b)"),
+            ),
+            ("node-a", 16, 8, NODELIST, Err("rank 2")),
+            (
+                "node-c",
+                0,
+                8,
+                NODELIST,
+                Err("node node-c is not in job 12's nodelist (node-a,node-b)"),
+            ),
+            ("node-b", 4, 8, NODELIST, Err("not a multiple")),
+            ("", 0, 8, NODELIST, Err("no target node")),
+            // No nodelist: a one-node job on the target.
+            ("node-a", 0, 8, "", Ok(0)),
+            ("node-b", 8, 8, "", Err("has no nodelist")),
+            ("node-b", u32::MAX, 1, NODELIST, Err("rank")),
+        ];
+        for (target, offset, per_node, nodelist, expected) in cases {
+            let mut l = launch_at(target, 0);
+            l.task_offset = *offset;
+            let spec = l.spec.as_mut().unwrap();
+            spec.tasks_per_node = *per_node;
+            spec.nodelist = (*nodelist).into();
+            let got = placement(&l);
+            match expected {
+                Ok(rank) => {
+                    let p = got.unwrap_or_else(|e| panic!("{target} {offset}: {e}"));
+                    assert_eq!(p.rank, *rank, "{target} {offset}");
+                }
+                Err(piece) => {
+                    let err = got.expect_err(&format!("{target} {offset} {nodelist:?} placed"));
+                    assert!(err.contains(piece), "{target} {offset}: {err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn peer_sockets_never_name_nodes() {
+        // All peers are the same socket; nothing of them shows in the pod.
+        let pod = build_pod(&job(), &launch("node-a"), "amd.com/gpu", 0).unwrap();
+        assert_eq!(env_of(&pod, "SPUR_NODE_RANK").as_deref(), Some("0"));
+        assert_eq!(env_of(&pod, "SPUR_NODELIST").as_deref(), Some(NODELIST));
+        // Without a nodelist: one node, the target, however many peers there are.
+        let mut single = launch("node-a");
+        single.spec.as_mut().unwrap().nodelist.clear();
+        let pod = build_pod(&job(), &single, "amd.com/gpu", 0).unwrap();
+        assert_eq!(env_of(&pod, "SPUR_NUM_NODES").as_deref(), Some("1"));
+        assert_eq!(env_of(&pod, "SPUR_NODELIST").as_deref(), Some("node-a"));
+        assert_eq!(pod.spec.unwrap().subdomain, None);
+        // No spec at all: one node, rank 0.
+        let bare = pb::LaunchJobRequest {
+            job_id: 3,
+            target_node: "node-a".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            placement(&bare),
+            Ok(Placement {
+                rank: 0,
+                nodes: vec!["node-a".into()]
+            })
+        );
+    }
+
+    #[test]
     fn the_name_is_stable_and_a_stranger_node_is_refused() {
-        let a = build_pod(&job(), &launch("n1"), "amd.com/gpu").unwrap();
-        let b = build_pod(&job(), &launch("n1"), "amd.com/gpu").unwrap();
+        let a = build_pod(&job(), &launch("node-a"), "amd.com/gpu", 0).unwrap();
+        let b = build_pod(&job(), &launch("node-a"), "amd.com/gpu", 0).unwrap();
         assert_eq!(a.metadata.name, b.metadata.name);
-        let mut retry = launch("n1");
+        let mut retry = launch("node-a");
         retry.run_attempt = 2;
-        let c = build_pod(&job(), &retry, "amd.com/gpu").unwrap();
+        let c = build_pod(&job(), &retry, "amd.com/gpu", 0).unwrap();
         assert_eq!(c.metadata.name.as_deref(), Some("spur-job-12-0-r2"));
-        let err = build_pod(&job(), &launch("n9"), "amd.com/gpu").unwrap_err();
-        assert!(err.contains("not in the allocation"), "{err}");
+        let d = build_pod(&job(), &retry, "amd.com/gpu", 3).unwrap();
+        assert_eq!(d.metadata.name.as_deref(), Some("spur-job-12-0-r2-g3"));
+        assert_eq!(pod_name(12, 1, 1, 1), "spur-job-12-1-g1");
+        let err = build_pod(&job(), &launch_at("node-z", 0), "amd.com/gpu", 0).unwrap_err();
+        assert!(err.contains("not in job 12's nodelist"), "{err}");
+    }
+
+    #[test]
+    fn only_a_live_pod_of_the_same_launch_counts_as_launched() {
+        let l = launch("node-b");
+        let pod = build_pod(&job(), &l, "amd.com/gpu", 0).unwrap();
+        assert!(is_launched_pod(&pod, "uid-1", &l));
+        let mut terminating = pod.clone();
+        terminating.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+        );
+        assert!(!is_launched_pod(&terminating, "uid-1", &l));
+        assert!(!is_launched_pod(&pod, "uid-2", &l));
+        let mut elsewhere = l.clone();
+        elsewhere.target_node = "node-a".into();
+        assert!(!is_launched_pod(&pod, "uid-1", &elsewhere));
+        let mut later = l.clone();
+        later.run_attempt = 2;
+        assert!(!is_launched_pod(&pod, "uid-1", &later));
+        assert!(!is_launched_pod(&Pod::default(), "uid-1", &l));
     }
 
     #[test]
