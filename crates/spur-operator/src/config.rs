@@ -16,9 +16,10 @@ use clap::builder::TypedValueParser as _;
 
 use crate::agent_auth::AgentAuthMode;
 use crate::controller::{AddressError, ControllerAddr, Scheme};
+use crate::jobs::JobsTuning;
 use crate::lease::LeaseConfig;
 use crate::nodes::heartbeat::HeartbeatConfig;
-use crate::nodes::{AgentEndpoint, NodeSyncConfig};
+use crate::nodes::{AgentEndpoint, NodeSyncConfig, NotReadyState};
 use crate::retry::BackoffPolicy;
 use crate::selector::Selector;
 
@@ -599,9 +600,11 @@ pub struct RunArgs {
     #[arg(long, env = "SPUR_OPERATOR_AGENT_AUTH", value_enum, default_value_t)]
     pub agent_auth: AgentAuthMode,
 
-    /// File holding the HS256 key spurctld signs agent tokens with (its bytes; one trailing
-    /// newline is ignored; at least 32 bytes, as RFC 7518 asks of an HS256 key). Without
-    /// it no token is checked, which `--agent-auth required` does not allow.
+    /// File holding the HS256 key spurctld signs agent tokens with (its `[auth] jwt_key`'s
+    /// bytes; one trailing newline is ignored). Any non-empty length is accepted, as
+    /// spurctld signs with whatever key it is given; below the 32 bytes RFC 7518 asks of an
+    /// HS256 key a warning is logged. Without it no token is checked, which
+    /// `--agent-auth required` does not allow.
     #[arg(long, env = "SPUR_OPERATOR_AGENT_AUTH_KEY_FILE")]
     pub agent_auth_key_file: Option<PathBuf>,
 
@@ -609,6 +612,24 @@ pub struct RunArgs {
     /// differ by milliseconds, and a token long expired is still refused.
     #[arg(long, env = "SPUR_OPERATOR_AGENT_AUTH_LEEWAY", default_value = "30s", value_parser = parse_duration)]
     pub agent_auth_leeway: Duration,
+
+    /// Bound on one LaunchJob's Kubernetes work (reading the node, creating the pod and the
+    /// Service); past it the agent answers UNAVAILABLE and spurctld retries after its
+    /// backoff. spurctld waits on a LaunchJob with no bound and handles its assignments one
+    /// after another, so an API server that does not answer would otherwise hold up all its
+    /// scheduling. 10 s: a healthy API server answers a launch's three calls in
+    /// milliseconds, and an outage then costs spurctld at most 10 s per assignment (its
+    /// LaunchJobs to one job's nodes go out together) before it backs off and moves on.
+    #[arg(long, env = "SPUR_OPERATOR_AGENT_LAUNCH_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub agent_launch_timeout: Duration,
+
+    /// The user a SpurJob's job runs as at spurctld when its `spur.amd.com/user` annotation
+    /// names none. `k8s`: spurctld takes the user of an unauthenticated submission as given
+    /// and does not check it, an empty user would make every job ownerless (any caller could
+    /// cancel it), and `root` is refused by spurd's default `allow_root_jobs = false`; with a
+    /// token, spurctld replaces it with the token's subject anyway.
+    #[arg(long, env = "SPUR_OPERATOR_DEFAULT_USER", default_value = "k8s")]
+    pub default_user: String,
 
     /// Address of /healthz, /readyz and /metrics. All interfaces: kubelet probes and
     /// Prometheus scrape the pod IP.
@@ -709,6 +730,16 @@ pub struct RunArgs {
     #[arg(long, env = "SPUR_OPERATOR_STATUS_POLL_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     pub status_poll_interval: Duration,
 
+    /// How long a job must be missing from every GetJobs, without a sighting, before it is
+    /// asked about with GetJob and, if unknown, marked Lost; and how long CancelJob may
+    /// answer "job N not found" before a deleted SpurJob's finalizer is removed. spurctld
+    /// evicts a job at least 120 s (by default 3600 s) after it ended, so a job really gone
+    /// stays gone; but a stale replica (a follower cut off, or a leader cut off from its
+    /// majority, which never steps down) answers from an old state and does not know newer
+    /// jobs. 2 minutes is many channel rotations (10 s) to other replicas.
+    #[arg(long, env = "SPUR_OPERATOR_JOB_LOST_AFTER", default_value = "2m", value_parser = parse_duration)]
+    pub job_lost_after: Duration,
+
     /// A SubmitJob unanswered this long is read back (a GetJobs by its name) every this
     /// long while it waits, and the job it carried adopted once it shows up, or `off`.
     /// spurctld commits a submission in milliseconds; one waiting a second has most likely
@@ -721,6 +752,44 @@ pub struct RunArgs {
     /// At most one summary line of node sync failures per this interval.
     #[arg(long, env = "SPUR_OPERATOR_FAILURE_LOG_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub failure_log_interval: Duration,
+
+    /// What a node with a NotReady or unreachable taint is told to spurctld as: `drain`
+    /// (no new jobs; running ones go on), `down` (running jobs fail at once, NODE_FAIL), or
+    /// `ignore` (nothing). `drain`: a kubelet that stops reporting for a moment has not
+    /// killed its containers, and spurctld's DOWN would fail every job on the node at once
+    /// (a node truly gone still fails its jobs through missed heartbeats and the pods'
+    /// reports). Once the taint is gone the operator sends IDLE, which lifts either hold.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_NOT_READY_NODE_STATE",
+        value_enum,
+        default_value_t
+    )]
+    pub not_ready_node_state: NotReadyState,
+
+    /// After spurctld refused a SpurJob's submission with FAILED_PRECONDITION (a condition
+    /// outside the spec, such as a user unknown on the controller's host), how long before
+    /// the same spec is tried again. 5 min: an administrator's fix is picked up without a
+    /// spec edit, at one call per refused SpurJob per 5 minutes. INVALID_ARGUMENT and
+    /// PERMISSION_DENIED wait for a spec change instead.
+    #[arg(long, env = "SPUR_OPERATOR_SUBMIT_PRECONDITION_RETRY", default_value = "5m", value_parser = parse_duration)]
+    pub submit_precondition_retry: Duration,
+
+    /// How many times a pod's end report refused with "node X is not allocated to job N" is
+    /// sent again before it is given up. spurctld answers so while the job is still being
+    /// dispatched (PENDING until every node accepted its launch, which takes a second), and
+    /// for good once the node left the allocation: 15 tries 2 s apart outlast a dispatch
+    /// many times over and end.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_REPORT_REFUSAL_RETRIES",
+        default_value_t = 15
+    )]
+    pub report_refusal_retries: u32,
+
+    /// The delay between those tries.
+    #[arg(long, env = "SPUR_OPERATOR_REPORT_REFUSAL_DELAY", default_value = "2s", value_parser = parse_duration)]
+    pub report_refusal_delay: Duration,
 }
 
 /// The agent's token check, validated.
@@ -741,9 +810,6 @@ impl fmt::Debug for AgentKey {
     }
 }
 
-/// Smallest HS256 key RFC 7518 (section 3.2) allows: the hash's output size.
-const MIN_AGENT_KEY_BYTES: usize = 32;
-
 fn read_agent_key(path: &Path) -> Result<AgentKey, ConfigError> {
     const FLAG: &str = "--agent-auth-key-file";
     let mut key = read_file(FLAG, path)?;
@@ -754,13 +820,15 @@ fn read_agent_key(path: &Path) -> Result<AgentKey, ConfigError> {
             key.pop();
         }
     }
-    if key.len() < MIN_AGENT_KEY_BYTES {
+    // Any length spurctld signs with is accepted (a short one is warned about where the
+    // key is used, `AgentAuth::new`); an empty key is refused: under one spurctld sends no
+    // token at all, so checking tokens against it is a configuration error.
+    if key.is_empty() {
         return Err(ConfigError::Invalid {
             flag: FLAG,
             reason: format!(
-                "{} holds {} bytes; an HS256 key needs at least {MIN_AGENT_KEY_BYTES}",
-                path.display(),
-                key.len()
+                "{} is empty; spurctld sends no token under an empty jwt_key",
+                path.display()
             ),
         });
     }
@@ -782,8 +850,16 @@ pub struct OperatorConfig {
     pub lease: LeaseConfig,
     pub shutdown_grace: Duration,
     pub status_poll_interval: Duration,
+    pub job_lost_after: Duration,
     pub submit_read_back: Option<Duration>,
     pub reconcile_concurrency: u16,
+    /// The SpurJob refusal and report tunables (`--submit-precondition-retry`,
+    /// `--report-refusal-*`).
+    pub jobs: JobsTuning,
+    /// Bound on one LaunchJob's Kubernetes work (`--agent-launch-timeout`).
+    pub agent_launch_timeout: Duration,
+    /// The user a SpurJob without a `spur.amd.com/user` annotation submits as.
+    pub default_user: String,
 }
 
 impl RunArgs {
@@ -833,6 +909,18 @@ impl RunArgs {
             return Err(ConfigError::Invalid {
                 flag: "--status-poll-interval",
                 reason: "must be above zero".into(),
+            });
+        }
+        if self.agent_launch_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                flag: "--agent-launch-timeout",
+                reason: "must be above zero".into(),
+            });
+        }
+        if self.default_user.trim().is_empty() {
+            return Err(ConfigError::Invalid {
+                flag: "--default-user",
+                reason: "must name a user".into(),
             });
         }
         if self.heartbeat_interval.is_zero() {
@@ -889,6 +977,7 @@ impl RunArgs {
                     port: self.agent_listen.port(),
                 },
                 version: concat!("spur-operator/", env!("CARGO_PKG_VERSION")).to_owned(),
+                not_ready: self.not_ready_node_state,
             },
             heartbeat: HeartbeatConfig {
                 interval: self.heartbeat_interval,
@@ -897,8 +986,17 @@ impl RunArgs {
             lease,
             shutdown_grace: self.shutdown_grace,
             status_poll_interval: self.status_poll_interval,
+            job_lost_after: self.job_lost_after,
             submit_read_back: self.submit_read_back.0,
             reconcile_concurrency: self.reconcile_concurrency,
+            jobs: JobsTuning {
+                precondition_retry: self.submit_precondition_retry,
+                report_refusal_retries: self.report_refusal_retries,
+                report_refusal_delay: self.report_refusal_delay,
+                lost_after: self.job_lost_after,
+            },
+            agent_launch_timeout: self.agent_launch_timeout,
+            default_user: self.default_user.trim().to_owned(),
         })
     }
 }
@@ -1034,6 +1132,21 @@ mod tests {
     }
 
     #[test]
+    fn launch_timeout_and_default_user() {
+        let config = parse_run(&[]).unwrap();
+        assert_eq!(config.agent_launch_timeout, Duration::from_secs(10));
+        assert_eq!(config.default_user, "k8s");
+        let config =
+            parse_run(&["--agent-launch-timeout", "2s", "--default-user", " batch "]).unwrap();
+        assert_eq!(config.agent_launch_timeout, Duration::from_secs(2));
+        assert_eq!(config.default_user, "batch");
+        let err = parse_run(&["--agent-launch-timeout", "0s"]).unwrap_err();
+        assert!(err.contains("--agent-launch-timeout"), "{err}");
+        let err = parse_run(&["--default-user", " "]).unwrap_err();
+        assert!(err.contains("--default-user"), "{err}");
+    }
+
+    #[test]
     fn token_file_is_trimmed_and_checked() {
         let dir = std::env::temp_dir().join(format!("spur-token-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -1067,7 +1180,7 @@ mod tests {
     }
 
     #[test]
-    fn agent_auth_needs_a_long_enough_key_when_required() {
+    fn agent_auth_needs_a_key_when_required() {
         let dir = std::env::temp_dir().join(format!("spur-agent-key-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let good = dir.join("good");
@@ -1098,11 +1211,13 @@ mod tests {
             b"0123456789abcdef0123456789abcdef"
         );
         assert!(!format!("{config:?}").contains("0123456789abcdef"));
-        let err = parse_run(&["--agent-auth-key-file", short.to_str().unwrap()]).unwrap_err();
-        assert!(
-            err.contains("holds 9 bytes; an HS256 key needs at least 32"),
-            "{err}"
-        );
+        // Any length spurctld signs with is accepted; an empty key is not.
+        let config = parse_run(&["--agent-auth-key-file", short.to_str().unwrap()]).unwrap();
+        assert_eq!(config.agent_auth.key.as_ref().unwrap().0, b"too-short");
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        let err = parse_run(&["--agent-auth-key-file", empty.to_str().unwrap()]).unwrap_err();
+        assert!(err.contains("is empty"), "{err}");
         let err = parse_run(&["--agent-auth", "sometimes"]).unwrap_err();
         assert!(err.contains("required, permissive, disabled"), "{err}");
         std::fs::remove_dir_all(dir).unwrap();

@@ -11,6 +11,7 @@ pub mod config;
 pub mod controller;
 pub mod events;
 pub mod health;
+pub mod hostlist;
 pub mod jobs;
 pub mod lease;
 pub mod metrics;

@@ -1,6 +1,7 @@
 //! The operator's Prometheus metrics (served on `/metrics` by `health`).
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -28,6 +29,11 @@ pub struct AgentCallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    pub node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReconcileLabels {
     /// What was reconciled: `node`, `spurjob`, `pod`.
     pub kind: &'static str,
@@ -52,6 +58,8 @@ pub struct Metrics {
     pub nodes_registered: Gauge,
     pub registration_lag_seconds: Histogram,
     pub heartbeat_failures: Counter,
+    /// Per node: seconds since spurctld last accepted its heartbeat, as of the latest round.
+    pub heartbeat_age_seconds: Family<NodeLabels, Gauge<f64, AtomicU64>>,
     pub agent_calls: Family<AgentCallLabels, Counter>,
     pub submission_lag_seconds: Histogram,
     pub reconciles: Family<ReconcileLabels, Counter>,
@@ -119,6 +127,12 @@ impl Metrics {
             "Node heartbeats that failed",
             heartbeat_failures.clone(),
         );
+        let heartbeat_age_seconds = Family::<NodeLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "node_heartbeat_age_seconds",
+            "Seconds since spurctld last accepted the node's heartbeat, as of the latest round (spurctld marks a node DOWN, failing its jobs, past 90 s)",
+            heartbeat_age_seconds.clone(),
+        );
         // 10 ms to ~5.5 min, as registration: a submission within a second, one held up
         // by an election, and one held up for minutes all land in their own buckets.
         let submission_lag_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 16));
@@ -157,6 +171,7 @@ impl Metrics {
             nodes_registered,
             registration_lag_seconds,
             heartbeat_failures,
+            heartbeat_age_seconds,
             agent_calls,
             submission_lag_seconds,
             reconciles,
@@ -239,6 +254,11 @@ mod tests {
         m.channel_drops.inc();
         m.leader.set(1);
         m.reconcile_error("spurjob", "invalid_spec");
+        m.heartbeat_age_seconds
+            .get_or_create(&NodeLabels {
+                node: "gpu-1".into(),
+            })
+            .set(30.5);
         let text = m.encode();
         for needle in [
             "spur_operator_controller_rpcs_total{method=\"Ping\",code=\"OK\"} 1",
@@ -251,6 +271,8 @@ mod tests {
             "# TYPE spur_operator_node_registration_lag_seconds histogram",
             "# TYPE spur_operator_spurjob_submission_lag_seconds histogram",
             "spur_operator_heartbeat_failures_total 0",
+            "# TYPE spur_operator_node_heartbeat_age_seconds gauge",
+            "spur_operator_node_heartbeat_age_seconds{node=\"gpu-1\"} 30.5",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

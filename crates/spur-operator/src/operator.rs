@@ -111,7 +111,8 @@ pub async fn run_with_handles<N: Network>(
     let (jobs_tx, jobs_rx) = watch::channel::<Option<Store<SpurJob>>>(None);
     let registered = Registered::default();
     let agent_listener = listen(&world.network, config.agent_listen, "the agent").await?;
-    let agent = Agent::new(world.kube.clone(), jobs_rx, registered.clone());
+    let agent = Agent::new(world.kube.clone(), jobs_rx, registered.clone())
+        .with_launch_timeout(config.agent_launch_timeout);
     let auth = &config.agent_auth;
     let agent_auth = AgentAuth::new(
         auth.mode,
@@ -249,7 +250,9 @@ fn start_leader_tasks<N: Network>(
             config.node_sync.retry,
             entropy.clone(),
         )
-        .with_submit_read_back(config.submit_read_back),
+        .with_submit_read_back(config.submit_read_back)
+        .with_tuning(config.jobs)
+        .with_default_user(&config.default_user),
     );
     let jobs_run = jobs
         .run(reconcile, error_policy, jobs_ctx)
@@ -264,6 +267,7 @@ fn start_leader_tasks<N: Network>(
             kube.clone(),
             controller.clone(),
             config.status_poll_interval,
+            config.job_lost_after,
             world.clock.clone(),
             metrics.clone(),
         ),
@@ -279,6 +283,7 @@ fn start_leader_tasks<N: Network>(
         kube: kube.clone(),
         controller: controller.clone(),
         metrics: metrics.clone(),
+        tuning: config.jobs,
     });
     let report_retry = config.node_sync.retry;
     let report_entropy = entropy.clone();

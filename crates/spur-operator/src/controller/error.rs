@@ -38,6 +38,23 @@ pub fn classify(code: Code) -> FailureKind {
     }
 }
 
+/// An answer that reports a passing failure of the controller itself, not a verdict on
+/// the request: `INTERNAL "raft propose failed: …"` comes from a leader cut off from its
+/// majority once it learns of a newer term (fidelity row 8), and the next leader takes the
+/// same write. Retried like UNAVAILABLE.
+pub fn is_transient_answer(code: Code, message: &str) -> bool {
+    matches!(code, Code::Internal | Code::Unavailable)
+        && message.trim_start().starts_with("raft propose failed")
+}
+
+/// What follows `job <job_id>` at the start of `message`, if it starts so.
+fn job_message(message: &str, job_id: u32) -> Option<&str> {
+    let rest = message.trim().strip_prefix("job ")?;
+    let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    let (id, rest) = rest.split_at(digits);
+    (id.parse::<u32>().ok()? == job_id).then_some(rest)
+}
+
 /// Why a connection could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -144,12 +161,61 @@ impl ControllerError {
         }
     }
 
+    /// The status message (empty for a failed connect).
+    pub fn message(&self) -> &str {
+        match self {
+            ControllerError::Status { message, .. } => message,
+            ControllerError::Connect { .. } => "",
+        }
+    }
+
+    /// How the failed call is retried: a transport failure, or an answer that says the
+    /// failure passes ([`is_transient_answer`]), on the short transient cadence; any
+    /// other answer with a doubling backoff. The channel rule is [`classify`] of the code
+    /// alone (the client applies it), so a transient answer keeps its channel: the
+    /// controller did answer.
     pub fn kind(&self) -> FailureKind {
+        if is_transient_answer(self.code(), self.message()) {
+            return FailureKind::Transport;
+        }
         classify(self.code())
     }
 
     pub fn is_transport(&self) -> bool {
         self.kind() == FailureKind::Transport
+    }
+
+    /// `job <job_id> not found`, as CancelJob (INTERNAL), GetJob and ReportJobStatus
+    /// (NOT_FOUND) say it.
+    pub fn says_job_not_found(&self, job_id: u32) -> bool {
+        job_message(self.message(), job_id).is_some_and(|rest| rest == " not found")
+    }
+
+    /// `job <job_id> is already <State>`: CancelJob of a job that has ended (INTERNAL;
+    /// FAILED_PRECONDITION from other methods).
+    pub fn says_job_already_ended(&self, job_id: u32) -> bool {
+        job_message(self.message(), job_id).is_some_and(|rest| {
+            rest.strip_prefix(" is already ")
+                .is_some_and(|state| !state.trim().is_empty())
+        })
+    }
+
+    /// `node <name> not found`: UpdateNode (INTERNAL) for a node the controller does not
+    /// know (Heartbeat's NOT_FOUND adds a question after it).
+    pub fn says_node_not_found(&self, name: &str) -> bool {
+        self.message()
+            .trim()
+            .strip_prefix("node ")
+            .and_then(|rest| rest.strip_prefix(name))
+            .is_some_and(|rest| rest == " not found" || rest.starts_with(" not found "))
+    }
+
+    /// `node <name> is not allocated to job <job_id>`: ReportJobStatus for a node outside
+    /// the job's allocation (INVALID_ARGUMENT), which is also the answer while the job is
+    /// still being dispatched.
+    pub fn says_node_not_allocated(&self, name: &str, job_id: u32) -> bool {
+        self.code() == Code::InvalidArgument
+            && self.message().trim() == format!("node {name} is not allocated to job {job_id}")
     }
 
     pub fn leader_hint(&self) -> Option<&str> {
@@ -196,6 +262,76 @@ mod tests {
         for (code, expected) in table {
             assert_eq!(classify(code), expected, "{code:?}");
         }
+    }
+
+    fn status(code: Code, message: &str) -> ControllerError {
+        ControllerError::Status {
+            method: "Test",
+            code,
+            message: message.into(),
+            leader_hint: None,
+        }
+    }
+
+    #[test]
+    fn raft_propose_failures_are_retried_as_transient_on_a_kept_channel() {
+        use FailureKind::*;
+        let table = [
+            (
+                Code::Internal,
+                "raft propose failed: has to forward request to: Some(2)",
+                Transport,
+            ),
+            (Code::Internal, "raft propose failed", Transport),
+            (Code::Unavailable, "raft propose failed: timeout", Transport),
+            (Code::Internal, "job 4 not found", Answer),
+            (Code::Internal, "state machine: raft propose failed", Answer),
+            (Code::InvalidArgument, "raft propose failed", Answer),
+            (Code::NotFound, "raft propose failed", Answer),
+        ];
+        for (code, message, kind) in table {
+            assert_eq!(status(code, message).kind(), kind, "{code:?} {message}");
+        }
+        // The channel rule looks at the code alone: INTERNAL keeps the channel.
+        assert_eq!(classify(Code::Internal), Answer);
+    }
+
+    #[test]
+    fn job_and_node_messages_are_read_exactly() {
+        let e = |m: &str| status(Code::Internal, m);
+        assert!(e("job 12 not found").says_job_not_found(12));
+        assert!(e(" job 12 not found ").says_job_not_found(12));
+        assert!(!e("job 12 not found").says_job_not_found(1));
+        assert!(!e("job 123 not found").says_job_not_found(12));
+        assert!(!e("job 12 not found in partition").says_job_not_found(12));
+        assert!(!e("user 12 not found").says_job_not_found(12));
+        assert!(!e("job  not found").says_job_not_found(0));
+        assert!(!e("job 99999999999 not found").says_job_not_found(12));
+
+        for state in ["Completed", "NodeFail", "Cancelled", "OutOfMemory"] {
+            assert!(e(&format!("job 5 is already {state}")).says_job_already_ended(5));
+        }
+        assert!(!e("job 5 is already ").says_job_already_ended(5));
+        assert!(!e("job 6 is already Completed").says_job_already_ended(5));
+        assert!(!e("raft propose failed: job 5 is already Completed").says_job_already_ended(5));
+
+        assert!(e("node gpu-1 not found").says_node_not_found("gpu-1"));
+        assert!(e("node gpu-1 not found — is the node registered?").says_node_not_found("gpu-1"));
+        assert!(!e("node gpu-10 not found").says_node_not_found("gpu-1"));
+        assert!(!e("node gpu-1 is down").says_node_not_found("gpu-1"));
+        assert!(!e("job 1 not found").says_node_not_found("gpu-1"));
+
+        let refused = status(
+            Code::InvalidArgument,
+            "node gpu-1 is not allocated to job 7",
+        );
+        assert!(refused.says_node_not_allocated("gpu-1", 7));
+        assert!(!refused.says_node_not_allocated("gpu-1", 8));
+        assert!(!refused.says_node_not_allocated("gpu-2", 7));
+        assert!(
+            !status(Code::Internal, "node gpu-1 is not allocated to job 7")
+                .says_node_not_allocated("gpu-1", 7)
+        );
     }
 
     #[test]

@@ -128,7 +128,9 @@ pub struct Toleration {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SpurJobStatus {
-    /// The controller's job state (`PENDING`, `RUNNING`, `COMPLETED`, …), or `Invalid`.
+    /// The controller's job state (`PENDING`, `RUNNING`, `COMPLETED`, …); `Invalid` (the
+    /// spec cannot be submitted), `Refused` (spurctld refused it; the message says why) or
+    /// `Lost` (spurctld no longer knows the job, so its end is unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
     /// The controller's job id; once set, it never changes.
@@ -141,10 +143,15 @@ pub struct SpurJobStatus {
     /// Why the job is where it is: the controller's reason, or what is wrong with the spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The generation of the spec the state speaks of; a spec refused (`Invalid`,
+    /// `Refused`) is tried again only once the generation moves past it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// For an array SpurJob: how many of its tasks are in each state (`RUNNING: 3`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub array_tasks: BTreeMap<String, u32>,
 }
 
 /// `Submitted`, `Running`, `Finished`.

@@ -25,3 +25,33 @@ pub const LABEL_SPURJOB_UID: &str = "spur.amd.com/spurjob-uid";
 pub fn service_name(job_id: u32) -> String {
     format!("spur-job-{job_id}")
 }
+
+/// Tunables of the SpurJob reconciler and the pod reports; the flags in `config` carry
+/// the defaults' reasons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobsTuning {
+    /// How long after a FAILED_PRECONDITION refusal of SubmitJob it is tried again with
+    /// an unchanged spec (such a refusal names a condition outside the spec, e.g. a user
+    /// unknown on the controller's host, which an administrator may fix).
+    pub precondition_retry: std::time::Duration,
+    /// How many times a pod's report refused with "node X is not allocated to job N" is
+    /// sent again (within the one reconciliation of the pod) before the operator gives up
+    /// on it.
+    pub report_refusal_retries: u32,
+    /// The delay between those tries.
+    pub report_refusal_delay: std::time::Duration,
+    /// How long CancelJob may answer "job N not found" before the job counts as gone
+    /// (`--job-lost-after`: a stale replica does not know newer jobs).
+    pub lost_after: std::time::Duration,
+}
+
+impl Default for JobsTuning {
+    fn default() -> Self {
+        JobsTuning {
+            precondition_retry: std::time::Duration::from_secs(300),
+            report_refusal_retries: 15,
+            report_refusal_delay: std::time::Duration::from_secs(2),
+            lost_after: std::time::Duration::from_secs(120),
+        }
+    }
+}

@@ -17,9 +17,9 @@ use tonic::Code;
 
 use super::convert;
 use super::crd::{SpurJob, SpurJobStatus};
-use super::status::{INVALID_STATE, patch_status, set_condition};
+use super::status::{INVALID_STATE, REFUSED_STATE, patch_status, set_condition};
 use super::submit::{Submission, find_by_uid, submit_once};
-use super::{FINALIZER, LABEL_JOB_ID};
+use super::{FINALIZER, JobsTuning, LABEL_JOB_ID};
 use crate::clock::WallClock;
 use crate::controller::{ControllerClient, ControllerError};
 use crate::events::EventPublisher;
@@ -38,8 +38,13 @@ pub struct JobsContext {
     /// How often a SubmitJob still waiting for its answer is read back (see
     /// [`submit_once`]), or `None` to wait for the answer alone.
     pub submit_read_back: Option<std::time::Duration>,
+    pub tuning: JobsTuning,
+    /// `JobSpec.user` for a SpurJob without a `spur.amd.com/user` annotation.
+    pub default_user: String,
     /// Per-object backoff, by UID.
     backoffs: Mutex<BTreeMap<String, Backoff>>,
+    /// Since when CancelJob has answered "not found" for each job id.
+    not_found_since: Mutex<BTreeMap<u32, tokio::time::Instant>>,
 }
 
 impl JobsContext {
@@ -61,8 +66,23 @@ impl JobsContext {
             retry,
             entropy,
             submit_read_back: None,
+            tuning: JobsTuning::default(),
+            default_user: convert::DEFAULT_USER.to_owned(),
             backoffs: Mutex::default(),
+            not_found_since: Mutex::default(),
         }
+    }
+
+    /// Submits as `user` when a SpurJob names none.
+    pub fn with_default_user(mut self, user: &str) -> JobsContext {
+        self.default_user = user.to_owned();
+        self
+    }
+
+    /// Sets the refusal and report tunables (`--submit-precondition-retry` and the like).
+    pub fn with_tuning(mut self, tuning: JobsTuning) -> JobsContext {
+        self.tuning = tuning;
+        self
     }
 
     /// Reads a waiting SubmitJob back every `every` (see [`submit_once`]).
@@ -81,6 +101,140 @@ impl JobsContext {
 
     fn succeeded(&self, uid: &str) {
         self.backoffs.lock().expect("backoffs lock").remove(uid);
+    }
+}
+
+/// A SubmitJob refusal: spurctld's verdict on the spec or its submitter, which the same
+/// request would meet again. Shown on the SpurJob, never retried in a loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The spec itself (a GPU form, a partition, a node count): only an edit helps.
+    InvalidArgument,
+    /// A condition outside the spec (the user unknown on the controller's host): tried
+    /// again on a slow cadence, as an administrator may fix it.
+    FailedPrecondition,
+    /// The submitter may not do this: only an edit (or a grant, with an edit) helps.
+    PermissionDenied,
+}
+
+impl Refusal {
+    /// The refusal a failed submission amounts to; `None` for anything retried as usual
+    /// (transport failures, INTERNAL "raft propose failed", failed reads).
+    pub fn of(error: &ControllerError) -> Option<Refusal> {
+        let ControllerError::Status { method, code, .. } = error else {
+            return None;
+        };
+        if *method != "SubmitJob" {
+            return None;
+        }
+        match code {
+            Code::InvalidArgument => Some(Refusal::InvalidArgument),
+            Code::FailedPrecondition => Some(Refusal::FailedPrecondition),
+            Code::PermissionDenied => Some(Refusal::PermissionDenied),
+            _ => None,
+        }
+    }
+
+    /// The `Submitted` condition's reason that records it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::InvalidArgument => "InvalidArgument",
+            Refusal::FailedPrecondition => "FailedPrecondition",
+            Refusal::PermissionDenied => "PermissionDenied",
+        }
+    }
+
+    fn from_reason(reason: &str) -> Option<Refusal> {
+        [
+            Refusal::InvalidArgument,
+            Refusal::FailedPrecondition,
+            Refusal::PermissionDenied,
+        ]
+        .into_iter()
+        .find(|r| r.reason() == reason)
+    }
+}
+
+/// Whether a SpurJob with no job yet is submitted now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    Submit,
+    /// Refused, and only a spec change will change that: wait for the watch.
+    Wait,
+    /// Refused with FAILED_PRECONDITION: tried again after this long.
+    RetryIn(std::time::Duration),
+}
+
+/// Decides [`Gate`] from the status: a refusal recorded for this generation holds until
+/// the spec changes, or for FAILED_PRECONDITION until `precondition_retry` has passed
+/// since it (the `Submitted` condition's transition time, written at each refusal).
+pub fn gate(
+    status: &SpurJobStatus,
+    generation: Option<i64>,
+    now: k8s_openapi::jiff::Timestamp,
+    precondition_retry: std::time::Duration,
+) -> Gate {
+    if status.state.as_deref() != Some(REFUSED_STATE) || status.observed_generation != generation {
+        return Gate::Submit;
+    }
+    let Some(submitted) = status.conditions.iter().find(|c| c.type_ == "Submitted") else {
+        return Gate::Submit;
+    };
+    match Refusal::from_reason(&submitted.reason) {
+        Some(Refusal::FailedPrecondition) => {
+            let at = submitted
+                .last_transition_time
+                .as_deref()
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+            // A time that does not parse: try now; the refusal writes a fresh one.
+            let Some(at) = at else { return Gate::Submit };
+            let elapsed = std::time::Duration::try_from(now.duration_since(at))
+                .unwrap_or(std::time::Duration::ZERO);
+            match precondition_retry.checked_sub(elapsed) {
+                Some(left) if !left.is_zero() => Gate::RetryIn(left),
+                _ => Gate::Submit,
+            }
+        }
+        Some(_) => Gate::Wait,
+        None => Gate::Submit,
+    }
+}
+
+/// What a failed CancelJob says about the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelRefusal {
+    /// It has ended: nothing to cancel (a terminal state is final on every replica).
+    Ended,
+    /// The replica does not know it: evicted, an array's parent id, or a stale replica
+    /// that has not seen it yet. Final only once it has said so for `--job-lost-after`.
+    Unknown,
+    /// Anything else: try again.
+    Other,
+}
+
+/// Reads a failed CancelJob. spurctld says "not found" and "is already <State>" as
+/// INTERNAL (fidelity row 9); NOT_FOUND and FAILED_PRECONDITION are taken the same way.
+pub fn cancel_refusal(error: &ControllerError, job_id: u32) -> CancelRefusal {
+    match error.code() {
+        Code::NotFound => CancelRefusal::Unknown,
+        Code::FailedPrecondition => CancelRefusal::Ended,
+        Code::Internal if error.says_job_already_ended(job_id) => CancelRefusal::Ended,
+        Code::Internal if error.says_job_not_found(job_id) => CancelRefusal::Unknown,
+        _ => CancelRefusal::Other,
+    }
+}
+
+/// Whether a CancelJob refusal leaves nothing to cancel, given since when the job has been
+/// unknown and how long that may last.
+pub fn cancel_is_final(
+    refusal: CancelRefusal,
+    unknown_for: std::time::Duration,
+    lost_after: std::time::Duration,
+) -> bool {
+    match refusal {
+        CancelRefusal::Ended => true,
+        CancelRefusal::Unknown => unknown_for >= lost_after,
+        CancelRefusal::Other => false,
     }
 }
 
@@ -164,7 +318,7 @@ async fn apply(
     let uid = job.uid().unwrap_or_default();
     let generation = job.metadata.generation;
     let now = ctx.clock.timestamp().to_string();
-    let spec = match convert::job_spec(job, &uid) {
+    let spec = match convert::job_spec_as(job, &uid, &ctx.default_user) {
         Ok(spec) => spec,
         Err(invalid) => {
             let message = invalid.to_string();
@@ -193,7 +347,24 @@ async fn apply(
             return Ok(Action::await_change());
         }
     };
-    let submission = submit_once(&ctx.controller, spec, &uid, ctx.submit_read_back).await?;
+    let gated = gate(
+        &status,
+        generation,
+        ctx.clock.timestamp(),
+        ctx.tuning.precondition_retry,
+    );
+    match gated {
+        Gate::Submit => {}
+        Gate::Wait => return Ok(Action::await_change()),
+        Gate::RetryIn(left) => return Ok(Action::requeue(left)),
+    }
+    let submission = match submit_once(&ctx.controller, spec, &uid, ctx.submit_read_back).await {
+        Ok(submission) => submission,
+        Err(error) => match Refusal::of(&error) {
+            Some(refusal) => return refused(job, api, ctx, &status, refusal, &error).await,
+            None => return Err(error.into()),
+        },
+    };
     let job_id = submission.job_id();
     if let Some(created) = &job.metadata.creation_timestamp {
         let lag = ctx.clock.timestamp().duration_since(created.0);
@@ -228,28 +399,110 @@ async fn apply(
     Ok(Action::await_change())
 }
 
+/// Records spurctld's refusal of the submission on the SpurJob (state `Refused`, its
+/// words in the message, a Warning event), to hold until the spec changes (or, for
+/// FAILED_PRECONDITION, until the slow retry).
+async fn refused(
+    job: &SpurJob,
+    api: &Api<SpurJob>,
+    ctx: &JobsContext,
+    status: &SpurJobStatus,
+    refusal: Refusal,
+    error: &ControllerError,
+) -> Result<Action, ReconcileError> {
+    let now = ctx.clock.timestamp().to_string();
+    let message = format!(
+        "spurctld refused the job: {}: {}",
+        crate::metrics::code_name(error.code()),
+        error.message()
+    );
+    let mut next = status.clone();
+    next.state = Some(REFUSED_STATE.to_owned());
+    next.message = Some(message.clone());
+    next.observed_generation = job.metadata.generation;
+    set_condition(
+        &mut next.conditions,
+        "Submitted",
+        false,
+        refusal.reason(),
+        &message,
+        &now,
+    );
+    // The refusal's own time, which the FAILED_PRECONDITION retry counts from.
+    if let Some(c) = next.conditions.iter_mut().find(|c| c.type_ == "Submitted") {
+        c.last_transition_time = Some(now.clone());
+    }
+    patch_status(api, &job.name_any(), &next).await?;
+    ctx.events.warning(job, "SubmitRefused", &message).await;
+    ctx.metrics.reconcile_error("spurjob", "submit_refused");
+    ctx.succeeded(&job.uid().unwrap_or_default());
+    match refusal {
+        Refusal::FailedPrecondition => {
+            let retry = ctx.tuning.precondition_retry;
+            tracing::warn!(spurjob = %job.name_any(), %message, ?retry, "spurctld refused the SpurJob; trying again later or when its spec changes");
+            Ok(Action::requeue(retry))
+        }
+        _ => {
+            tracing::warn!(spurjob = %job.name_any(), %message, "spurctld refused the SpurJob; waiting for its spec to change");
+            Ok(Action::await_change())
+        }
+    }
+}
+
 /// On deletion: cancel the job, delete its pods and Service. Idempotent; every step
-/// treats "already gone" as done.
+/// treats "already gone" as done. An array SpurJob's tasks are cancelled one by one: the
+/// parent id has no job of its own to cancel (fidelity row 16).
 async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileError> {
     let uid = job.uid().unwrap_or_default();
     let recorded = job.status.as_ref().and_then(|s| s.spur_job_id);
-    let job_id = match recorded {
-        Some(id) => Some(id),
-        // A submission whose status write was lost must still be cancelled.
-        None => match convert::job_spec(job, &uid) {
-            Ok(spec) => find_by_uid(&ctx.controller, &spec.name, &uid).await?,
-            Err(_) => None,
-        },
-    };
-    let Some(job_id) = job_id else {
-        return Ok(Action::await_change());
-    };
     let terminal = job
         .status
         .as_ref()
         .and_then(|s| s.state.as_deref())
         .is_some_and(super::status::is_terminal);
-    if !terminal {
+    // (id, whether it may still need cancelling)
+    let mut jobs: Vec<(u32, bool)> = Vec::new();
+    if job.spec.array_spec.is_some() {
+        let name = super::status::job_name(job);
+        let found = ctx
+            .controller
+            .get_jobs(pb::GetJobsRequest {
+                name,
+                ..Default::default()
+            })
+            .await?;
+        jobs.extend(
+            found
+                .jobs
+                .iter()
+                .filter(|j| convert::uid_in_comment(&j.comment) == Some(uid.as_str()))
+                .map(|j| {
+                    (
+                        j.job_id,
+                        !super::status::is_terminal(super::status::state_name(j.state())),
+                    )
+                }),
+        );
+        if let Some(id) = recorded {
+            jobs.push((id, false));
+        }
+    } else {
+        let job_id = match recorded {
+            Some(id) => Some(id),
+            // A submission whose status write was lost must still be cancelled.
+            None => match convert::job_spec_as(job, &uid, &ctx.default_user) {
+                Ok(spec) => find_by_uid(&ctx.controller, &spec.name, &uid).await?,
+                Err(_) => None,
+            },
+        };
+        jobs.extend(job_id.map(|id| (id, !terminal)));
+    }
+    jobs.sort_unstable();
+    jobs.dedup_by_key(|(id, _)| *id);
+    for &(job_id, live) in &jobs {
+        if !live {
+            continue;
+        }
         match ctx
             .controller
             .cancel_job(pb::CancelJobRequest {
@@ -260,13 +513,34 @@ async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileEr
             .await
         {
             Ok(()) => tracing::info!(spurjob = %job.name_any(), job_id, "job cancelled"),
-            // Already finished or forgotten: nothing to cancel.
-            Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {}
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                let refusal = cancel_refusal(&e, job_id);
+                let unknown_for = {
+                    let mut since = ctx.not_found_since.lock().expect("not-found lock");
+                    if refusal == CancelRefusal::Unknown {
+                        let now = tokio::time::Instant::now();
+                        now.saturating_duration_since(*since.entry(job_id).or_insert(now))
+                    } else {
+                        since.remove(&job_id);
+                        std::time::Duration::ZERO
+                    }
+                };
+                if !cancel_is_final(refusal, unknown_for, ctx.tuning.lost_after) {
+                    return Err(e.into());
+                }
+                // Already ended, or unknown for long enough: nothing to cancel.
+                ctx.not_found_since
+                    .lock()
+                    .expect("not-found lock")
+                    .remove(&job_id);
+                tracing::info!(spurjob = %job.name_any(), job_id, error = %e, "nothing left to cancel");
+            }
         }
     }
     let namespace = job.namespace().unwrap_or_default();
-    delete_job_objects(&ctx.kube, &namespace, job_id).await?;
+    for &(job_id, _) in &jobs {
+        delete_job_objects(&ctx.kube, &namespace, job_id).await?;
+    }
     Ok(Action::await_change())
 }
 
@@ -294,5 +568,218 @@ pub async fn delete_job_objects(
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::jobs::crd::Condition;
+
+    fn status_error(method: &'static str, code: Code, message: &str) -> ControllerError {
+        ControllerError::Status {
+            method,
+            code,
+            message: message.into(),
+            leader_hint: None,
+        }
+    }
+
+    #[test]
+    fn only_a_verdict_on_the_submission_is_a_refusal() {
+        let gpu = "only one GPU request form (gpus, gpus_per_node, gpus_per_task, or a gpu gres entry) may be set";
+        let table = [
+            (
+                "SubmitJob",
+                Code::InvalidArgument,
+                gpu,
+                Some(Refusal::InvalidArgument),
+            ),
+            (
+                "SubmitJob",
+                Code::FailedPrecondition,
+                "cannot resolve UNIX credentials for authenticated user 'bob': no such user on this host: bob",
+                Some(Refusal::FailedPrecondition),
+            ),
+            (
+                "SubmitJob",
+                Code::PermissionDenied,
+                "denied",
+                Some(Refusal::PermissionDenied),
+            ),
+            ("SubmitJob", Code::Internal, "raft propose failed: x", None),
+            ("SubmitJob", Code::Unavailable, "not the Raft leader", None),
+            ("SubmitJob", Code::DeadlineExceeded, "", None),
+            ("SubmitJob", Code::Unauthenticated, "bad token", None),
+            // The adoption read before the submission is not a verdict on the spec.
+            ("GetJobs", Code::InvalidArgument, "bad filter", None),
+            ("GetJobs", Code::PermissionDenied, "denied", None),
+        ];
+        for (method, code, message, expected) in table {
+            assert_eq!(
+                Refusal::of(&status_error(method, code, message)),
+                expected,
+                "{method} {code:?}"
+            );
+        }
+        let connect = ControllerError::Connect {
+            addr: "x".into(),
+            source: crate::controller::ConnectError::Refused("no".into()),
+        };
+        assert_eq!(Refusal::of(&connect), None);
+    }
+
+    fn refused(reason: &str, generation: i64, at: Option<&str>) -> SpurJobStatus {
+        SpurJobStatus {
+            state: Some(REFUSED_STATE.into()),
+            observed_generation: Some(generation),
+            conditions: vec![Condition {
+                type_: "Submitted".into(),
+                status: "False".into(),
+                reason: reason.into(),
+                message: "spurctld refused the job: …".into(),
+                last_transition_time: at.map(str::to_owned),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_refusal_holds_until_the_spec_changes_or_a_precondition_retry_is_due() {
+        const T0: &str = "2025-01-01T00:00:00Z";
+        let retry = Duration::from_secs(300);
+        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        let table = [
+            // Never refused, or something else: submit.
+            (SpurJobStatus::default(), Some(1), T0, Gate::Submit),
+            (
+                SpurJobStatus {
+                    state: Some("PENDING".into()),
+                    ..Default::default()
+                },
+                Some(1),
+                T0,
+                Gate::Submit,
+            ),
+            // Refused for this generation: wait for an edit.
+            (
+                refused("InvalidArgument", 1, Some(T0)),
+                Some(1),
+                "2025-01-02T00:00:00Z",
+                Gate::Wait,
+            ),
+            (
+                refused("PermissionDenied", 1, Some(T0)),
+                Some(1),
+                T0,
+                Gate::Wait,
+            ),
+            // The spec changed since: submit.
+            (
+                refused("InvalidArgument", 1, Some(T0)),
+                Some(2),
+                T0,
+                Gate::Submit,
+            ),
+            (
+                refused("PermissionDenied", 1, Some(T0)),
+                None,
+                T0,
+                Gate::Submit,
+            ),
+            // FAILED_PRECONDITION: retried on its cadence.
+            (
+                refused("FailedPrecondition", 1, Some(T0)),
+                Some(1),
+                "2025-01-01T00:01:00Z",
+                Gate::RetryIn(Duration::from_secs(240)),
+            ),
+            (
+                refused("FailedPrecondition", 1, Some(T0)),
+                Some(1),
+                "2025-01-01T00:05:00Z",
+                Gate::Submit,
+            ),
+            // A clock that went backwards waits the whole cadence, never less.
+            (
+                refused("FailedPrecondition", 1, Some("2025-01-01T00:10:00Z")),
+                Some(1),
+                T0,
+                Gate::RetryIn(retry),
+            ),
+            (
+                refused("FailedPrecondition", 1, Some("yesterday")),
+                Some(1),
+                T0,
+                Gate::Submit,
+            ),
+            (
+                refused("FailedPrecondition", 1, None),
+                Some(1),
+                T0,
+                Gate::Submit,
+            ),
+            (
+                refused("SomethingElse", 1, Some(T0)),
+                Some(1),
+                T0,
+                Gate::Submit,
+            ),
+        ];
+        for (i, (status, generation, now, expected)) in table.into_iter().enumerate() {
+            assert_eq!(
+                gate(&status, generation, at(now), retry),
+                expected,
+                "row {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn cancelling_a_job_that_ended_is_done_and_one_unknown_only_after_lost_after() {
+        use CancelRefusal::{Ended, Other, Unknown};
+        let table = [
+            (Code::Internal, "job 5 not found", Unknown),
+            (Code::Internal, "job 5 is already Completed", Ended),
+            (Code::Internal, "job 5 is already NodeFail", Ended),
+            (Code::NotFound, "job 5 not found", Unknown),
+            (
+                Code::FailedPrecondition,
+                "job 5 is already Cancelled",
+                Ended,
+            ),
+            // Another job's words, or a passing failure: not done.
+            (Code::Internal, "job 6 not found", Other),
+            (
+                Code::Internal,
+                "raft propose failed: job 5 not found",
+                Other,
+            ),
+            (Code::Unavailable, "not the Raft leader", Other),
+            (
+                Code::PermissionDenied,
+                "user bob cannot cancel job owned by alice",
+                Other,
+            ),
+        ];
+        for (code, message, expected) in table {
+            assert_eq!(
+                cancel_refusal(&status_error("CancelJob", code, message), 5),
+                expected,
+                "{code:?} {message}"
+            );
+        }
+        let lost_after = std::time::Duration::from_secs(120);
+        let secs = std::time::Duration::from_secs;
+        assert!(cancel_is_final(Ended, secs(0), lost_after));
+        // A stale replica may not know the job yet: unknown is final only after a while.
+        assert!(!cancel_is_final(Unknown, secs(0), lost_after));
+        assert!(!cancel_is_final(Unknown, secs(119), lost_after));
+        assert!(cancel_is_final(Unknown, secs(120), lost_after));
+        assert!(!cancel_is_final(Other, secs(1000), lost_after));
     }
 }

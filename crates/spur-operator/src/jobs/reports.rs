@@ -16,8 +16,8 @@ use serde_json::json;
 use spur_proto as pb;
 use tonic::Code;
 
-use super::LABEL_JOB_ID;
-use super::pods::{ANNOTATION_REPORTED, ANNOTATION_RUN_ATTEMPT, CONTAINER};
+use super::pods::{ANNOTATION_REPORTED, ANNOTATION_RUN_ATTEMPT, ANNOTATION_TARGET_NODE, CONTAINER};
+use super::{JobsTuning, LABEL_JOB_ID};
 use crate::controller::ControllerClient;
 use crate::metrics::{Metrics, ReconcileLabels};
 
@@ -94,6 +94,8 @@ pub struct ReportContext {
     pub kube: kube::Client,
     pub controller: ControllerClient,
     pub metrics: Metrics,
+    /// The report tunables (`--report-refusal-*`).
+    pub tuning: JobsTuning,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -104,7 +106,48 @@ pub enum ReportError {
     Kube(#[from] kube::Error),
 }
 
+/// The node a pod's report names: the node spurctld launched it for (the target-node
+/// annotation), else the node it was bound to. spurctld ignores a report naming no node
+/// (fidelity row 7).
+pub fn reporting_node(pod: &Pod) -> String {
+    let annotated = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_TARGET_NODE))
+        .map(|n| n.trim())
+        .filter(|n| !n.is_empty());
+    match annotated {
+        Some(node) => node.to_owned(),
+        None => pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default(),
+    }
+}
+
+/// What to do after spurctld refused a report with "node X is not allocated to job N",
+/// `refusals` times before this one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterRefusal {
+    /// Send it again after this delay (the job may still be mid-dispatch: PENDING with no
+    /// nodes until every node accepted its launch, fidelity row 4).
+    Retry(std::time::Duration),
+    /// Stop: the node is not (or no longer) in the job's allocation.
+    GiveUp,
+}
+
+pub fn after_refusal(refusals: u32, tuning: &JobsTuning) -> AfterRefusal {
+    if refusals < tuning.report_refusal_retries {
+        AfterRefusal::Retry(tuning.report_refusal_delay)
+    } else {
+        AfterRefusal::GiveUp
+    }
+}
+
 pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Action, ReportError> {
+    let tuning = ctx.tuning;
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     if annotations.contains_key(ANNOTATION_REPORTED) || pod.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
@@ -127,11 +170,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
         .get(ANNOTATION_RUN_ATTEMPT)
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let node = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .unwrap_or_default();
+    let node = reporting_node(&pod);
     let state = if end.exit_code == 0 {
         pb::JobState::JobCompleted
     } else {
@@ -146,16 +185,37 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
         run_attempt,
         ..Default::default()
     };
-    match ctx.controller.report_job_status(request).await {
-        Ok(()) => {}
-        // The job is gone or already over (cancelled): nothing left to tell.
-        Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
-            tracing::info!(pod = %pod.name_any(), job_id, error = %e, "controller no longer needs this report");
-        }
-        Err(e) => return Err(e.into()),
-    }
     let pods: Api<Pod> = Api::namespaced(ctx.kube.clone(), &pod.namespace().unwrap_or_default());
-    let mark = json!({ "metadata": { "annotations": { ANNOTATION_REPORTED: "true" } } });
+    let mut reported = "true".to_owned();
+    // Refusals are retried here, inside this one reconciliation: a mark on the pod would
+    // itself wake the pod's reconciliation at once and spend the bound in a burst.
+    let mut refusals = 0u32;
+    loop {
+        match ctx.controller.report_job_status(request.clone()).await {
+            Ok(()) => {}
+            // The job is gone or already over (cancelled): nothing left to tell.
+            Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
+                tracing::info!(pod = %pod.name_any(), job_id, error = %e, "controller no longer needs this report");
+            }
+            Err(e) if e.says_node_not_allocated(&node, job_id) => {
+                match after_refusal(refusals, &tuning) {
+                    AfterRefusal::Retry(delay) => {
+                        refusals += 1;
+                        tracing::info!(pod = %pod.name_any(), job_id, node = %node, refusals, ?delay, "spurctld does not count the node in the job yet (mid-dispatch?); reporting again");
+                        tokio::time::sleep(delay).await;
+                        continue;
+                    }
+                    AfterRefusal::GiveUp => {
+                        tracing::warn!(pod = %pod.name_any(), job_id, node = %node, refusals, error = %e, "spurctld never counted the node in the job; giving up on this report");
+                        reported = format!("refused: {}", e.message());
+                    }
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+        break;
+    }
+    let mark = json!({ "metadata": { "annotations": { ANNOTATION_REPORTED: reported } } });
     pods.patch(
         &pod.name_any(),
         &PatchParams::default(),
@@ -201,6 +261,52 @@ mod tests {
             }),
             ..Default::default()
         })
+    }
+
+    #[test]
+    fn the_report_names_the_launch_target_else_the_bound_node() {
+        let mut p = Pod::default();
+        assert_eq!(reporting_node(&p), "");
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            node_name: Some("bound".into()),
+            ..Default::default()
+        });
+        assert_eq!(reporting_node(&p), "bound");
+        p.metadata.annotations = Some(
+            [(ANNOTATION_TARGET_NODE.to_owned(), " target ".to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        assert_eq!(reporting_node(&p), "target");
+        p.metadata.annotations = Some(
+            [(ANNOTATION_TARGET_NODE.to_owned(), " ".to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        assert_eq!(reporting_node(&p), "bound");
+    }
+
+    #[test]
+    fn a_report_refused_during_dispatch_is_retried_a_bounded_number_of_times() {
+        let tuning = JobsTuning {
+            report_refusal_retries: 3,
+            report_refusal_delay: std::time::Duration::from_secs(2),
+            ..JobsTuning::default()
+        };
+        let table = [
+            (0, AfterRefusal::Retry(std::time::Duration::from_secs(2))),
+            (2, AfterRefusal::Retry(std::time::Duration::from_secs(2))),
+            (3, AfterRefusal::GiveUp),
+            (u32::MAX, AfterRefusal::GiveUp),
+        ];
+        for (refusals, expected) in table {
+            assert_eq!(after_refusal(refusals, &tuning), expected, "{refusals}");
+        }
+        let never = JobsTuning {
+            report_refusal_retries: 0,
+            ..tuning
+        };
+        assert_eq!(after_refusal(0, &never), AfterRefusal::GiveUp);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! this operator tracks, not one GetJob per job: at 10,000 active SpurJobs that is one
 //! call every 2 s instead of 5,000 a second.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kube::api::{Patch, PatchParams};
@@ -18,6 +19,12 @@ use crate::controller::ControllerClient;
 use crate::metrics::Metrics;
 
 pub const INVALID_STATE: &str = "Invalid";
+/// spurctld refused the submission (INVALID_ARGUMENT, FAILED_PRECONDITION,
+/// PERMISSION_DENIED); the message carries its words.
+pub const REFUSED_STATE: &str = "Refused";
+/// spurctld no longer knows the job (it evicts ended jobs after an hour, fidelity row
+/// 17), so how it ended is unknown. Final.
+pub const LOST_STATE: &str = "Lost";
 
 /// `JOB_RUNNING` → `RUNNING`.
 pub fn state_name(state: pb::JobState) -> &'static str {
@@ -25,7 +32,10 @@ pub fn state_name(state: pb::JobState) -> &'static str {
     name.strip_prefix("JOB_").unwrap_or(name)
 }
 
-/// Whether a state (as status shows it) is final.
+/// Whether a state (as status shows it) is final. As spurctld has it: PREEMPTED and
+/// REQUEUED end a run but send the job back to PENDING, so they are not final (the job
+/// is still mirrored, and cancelled when its SpurJob is deleted). [`LOST_STATE`] is the
+/// operator's own final state.
 pub fn is_terminal(state: &str) -> bool {
     matches!(
         state,
@@ -36,8 +46,13 @@ pub fn is_terminal(state: &str) -> bool {
             | "NODE_FAIL"
             | "DEADLINE"
             | "OUT_OF_MEMORY"
-            | "PREEMPTED"
+            | LOST_STATE
     )
+}
+
+/// The node names of `JobInfo.nodelist`, a compressed hostlist (fidelity row 15).
+pub fn nodes_of(nodelist: &str) -> Result<Vec<String>, crate::hostlist::HostlistError> {
+    crate::hostlist::expand(nodelist)
 }
 
 /// Sets a condition, keeping its transition time while its status does not change.
@@ -73,13 +88,11 @@ pub fn mirrored(current: &SpurJobStatus, info: &pb::JobInfo, now: &str) -> Optio
     let state = state_name(info.state());
     let mut next = current.clone();
     next.state = Some(state.to_owned());
-    next.assigned_nodes = info
-        .nodelist
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .map(str::to_owned)
-        .collect();
+    // A nodelist that does not parse keeps the nodes last shown rather than showing a
+    // wrong list (`poll_once` logs it).
+    if let Ok(nodes) = nodes_of(&info.nodelist) {
+        next.assigned_nodes = nodes;
+    }
     let reason = info.state_reason.trim();
     next.message = (!reason.is_empty() && reason != "None").then(|| reason.to_owned());
     let running = matches!(state, "RUNNING" | "COMPLETING");
@@ -99,8 +112,98 @@ pub fn mirrored(current: &SpurJobStatus, info: &pb::JobInfo, now: &str) -> Optio
             reason.to_owned()
         };
         set_condition(&mut next.conditions, "Finished", true, state, &message, now);
+        // The exit code is what a person looks for first in a failed job's message.
+        next.message = (!message.is_empty()).then_some(message);
     }
     (next != *current).then_some(next)
+}
+
+/// The status of a SpurJob whose job spurctld no longer knows; `None` when it already
+/// says so.
+pub fn lost(current: &SpurJobStatus, job_id: u32, now: &str) -> Option<SpurJobStatus> {
+    let mut next = current.clone();
+    let last = current.state.as_deref().unwrap_or("unknown");
+    let message = format!(
+        "spurctld no longer knows job {job_id} (it forgets ended jobs after an hour); its last state seen here was {last}, so how it ended is unknown"
+    );
+    if current.state.as_deref() == Some(LOST_STATE) {
+        return None;
+    }
+    next.state = Some(LOST_STATE.to_owned());
+    next.message = Some(message.clone());
+    set_condition(
+        &mut next.conditions,
+        "Running",
+        false,
+        LOST_STATE,
+        &message,
+        now,
+    );
+    set_condition(
+        &mut next.conditions,
+        "Finished",
+        true,
+        LOST_STATE,
+        &message,
+        now,
+    );
+    Some(next)
+}
+
+/// Task counts by state of an array job: the tasks are the jobs whose comment carries the
+/// SpurJob's UID (each task clones the parent's comment, fidelity row 16).
+pub fn array_tasks(jobs: &[pb::JobInfo], uid: &str) -> BTreeMap<String, u32> {
+    let mut counts = BTreeMap::new();
+    for job in jobs {
+        if super::convert::uid_in_comment(&job.comment) == Some(uid) {
+            *counts
+                .entry(state_name(job.state()).to_owned())
+                .or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// What the poller remembers between rounds: since when each job has been missing from
+/// GetJobs. A job is asked about with GetJob only once it has been missing for
+/// `lost_after` without a sighting in between: a stale replica (a follower cut off, or a
+/// leader cut off from the majority, which never steps down) answers reads from an old
+/// state and does not know newer jobs, while a job spurctld really evicted stays missing.
+#[derive(Debug)]
+pub struct PollMemory {
+    missing_since: BTreeMap<u32, tokio::time::Instant>,
+    lost_after: Duration,
+}
+
+impl PollMemory {
+    pub fn new(lost_after: Duration) -> PollMemory {
+        PollMemory {
+            missing_since: BTreeMap::new(),
+            lost_after,
+        }
+    }
+
+    /// Records a round in which `job_id` was missing at `now`; true once it has been
+    /// missing long enough to ask GetJob about it.
+    fn missed(&mut self, job_id: u32, now: tokio::time::Instant) -> bool {
+        let since = *self.missing_since.entry(job_id).or_insert(now);
+        now.saturating_duration_since(since) >= self.lost_after
+    }
+
+    fn seen(&mut self, job_id: u32) {
+        self.missing_since.remove(&job_id);
+    }
+
+    /// Forgets the jobs no longer polled.
+    fn retain(&mut self, polled: &[u32]) {
+        self.missing_since
+            .retain(|id, _| polled.binary_search(id).is_ok());
+    }
+}
+
+/// The name a SpurJob's job carries at spurctld (as `convert::job_spec` sets it).
+pub(crate) fn job_name(job: &SpurJob) -> String {
+    job.spec.name.clone().unwrap_or_else(|| job.name_any())
 }
 
 /// Writes `status` with a merge patch on the status subresource (no resourceVersion, so
@@ -126,14 +229,16 @@ pub async fn run_poller(
     kube: kube::Client,
     controller: ControllerClient,
     interval: Duration,
+    lost_after: Duration,
     clock: WallClock,
     metrics: Metrics,
 ) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut memory = PollMemory::new(lost_after);
     loop {
         ticks.tick().await;
-        poll_once(&store, &kube, &controller, &clock, &metrics).await;
+        poll_once(&store, &kube, &controller, &clock, &metrics, &mut memory).await;
     }
 }
 
@@ -143,6 +248,7 @@ pub async fn poll_once(
     controller: &ControllerClient,
     clock: &WallClock,
     metrics: &Metrics,
+    memory: &mut PollMemory,
 ) {
     // The store iterates in no fixed order; sort so calls and writes are reproducible.
     let mut active: Vec<(u32, std::sync::Arc<SpurJob>)> = store
@@ -156,14 +262,42 @@ pub async fn poll_once(
             (!done).then_some((id, job))
         })
         .collect();
-    if active.is_empty() {
-        return;
-    }
     active.sort_by(|a, b| {
         a.0.cmp(&b.0)
             .then_with(|| a.1.name_any().cmp(&b.1.name_any()))
     });
-    let job_ids = active.iter().map(|(id, _)| *id).collect();
+    let job_ids: Vec<u32> = active.iter().map(|(id, _)| *id).collect();
+    memory.retain(&job_ids);
+    if active.is_empty() {
+        return;
+    }
+    // An array's parent id has no record of its own: GetJobs answers for it with the
+    // tasks' aggregate, and the tasks themselves are found by name and UID.
+    let arrays: Vec<&std::sync::Arc<SpurJob>> = active
+        .iter()
+        .map(|(_, job)| job)
+        .filter(|job| job.spec.array_spec.is_some())
+        .collect();
+    let tasks = if arrays.is_empty() {
+        None
+    } else {
+        let mut names: Vec<String> = arrays.iter().map(|job| job_name(job)).collect();
+        names.sort();
+        names.dedup();
+        match controller
+            .get_jobs(pb::GetJobsRequest {
+                name: names.join(","),
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(answer) => Some(answer.jobs),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read array tasks; trying again next round");
+                None
+            }
+        }
+    };
     let answer = match controller
         .get_jobs(pb::GetJobsRequest {
             job_ids,
@@ -178,24 +312,77 @@ pub async fn poll_once(
         }
     };
     let now = clock.timestamp().to_string();
-    for info in answer.jobs {
-        let Ok(index) = active.binary_search_by(|(id, _)| id.cmp(&info.job_id)) else {
-            continue;
-        };
-        let job = &active[index].1;
-        let current = job.status.clone().unwrap_or_default();
-        let Some(next) = mirrored(&current, &info, &now) else {
-            continue;
-        };
-        let api: Api<SpurJob> = Api::namespaced(kube.clone(), &job.namespace().unwrap_or_default());
-        match patch_status(&api, &job.name_any(), &next).await {
-            Ok(()) => {
-                tracing::info!(spurjob = %job.name_any(), job_id = info.job_id, state = ?next.state, "mirrored the job's state")
+    let mut answered = vec![false; active.len()];
+    let mut infos = answer.jobs;
+    infos.sort_by_key(|info| info.job_id);
+    infos.dedup_by_key(|info| info.job_id);
+    for info in infos {
+        // Every SpurJob tracking this id (there should be one), sorted by id.
+        let first = active.partition_point(|(id, _)| *id < info.job_id);
+        for (i, (id, job)) in active.iter().enumerate().skip(first) {
+            if *id != info.job_id {
+                break;
             }
+            answered[i] = true;
+            memory.seen(info.job_id);
+            if let Err(e) = nodes_of(&info.nodelist) {
+                tracing::warn!(spurjob = %job.name_any(), job_id = info.job_id, nodelist = %info.nodelist, error = %e, "spurctld's nodelist does not parse; the nodes shown are left as they were");
+            }
+            let current = job.status.clone().unwrap_or_default();
+            let mut next = mirrored(&current, &info, &now).unwrap_or_else(|| current.clone());
+            if job.spec.array_spec.is_some()
+                && let Some(tasks) = &tasks
+            {
+                next.array_tasks = array_tasks(tasks, &job.uid().unwrap_or_default());
+            }
+            if next != current {
+                write(kube, job, &next, info.job_id, metrics).await;
+            }
+        }
+    }
+    // Missing from GetJobs: ended and evicted long ago, or not yet visible through a
+    // lagging follower. Asked about once missing for a while; NOT_FOUND is final.
+    for (i, (job_id, job)) in active.iter().enumerate() {
+        if answered[i] || !memory.missed(*job_id, tokio::time::Instant::now()) {
+            continue;
+        }
+        match controller.get_job(*job_id).await {
+            Err(e) if e.code() == tonic::Code::NotFound => {
+                let current = job.status.clone().unwrap_or_default();
+                if let Some(next) = lost(&current, *job_id, &now) {
+                    write(kube, job, &next, *job_id, metrics).await;
+                }
+            }
+            Ok(info) if info.job_id == *job_id => {
+                memory.seen(*job_id);
+                let current = job.status.clone().unwrap_or_default();
+                if let Some(next) = mirrored(&current, &info, &now) {
+                    write(kube, job, &next, *job_id, metrics).await;
+                }
+            }
+            Ok(_) => {}
             Err(e) => {
-                metrics.reconcile_error("spurjob", "status_patch");
-                tracing::warn!(spurjob = %job.name_any(), error = %e, "could not write status; next round tries again");
+                tracing::warn!(spurjob = %job.name_any(), job_id, error = %e, "could not read a job missing from GetJobs; trying again next round");
             }
+        }
+    }
+}
+
+async fn write(
+    kube: &kube::Client,
+    job: &SpurJob,
+    next: &SpurJobStatus,
+    job_id: u32,
+    metrics: &Metrics,
+) {
+    let api: Api<SpurJob> = Api::namespaced(kube.clone(), &job.namespace().unwrap_or_default());
+    match patch_status(&api, &job.name_any(), next).await {
+        Ok(()) => {
+            tracing::info!(spurjob = %job.name_any(), job_id, state = ?next.state, "mirrored the job's state")
+        }
+        Err(e) => {
+            metrics.reconcile_error("spurjob", "status_patch");
+            tracing::warn!(spurjob = %job.name_any(), error = %e, "could not write status; next round tries again");
         }
     }
 }
@@ -255,7 +442,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(failed.state.as_deref(), Some("FAILED"));
-        assert_eq!(failed.message.as_deref(), Some("OOMKilled"));
+        assert_eq!(failed.message.as_deref(), Some("exit code 137: OOMKilled"));
         let finished = failed
             .conditions
             .iter()
@@ -283,16 +470,157 @@ mod tests {
         ] {
             assert!(is_terminal(s), "{s}");
         }
+        assert!(is_terminal(LOST_STATE));
         for s in [
             "PENDING",
             "RUNNING",
             "COMPLETING",
             "SUSPENDED",
             "REQUEUED",
+            "PREEMPTED",
             INVALID_STATE,
+            REFUSED_STATE,
         ] {
             assert!(!is_terminal(s), "{s}");
         }
         assert_eq!(state_name(pb::JobState::JobNodeFail), "NODE_FAIL");
+    }
+
+    #[test]
+    fn nodelists_are_expanded_and_a_bad_one_keeps_the_nodes_shown() {
+        let pending = SpurJobStatus {
+            state: Some("PENDING".into()),
+            ..Default::default()
+        };
+        let table: &[(&str, &[&str])] = &[
+            (
+                "node[001-003,005]",
+                &["node001", "node002", "node003", "node005"],
+            ),
+            ("gpu-node-[1-2]", &["gpu-node-1", "gpu-node-2"]),
+            ("a,b", &["a", "b"]),
+            ("solo", &["solo"]),
+            ("", &[]),
+        ];
+        for (nodelist, nodes) in table {
+            let next = mirrored(
+                &pending,
+                &info(pb::JobState::JobRunning, nodelist, "", 0),
+                "t",
+            )
+            .unwrap();
+            assert_eq!(next.assigned_nodes, *nodes, "{nodelist}");
+        }
+        let running = mirrored(&pending, &info(pb::JobState::JobRunning, "a", "", 0), "t").unwrap();
+        let next = mirrored(
+            &running,
+            &info(pb::JobState::JobRunning, "a[1-", "", 0),
+            "t",
+        );
+        assert_eq!(next.map(|n| n.assigned_nodes), None, "nothing changes");
+    }
+
+    #[test]
+    fn a_preempted_or_requeued_job_is_not_finished_and_comes_back_pending() {
+        let running = mirrored(
+            &SpurJobStatus::default(),
+            &info(pb::JobState::JobRunning, "a", "", 0),
+            "t1",
+        )
+        .unwrap();
+        for state in [pb::JobState::JobPreempted, pb::JobState::JobRequeued] {
+            let next = mirrored(&running, &info(state, "", "Preempted", 0), "t2").unwrap();
+            assert!(!is_terminal(next.state.as_deref().unwrap()));
+            assert!(
+                next.conditions.iter().all(|c| c.type_ != "Finished"),
+                "{state:?}"
+            );
+            assert!(next.assigned_nodes.is_empty());
+            let back = mirrored(
+                &next,
+                &info(pb::JobState::JobPending, "", "Priority", 0),
+                "t3",
+            )
+            .unwrap();
+            assert_eq!(back.state.as_deref(), Some("PENDING"));
+        }
+    }
+
+    #[test]
+    fn a_job_spurctld_forgot_is_lost_once() {
+        let running = SpurJobStatus {
+            state: Some("RUNNING".into()),
+            spur_job_id: Some(4),
+            ..Default::default()
+        };
+        let lost_status = lost(&running, 4, "t").unwrap();
+        assert_eq!(lost_status.state.as_deref(), Some(LOST_STATE));
+        let message = lost_status.message.as_deref().unwrap();
+        assert!(
+            message.contains("job 4") && message.contains("RUNNING"),
+            "{message}"
+        );
+        let finished = lost_status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Finished")
+            .unwrap();
+        assert_eq!(
+            (finished.status.as_str(), finished.reason.as_str()),
+            ("True", LOST_STATE)
+        );
+        assert_eq!(lost(&lost_status, 4, "t2"), None);
+    }
+
+    #[test]
+    fn array_tasks_are_counted_by_state_for_their_spurjob_only() {
+        let task = |id: u32, state: pb::JobState, uid: &str| pb::JobInfo {
+            job_id: id,
+            state: state as i32,
+            comment: format!("spurjob-uid={uid}"),
+            ..Default::default()
+        };
+        let jobs = [
+            task(11, pb::JobState::JobRunning, "u1"),
+            task(12, pb::JobState::JobRunning, "u1"),
+            task(13, pb::JobState::JobPending, "u1"),
+            task(14, pb::JobState::JobCompleted, "u1"),
+            task(21, pb::JobState::JobRunning, "u2"),
+            pb::JobInfo {
+                job_id: 30,
+                ..Default::default()
+            },
+        ];
+        let counts = array_tasks(&jobs, "u1");
+        assert_eq!(
+            counts.into_iter().collect::<Vec<_>>(),
+            [
+                ("COMPLETED".into(), 1),
+                ("PENDING".into(), 1),
+                ("RUNNING".into(), 2)
+            ]
+        );
+        assert!(array_tasks(&jobs, "u3").is_empty());
+    }
+
+    #[test]
+    fn a_job_is_asked_about_only_after_missing_for_the_whole_lost_after() {
+        let start = tokio::time::Instant::now();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let mut memory = PollMemory::new(Duration::from_secs(120));
+        assert!(!memory.missed(4, at(0)));
+        assert!(!memory.missed(4, at(119)));
+        memory.seen(4);
+        assert!(
+            !memory.missed(4, at(120)),
+            "seen in between: counting starts again"
+        );
+        assert!(!memory.missed(4, at(239)));
+        assert!(memory.missed(4, at(240)));
+        memory.retain(&[5]);
+        assert!(
+            !memory.missed(4, at(241)),
+            "forgotten once no longer polled"
+        );
     }
 }

@@ -5,7 +5,7 @@ pub mod resources;
 pub mod sync;
 
 pub use resources::{AgentEndpoint, Availability};
-pub use sync::{NodeSync, NodeSyncConfig, Registered};
+pub use sync::{NodeSync, NodeSyncConfig, NotReadyState, Registered};
 
 #[cfg(test)]
 mod tests;

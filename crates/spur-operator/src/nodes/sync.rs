@@ -35,6 +35,34 @@ pub struct NodeSyncConfig {
     pub agent: AgentEndpoint,
     /// Sent as the agent version at registration.
     pub version: String,
+    /// What a NotReady (or unreachable) taint is told to the controller as.
+    pub not_ready: NotReadyState,
+}
+
+/// The state a node with a NotReady or unreachable taint is given at the controller
+/// (`--not-ready-node-state`). In spurctld (fidelity row 5, and its source) DOWN fails
+/// every job running on the node at once (NODE_FAIL), while DRAIN only stops new work
+/// (DRAINING while jobs run) and leaves them running; both are admin holds that only an
+/// explicit IDLE lifts, which the operator sends once the taint is gone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum NotReadyState {
+    /// No new jobs; running ones go on (a kubelet blip must not kill a day-long job).
+    #[default]
+    Drain,
+    /// No new jobs, and the running ones fail at once.
+    Down,
+    /// Tell the controller nothing: it keeps scheduling onto the node.
+    Ignore,
+}
+
+impl NotReadyState {
+    fn node_state(self) -> Option<pb::NodeState> {
+        match self {
+            NotReadyState::Drain => Some(pb::NodeState::NodeDrain),
+            NotReadyState::Down => Some(pb::NodeState::NodeDown),
+            NotReadyState::Ignore => None,
+        }
+    }
 }
 
 /// The nodes the controller accepted, with the token it gave each; shared with the
@@ -84,8 +112,12 @@ struct Tracked {
     availability: Availability,
     /// What the controller accepted.
     registered: Option<pb::RegisterAgentRequest>,
-    /// The availability the controller acknowledged.
+    /// The availability the controller acknowledged; `None` when unknown (a registration
+    /// never changes a known node's state, so after this process's first registration of
+    /// a node, a hold an earlier operator left is unknown, and the availability is sent).
     acked: Option<Availability>,
+    /// The controller does not know the node: its registration creates it, IDLE.
+    unknown_to_controller: bool,
     in_flight: bool,
     queued: bool,
     retry_at: Option<Instant>,
@@ -125,7 +157,17 @@ impl Tracked {
 
 /// A failed node call: what went wrong, and whether it was a transport failure.
 type Failure = (String, crate::controller::FailureKind);
-type Outcome = (String, Action, Result<Option<String>, Failure>);
+type Outcome = (String, Action, Result<Reply, Failure>);
+
+/// A node call that succeeded, or found the node unknown to the controller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Reply {
+    /// Done; an accepted registration carries the node token.
+    Done(Option<String>),
+    /// `node X not found`: the controller lost the node (UpdateNode says so as INTERNAL,
+    /// fidelity row 5); it is registered again.
+    NodeUnknown,
+}
 
 /// The node sync driver. Feed it watcher events with [`NodeSync::run`].
 pub struct NodeSync {
@@ -249,7 +291,10 @@ impl NodeSync {
             return;
         };
         let (desired, warnings) = registration(node, &self.config.agent, &self.config.version);
-        let availability = super::resources::availability(node);
+        let availability = match self.config.not_ready {
+            NotReadyState::Ignore => Availability::Up,
+            _ => super::resources::availability(node),
+        };
         let now = Instant::now();
         let entropy = self.entropy.clone();
         let retry = self.config.retry;
@@ -258,6 +303,7 @@ impl NodeSync {
             availability: Availability::Up,
             registered: None,
             acked: None,
+            unknown_to_controller: false,
             in_flight: false,
             queued: false,
             retry_at: None,
@@ -297,6 +343,7 @@ impl NodeSync {
         tracing::info!(node = %name, "the controller forgot the node; registering it again");
         tracked.registered = None;
         tracked.acked = None;
+        tracked.unknown_to_controller = true;
         tracked.backoff.reset();
         tracked.waiting_since.get_or_insert_with(Instant::now);
         if let Some(at) = tracked.retry_at.take() {
@@ -364,8 +411,9 @@ impl NodeSync {
                 .get_or_create(&crate::metrics::ReconcileLabels { kind: "node" })
                 .inc();
             let controller = self.controller.clone();
+            let not_ready = self.config.not_ready;
             self.in_flight
-                .push(Box::pin(call(controller, name, action)));
+                .push(Box::pin(call(controller, name, action, not_ready)));
         }
     }
 
@@ -375,13 +423,33 @@ impl NodeSync {
         };
         tracked.in_flight = false;
         match result {
-            Ok(token) => {
+            Ok(Reply::NodeUnknown) if matches!(action, Action::SetAvailability(_)) => {
+                tracked.backoff.reset();
+                tracing::info!(node = %name, "the controller does not know the node; registering it again");
+                tracked.registered = None;
+                tracked.acked = None;
+                tracked.unknown_to_controller = true;
+                tracked.waiting_since.get_or_insert_with(Instant::now);
+                let count = self.registered.remove(&name);
+                self.metrics.nodes_registered.set(count as i64);
+            }
+            Ok(reply) => {
+                let token = match reply {
+                    Reply::Done(token) => token,
+                    // Unknown to the controller: nothing left to mark.
+                    Reply::NodeUnknown => None,
+                };
                 tracked.backoff.reset();
                 match action {
                     Action::Register(request) => {
                         tracked.registered = Some(request);
-                        // A (re-)registered node is in service: spurctld refreshes it.
-                        tracked.acked = Some(Availability::Up);
+                        // A registration never changes a known node's state: what was
+                        // acknowledged still holds, and when nothing was (this process's
+                        // first registration of the node), the availability is sent. A node
+                        // new to the controller starts IDLE.
+                        if std::mem::take(&mut tracked.unknown_to_controller) {
+                            tracked.acked = Some(Availability::Up);
+                        }
                         if let Some(since) = tracked.waiting_since.take() {
                             self.metrics
                                 .registration_lag_seconds
@@ -400,7 +468,8 @@ impl NodeSync {
                         let count = self.registered.remove(&name);
                         self.metrics.nodes_registered.set(count as i64);
                         if tracked.desired.is_some() {
-                            // It came back while the call ran: register it afresh.
+                            // It came back while the call ran: register it afresh (and
+                            // lift the DOWN just sent).
                             tracked.registered = None;
                             tracked.acked = None;
                         } else {
@@ -429,24 +498,27 @@ impl NodeSync {
     }
 }
 
-/// Makes the call an action needs. `Ok(Some(token))` for an accepted registration.
-async fn call(controller: ControllerClient, name: String, action: Action) -> Outcome {
+/// Makes the call an action needs. `Ok(Reply::Done(Some(token)))` for an accepted
+/// registration.
+async fn call(
+    controller: ControllerClient,
+    name: String,
+    action: Action,
+    not_ready: NotReadyState,
+) -> Outcome {
     let result = match &action {
         Action::Register(request) => match controller.register_agent(request.clone()).await {
-            Ok(answer) if answer.accepted => Ok(Some(answer.node_token)),
+            Ok(answer) if answer.accepted => Ok(Reply::Done(Some(answer.node_token))),
             Ok(answer) => Err((
                 format!("registration refused: {}", answer.message),
                 crate::controller::FailureKind::Answer,
             )),
             Err(e) => Err((e.to_string(), e.kind())),
         },
-        Action::SetAvailability(availability) => {
-            let (state, reason) = match availability {
-                Availability::Up => (pb::NodeState::NodeIdle, String::new()),
-                Availability::Down { reason } => (pb::NodeState::NodeDown, reason.clone()),
-            };
-            update_node(&controller, &name, state, reason).await
-        }
+        Action::SetAvailability(availability) => match node_update(availability, not_ready) {
+            Some((state, reason)) => update_node(&controller, &name, state, reason).await,
+            None => Ok(Reply::Done(None)),
+        },
         Action::MarkGone => {
             update_node(
                 &controller,
@@ -456,9 +528,30 @@ async fn call(controller: ControllerClient, name: String, action: Action) -> Out
             )
             .await
         }
-        Action::Forget => Ok(None),
+        Action::Forget => Ok(Reply::Done(None)),
     };
     (name, action, result)
+}
+
+/// The UpdateNode an availability is sent as, or `None` to send nothing.
+fn node_update(
+    availability: &Availability,
+    not_ready: NotReadyState,
+) -> Option<(pb::NodeState, String)> {
+    match availability {
+        Availability::Up => Some((pb::NodeState::NodeIdle, String::new())),
+        Availability::Down { reason } => not_ready.node_state().map(|s| (s, reason.clone())),
+    }
+}
+
+/// Whether a failed UpdateNode says the controller does not know the node: INTERNAL
+/// `node X not found` (spurctld), or NOT_FOUND.
+fn node_unknown(error: &crate::controller::ControllerError, name: &str) -> bool {
+    match error.code() {
+        tonic::Code::NotFound => true,
+        tonic::Code::Internal => error.says_node_not_found(name),
+        _ => false,
+    }
 }
 
 async fn update_node(
@@ -466,7 +559,7 @@ async fn update_node(
     name: &str,
     state: pb::NodeState,
     reason: String,
-) -> Result<Option<String>, Failure> {
+) -> Result<Reply, Failure> {
     let request = pb::UpdateNodeRequest {
         name: name.to_owned(),
         state: Some(state as i32),
@@ -474,9 +567,8 @@ async fn update_node(
         ..Default::default()
     };
     match controller.update_node(request).await {
-        Ok(()) => Ok(None),
-        // The controller never knew the node: nothing to mark.
-        Err(e) if e.code() == tonic::Code::NotFound && state == pb::NodeState::NodeDown => Ok(None),
+        Ok(()) => Ok(Reply::Done(None)),
+        Err(e) if node_unknown(&e, name) => Ok(Reply::NodeUnknown),
         Err(e) => Err((e.to_string(), e.kind())),
     }
 }
@@ -509,6 +601,79 @@ impl FailureLog {
             tracing::warn!(failures = self.count, node = %node, %error, "node sync calls failed (count since the last report; the node named is the latest)");
             self.count = 0;
             self.last = Some(now);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_not_ready_node_is_drained_by_default_and_never_failed_unless_asked() {
+        let down = Availability::Down {
+            reason: "Kubernetes taint node.kubernetes.io/not-ready:NoExecute".into(),
+        };
+        let reason = || "Kubernetes taint node.kubernetes.io/not-ready:NoExecute".to_owned();
+        assert_eq!(NotReadyState::default(), NotReadyState::Drain);
+        let table = [
+            (
+                Availability::Up,
+                NotReadyState::Drain,
+                Some((pb::NodeState::NodeIdle, String::new())),
+            ),
+            (
+                Availability::Up,
+                NotReadyState::Ignore,
+                Some((pb::NodeState::NodeIdle, String::new())),
+            ),
+            (
+                down.clone(),
+                NotReadyState::Drain,
+                Some((pb::NodeState::NodeDrain, reason())),
+            ),
+            (
+                down.clone(),
+                NotReadyState::Down,
+                Some((pb::NodeState::NodeDown, reason())),
+            ),
+            (down, NotReadyState::Ignore, None),
+        ];
+        for (availability, mode, expected) in table {
+            assert_eq!(
+                node_update(&availability, mode),
+                expected,
+                "{availability:?} {mode:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_update_for_a_node_the_controller_lost_is_recognised() {
+        let e = |code, message: &str| crate::controller::ControllerError::Status {
+            method: "UpdateNode",
+            code,
+            message: message.into(),
+            leader_hint: None,
+        };
+        let table = [
+            (tonic::Code::Internal, "node gpu-1 not found", true),
+            (tonic::Code::NotFound, "anything", true),
+            (tonic::Code::Internal, "node gpu-2 not found", false),
+            (tonic::Code::Internal, "raft propose failed: x", false),
+            (tonic::Code::Unavailable, "node gpu-1 not found", false),
+            (
+                tonic::Code::PermissionDenied,
+                "update node requires cluster admin",
+                false,
+            ),
+        ];
+        for (code, message, expected) in table {
+            assert_eq!(
+                node_unknown(&e(code, message), "gpu-1"),
+                expected,
+                "{code:?} {message}"
+            );
         }
     }
 }

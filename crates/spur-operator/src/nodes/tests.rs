@@ -10,7 +10,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::heartbeat;
 use super::resources::tests::node;
-use super::{AgentEndpoint, NodeSync, NodeSyncConfig, Registered};
+use super::{AgentEndpoint, NodeSync, NodeSyncConfig, NotReadyState, Registered};
 use crate::config::ChannelConfig;
 use crate::controller::testing::{MemoryNetwork, ScriptedController};
 use crate::controller::{ControllerAddr, ControllerClient};
@@ -36,7 +36,18 @@ const RETRY: BackoffPolicy = BackoffPolicy {
 };
 
 fn start(concurrency: usize) -> Harness {
-    let controller = ScriptedController::default();
+    start_with(
+        concurrency,
+        NotReadyState::default(),
+        ScriptedController::default(),
+    )
+}
+
+fn start_with(
+    concurrency: usize,
+    not_ready: NotReadyState,
+    controller: ScriptedController,
+) -> Harness {
     let network = MemoryNetwork::start(controller.clone());
     let client = ControllerClient::new(
         ControllerAddr::new("spurctld", 6817),
@@ -63,6 +74,7 @@ fn start(concurrency: usize) -> Harness {
                 port: 6818,
             },
             version: "test".into(),
+            not_ready,
         },
         client.clone(),
         metrics.clone(),
@@ -219,13 +231,13 @@ async fn a_controller_outage_backs_off_and_recovers() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn not_ready_taint_goes_down_and_comes_back_idle() {
+async fn not_ready_taint_drains_and_comes_back_idle() {
     let h = start(32);
     h.list(vec![tainted(gpu_node("a"))]);
     settle(Duration::from_millis(100)).await;
     assert_eq!(
         h.controller.log(),
-        ["RegisterAgent a", "UpdateNode a NODE_DOWN"]
+        ["RegisterAgent a", "UpdateNode a NODE_DRAIN"]
     );
     h.apply(gpu_node("a"));
     settle(Duration::from_millis(100)).await;
@@ -241,12 +253,100 @@ async fn not_ready_taint_goes_down_and_comes_back_idle() {
     assert_eq!(
         h.calls("UpdateNode"),
         [
-            "UpdateNode a NODE_DOWN",
+            "UpdateNode a NODE_DRAIN",
             "UpdateNode a NODE_IDLE",
-            "UpdateNode a NODE_DOWN",
-            "UpdateNode a NODE_DOWN"
+            "UpdateNode a NODE_DRAIN",
+            "UpdateNode a NODE_DRAIN"
         ]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_ready_taint_goes_down_only_when_asked_and_ignore_sends_nothing() {
+    let h = start_with(32, NotReadyState::Down, ScriptedController::default());
+    h.list(vec![tainted(gpu_node("a"))]);
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(
+        h.controller.log(),
+        ["RegisterAgent a", "UpdateNode a NODE_DOWN"]
+    );
+
+    let h = start_with(32, NotReadyState::Ignore, ScriptedController::default());
+    h.list(vec![tainted(gpu_node("a"))]);
+    settle(Duration::from_millis(100)).await;
+    // Registered and treated as healthy: its (first) availability is IDLE.
+    assert_eq!(
+        h.controller.log(),
+        ["RegisterAgent a", "UpdateNode a NODE_IDLE"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_operator_lifts_the_hold_its_predecessor_left() {
+    // spurctld keeps a node's state across re-registration: a node an earlier operator
+    // drained stays drained until IDLE is sent.
+    let controller = ScriptedController::default();
+    let before = start_with(32, NotReadyState::Drain, controller.clone());
+    before.list(vec![tainted(gpu_node("a"))]);
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(before.calls("UpdateNode"), ["UpdateNode a NODE_DRAIN"]);
+
+    let after = start_with(32, NotReadyState::Drain, controller.clone());
+    after.list(vec![gpu_node("a")]);
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(
+        after.calls("UpdateNode"),
+        ["UpdateNode a NODE_DRAIN", "UpdateNode a NODE_IDLE"]
+    );
+    // Registering again (new resources) does not repeat it: the state is known now.
+    let mut bigger = gpu_node("a");
+    bigger
+        .status
+        .as_mut()
+        .unwrap()
+        .allocatable
+        .as_mut()
+        .unwrap()
+        .insert(
+            "cpu".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("16".into()),
+        );
+    after.apply(bigger);
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(after.calls("RegisterAgent").len(), 3);
+    assert_eq!(after.calls("UpdateNode").len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_update_for_a_node_the_controller_lost_registers_it_again() {
+    let h = start(32);
+    h.list(vec![gpu_node("a")]);
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(h.calls("UpdateNode"), ["UpdateNode a NODE_IDLE"]);
+    // spurctld lost the node: the taint's DRAIN answers INTERNAL "node a not found".
+    h.controller
+        .fail_next(tonic::Status::internal("node a not found"));
+    h.apply(tainted(gpu_node("a")));
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(
+        h.controller.log(),
+        [
+            "RegisterAgent a",
+            "UpdateNode a NODE_IDLE",
+            "UpdateNode a NODE_DRAIN",
+            "RegisterAgent a",
+            "UpdateNode a NODE_DRAIN"
+        ]
+    );
+    assert!(h.registered.contains("a"));
+    // Healthy again: IDLE, once.
+    h.apply(gpu_node("a"));
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(
+        h.calls("UpdateNode").last().unwrap(),
+        "UpdateNode a NODE_IDLE"
+    );
+    assert_eq!(h.calls("RegisterAgent").len(), 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -256,15 +356,19 @@ async fn a_deleted_node_is_marked_down_and_forgotten() {
     settle(Duration::from_millis(100)).await;
     h.delete(gpu_node("a"));
     settle(Duration::from_millis(100)).await;
-    assert_eq!(h.calls("UpdateNode"), ["UpdateNode a NODE_DOWN"]);
+    assert_eq!(
+        h.calls("UpdateNode a NODE_DOWN"),
+        ["UpdateNode a NODE_DOWN"]
+    );
     assert!(!h.registered.contains("a"));
     // A node that vanished while the watch was down is noticed at the re-list.
     h.list(vec![gpu_node("a")]);
     settle(Duration::from_millis(100)).await;
     assert_eq!(
-        h.calls("UpdateNode"),
-        ["UpdateNode a NODE_DOWN", "UpdateNode b NODE_DOWN"]
+        h.calls("UpdateNode b NODE_DOWN"),
+        ["UpdateNode b NODE_DOWN"]
     );
+    assert_eq!(h.calls("UpdateNode a NODE_DOWN").len(), 1);
     assert!(h.registered.contains("a") && !h.registered.contains("b"));
 }
 
