@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::determinism::sim_now;
+use crate::controller::Clock;
 use crate::index::{ObjectIndex, PodView};
 use crate::kube_api::ApiServer;
 
@@ -31,19 +31,30 @@ impl Default for KubeletConfig {
     }
 }
 
-fn timestamp() -> String {
-    k8s_openapi::jiff::Timestamp::try_from(sim_now())
-        .map(|t| t.to_string())
-        .unwrap_or_default()
+/// Runs the kubelets of every node until the host stops, on the simulated clock.
+pub async fn run(api: ApiServer, index: ObjectIndex, config: KubeletConfig) -> turmoil::Result {
+    run_with_clock(api, index, config, Clock::simulated()).await;
+    Ok(())
 }
 
-/// Runs the kubelets of every node until the host stops.
-pub async fn run(api: ApiServer, index: ObjectIndex, config: KubeletConfig) -> turmoil::Result {
+/// Runs the kubelets of every node forever, reading time from `clock` (the real clock
+/// when the operator runs as a process against the API server over TCP).
+pub async fn run_with_clock(
+    api: ApiServer,
+    index: ObjectIndex,
+    config: KubeletConfig,
+    clock: Clock,
+) {
+    let timestamp = || {
+        k8s_openapi::jiff::Timestamp::try_from((clock.wall)())
+            .map(|t| t.to_string())
+            .unwrap_or_default()
+    };
     // When each running pod started, by namespace/name.
     let mut started: BTreeMap<String, Duration> = BTreeMap::new();
     loop {
         tokio::time::sleep(config.period).await;
-        let now = crate::determinism::sim_elapsed();
+        let now = (clock.elapsed)();
         let pods: Vec<(String, PodView)> = index
             .lock()
             .pods

@@ -337,3 +337,37 @@ impl Drop for RealCluster {
         }
     }
 }
+
+/// A ClusterIP Service in front of real replicas, as kube-proxy makes one: each accepted
+/// connection goes to a replica picked at random among those that accept a connect (a
+/// tcpSocket readiness probe's view: a killed replica refuses and is skipped, a frozen one
+/// accepts and is kept). Runs until the task is dropped.
+pub async fn serve_service(
+    listener: tokio::net::TcpListener,
+    backends: Vec<SocketAddr>,
+    seed: u64,
+) {
+    use rand::seq::SliceRandom;
+    let mut rng = crate::determinism::rng_for(seed, "service");
+    loop {
+        let Ok((mut inbound, _)) = listener.accept().await else {
+            continue;
+        };
+        let mut order = backends.clone();
+        order.shuffle(&mut rng);
+        tokio::spawn(async move {
+            for backend in order {
+                let connect = tokio::net::TcpStream::connect(backend);
+                if let Ok(Ok(mut outbound)) =
+                    tokio::time::timeout(Duration::from_secs(1), connect).await
+                {
+                    let _ = inbound.set_nodelay(true);
+                    let _ = outbound.set_nodelay(true);
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    return;
+                }
+            }
+            // No ready endpoint: kube-proxy's REJECT, the connection closes at once.
+        });
+    }
+}

@@ -403,6 +403,46 @@ fn an_array_job_is_expanded_into_tasks_that_clone_the_comment() {
             "{}: the parent id {parent} has no record of its own: {tasks:?}",
             target.name
         );
+        // The parent is shown as an aggregate of its tasks, by GetJob and by id in GetJobs.
+        let shown = job(&target, parent).await;
+        assert_eq!(shown.job_id, parent);
+        assert_eq!(shown.comment, "spurjob-uid=conf-array");
+        assert_eq!(state(&shown), pb::JobState::JobPending, "{}", target.name);
+        let by_id = client
+            .get_jobs(pb::GetJobsRequest {
+                job_ids: vec![parent],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .jobs;
+        assert_eq!(
+            by_id.iter().map(|j| j.job_id).collect::<Vec<_>>(),
+            [parent],
+            "{}",
+            target.name
+        );
+        // Cancelling the parent finds no job; each task is cancelled on its own.
+        let status = client
+            .cancel_job(pb::CancelJobRequest {
+                job_id: parent,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Internal, "{}: {status:?}", target.name);
+        for task in &tasks {
+            client
+                .cancel_job(pb::CancelJobRequest {
+                    job_id: task.job_id,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        let ended = job(&target, parent).await;
+        assert_eq!(state(&ended), pb::JobState::JobCancelled, "{}", target.name);
     });
 }
 
@@ -511,13 +551,6 @@ fn a_launch_names_sockets_in_peer_nodes_and_node_names_in_the_spec_and_the_job_e
             "{}: {outside:?}",
             target.name
         );
-        // An older run attempt is ignored.
-        let mut stale = report(names[0], 0);
-        stale.run_attempt = launches[0].run_attempt.saturating_sub(1).max(0);
-        if stale.run_attempt > 0 {
-            client.report_job_status(stale).await.unwrap();
-            assert_eq!(state(&job(&target, id).await), pb::JobState::JobRunning);
-        }
         // One node's end moves the job to COMPLETING until the other reports; the job's
         // result is the first node's (rank 0), whatever the others exited with.
         client.report_job_status(report(names[0], 0)).await.unwrap();
@@ -559,6 +592,35 @@ fn a_job_stays_pending_while_its_launch_is_held_open() {
             state(&held),
             pb::JobState::JobPending,
             "{}: {held:?}",
+            target.name
+        );
+        assert_eq!(
+            held.nodelist, "",
+            "{}: no nodes while dispatching",
+            target.name
+        );
+        // [7] a report during the dispatch is refused: the job has no nodes yet.
+        let early = client
+            .report_job_status(pb::ReportJobStatusRequest {
+                job_id: id,
+                state: pb::JobState::JobCompleted as i32,
+                reporting_node: "conf-held".to_owned(),
+                run_attempt: 1,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            early.code(),
+            Code::InvalidArgument,
+            "{}: {early:?}",
+            target.name
+        );
+        assert!(
+            early
+                .message()
+                .contains(&format!("node conf-held is not allocated to job {id}")),
+            "{}: {early:?}",
             target.name
         );
         agent.release();
@@ -605,7 +667,7 @@ fn a_refused_launch_cancels_the_launched_nodes_and_is_retried_with_the_same_run_
         );
         let cancels = agent.cancels(id);
         assert!(
-            cancels.iter().any(|signal| *signal == 9),
+            cancels.contains(&9),
             "{}: the node that launched is cancelled with signal 9: {cancels:?}",
             target.name
         );
@@ -728,6 +790,262 @@ fn a_leader_without_quorum_still_accepts_heartbeats() {
                 .heartbeat(heartbeat("conf-lonely"))
                 .await
                 .unwrap_or_else(|s| panic!("{}: {s:?}", target.name));
+        },
+    );
+}
+
+#[test]
+fn down_fails_a_running_job_at_once_and_drain_leaves_it_running() {
+    conformance(113, Replicas::Any, Setup::default(), |target| async move {
+        let (agent, _) = register_with(
+            &target,
+            &["conf-down", "conf-drain"],
+            TestAgent::new(LaunchRule::Accept),
+        )
+        .await;
+        let mut client = target.client().await;
+        let mut ids = Vec::new();
+        for name in ["conf-on-down", "conf-on-drain"] {
+            let id = client
+                .submit_job(submit(spec(name)))
+                .await
+                .unwrap()
+                .into_inner()
+                .job_id;
+            until_job(&target, id, Duration::from_secs(20), "running", |j| {
+                state(j) == pb::JobState::JobRunning && !j.nodelist.is_empty()
+            })
+            .await;
+            ids.push(id);
+        }
+        for id in &ids {
+            let node = job(&target, *id).await.nodelist;
+            let node_state = if node == "conf-down" {
+                pb::NodeState::NodeDown
+            } else {
+                pb::NodeState::NodeDrain
+            };
+            client
+                .update_node(pb::UpdateNodeRequest {
+                    name: node,
+                    state: Some(node_state as i32),
+                    reason: Some("conformance".to_owned()),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for id in &ids {
+            let info = job(&target, *id).await;
+            let expected = if info.nodelist == "conf-down" {
+                pb::JobState::JobNodeFail
+            } else {
+                pb::JobState::JobRunning
+            };
+            assert_eq!(state(&info), expected, "{}: {info:?}", target.name);
+            if expected == pb::JobState::JobNodeFail {
+                assert_eq!(info.exit_code, -1, "{}: {info:?}", target.name);
+                // UpdateNode does not tell the agent.
+                assert!(agent.cancels(*id).is_empty(), "{}", target.name);
+            }
+        }
+    });
+}
+
+#[test]
+fn a_cancel_of_a_running_job_tells_its_agent_with_signal_0() {
+    conformance(114, Replicas::Any, Setup::default(), |target| async move {
+        let (agent, _) =
+            register_with(&target, &["conf-c1"], TestAgent::new(LaunchRule::Accept)).await;
+        let mut client = target.client().await;
+        let id = client
+            .submit_job(submit(spec("conf-cancel-running")))
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        until_job(&target, id, Duration::from_secs(20), "running", |j| {
+            state(j) == pb::JobState::JobRunning && !j.nodelist.is_empty()
+        })
+        .await;
+        client
+            .cancel_job(pb::CancelJobRequest {
+                job_id: id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let start = tokio::time::Instant::now();
+        while agent.cancels(id).is_empty() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{}: the agent was not told",
+                target.name
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(agent.cancels(id), [0], "{}", target.name);
+        assert_eq!(state(&job(&target, id).await), pb::JobState::JobCancelled);
+    });
+}
+
+/// The claims of a `Bearer <JWT>` header (not verified: the agent under test does that).
+fn claims(header: &str) -> serde_json::Value {
+    use base64::Engine;
+    let token = header.strip_prefix("Bearer ").expect("a bearer token");
+    let payload = token.split('.').nth(1).expect("three parts");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .expect("base64url");
+    serde_json::from_slice(&bytes).expect("JSON claims")
+}
+
+#[test]
+fn with_a_jwt_key_spurctld_sends_the_agent_a_token_with_its_claims_and_none_without() {
+    for key in [None, Some("conformance-agent-key-of-32-bytes!!")] {
+        let setup = Setup {
+            jwt_key: key.map(str::to_owned),
+            ..Setup::default()
+        };
+        conformance(115, Replicas::One, setup, move |target| async move {
+            let (agent, _) =
+                register_with(&target, &["conf-auth"], TestAgent::new(LaunchRule::Accept)).await;
+            let mut client = target.client().await;
+            let id = client
+                .submit_job(submit(spec("conf-auth-job")))
+                .await
+                .unwrap()
+                .into_inner()
+                .job_id;
+            agent
+                .wait_for_launches(id, 1, Duration::from_secs(20))
+                .await;
+            let headers = agent.authorizations();
+            match key {
+                None => assert!(
+                    headers.iter().all(Option::is_none),
+                    "{}: {headers:?}",
+                    target.name
+                ),
+                Some(_) => {
+                    let header = headers[0].as_deref().expect("a token");
+                    let claims = claims(header);
+                    assert_eq!(claims["sub"], "spurctld", "{}: {claims}", target.name);
+                    assert_eq!(claims["uid"], 0, "{}: {claims}", target.name);
+                    assert_eq!(claims["admin"], true, "{}: {claims}", target.name);
+                    let exp = claims["exp"].as_u64().expect("exp");
+                    let iat = claims["iat"].as_u64().expect("iat");
+                    assert_eq!(exp - iat, 300, "{}: {claims}", target.name);
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn a_node_silent_past_the_heartbeat_timeout_goes_down_and_its_job_node_fails() {
+    let setup = Setup {
+        heartbeat_timeout_secs: Some(5),
+        ..Setup::default()
+    };
+    conformance(116, Replicas::One, setup, |target| async move {
+        let (agent, _) = register_with(
+            &target,
+            &["conf-silent"],
+            TestAgent::new(LaunchRule::Accept),
+        )
+        .await;
+        let mut client = target.client().await;
+        let id = client
+            .submit_job(submit(spec("conf-silent-job")))
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        until_job(&target, id, Duration::from_secs(20), "running", |j| {
+            state(j) == pb::JobState::JobRunning
+        })
+        .await;
+        // No more heartbeats: a health check every 30 s, after a grace of 30 s from the
+        // election, marks the node DOWN.
+        let info = until_job(&target, id, Duration::from_secs(75), "failed", |j| {
+            state(j) == pb::JobState::JobNodeFail
+        })
+        .await;
+        assert_eq!(info.exit_code, -1, "{}: {info:?}", target.name);
+        let start = tokio::time::Instant::now();
+        while !agent.cancels(id).contains(&9) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{}: the agent was not told with signal 9: {:?}",
+                target.name,
+                agent.cancels(id)
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // A heartbeat of a DOWN node is still accepted.
+        client.heartbeat(heartbeat("conf-silent")).await.unwrap();
+    });
+}
+
+#[test]
+fn writes_through_a_follower_hang_while_the_leader_is_frozen_until_a_new_leader_takes_over() {
+    conformance(
+        123,
+        Replicas::Three,
+        Setup::default(),
+        |target| async move {
+            let leader = target.wait_for_leader().await;
+            let follower = (leader + 1) % 3;
+            // The follower's forwarding client is made before the freeze (a follower of a
+            // fresh cluster may not know the leader for a moment).
+            let mut client = target.replica(follower).await;
+            let start = tokio::time::Instant::now();
+            while let Err(status) = client.submit_job(submit(spec("conf-before-freeze"))).await {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "{}: the follower forwards no write: {status:?}",
+                    target.name
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            target.freeze(leader).await;
+            let frozen = tokio::time::Instant::now();
+            let hung = tokio::time::timeout(
+                Duration::from_secs(2),
+                client.submit_job(submit(spec("conf-frozen"))),
+            )
+            .await;
+            assert!(
+                hung.is_err(),
+                "{}: a write through the follower answered at once: {hung:?}",
+                target.name
+            );
+            let took = loop {
+                let mut client = target.replica(follower).await;
+                if let Ok(Ok(_)) = tokio::time::timeout(
+                    Duration::from_secs(3),
+                    client.submit_job(submit(spec("conf-after-freeze"))),
+                )
+                .await
+                {
+                    break frozen.elapsed();
+                }
+                assert!(
+                    frozen.elapsed() < Duration::from_secs(30),
+                    "{}: no write answered 30 s after the freeze{}",
+                    target.name,
+                    target.logs()
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            assert!(
+                took >= Duration::from_secs(3) && took <= Duration::from_secs(15),
+                "{}: a write was answered {took:?} after the freeze",
+                target.name
+            );
+            target.thaw(leader).await;
         },
     );
 }

@@ -69,8 +69,9 @@ fn a_not_ready_taint_reaches_the_controller_and_clears() {
             (s.nodes[node].state, s.nodes[node].reason.clone())
         })
     };
+    // DRAIN by default (`--not-ready-node-state`): spurctld keeps the node's running jobs.
     let (state, reason) = state_of(&sim, "node-1");
-    assert_eq!(state, spur_proto::NodeState::NodeDown);
+    assert_eq!(state, spur_proto::NodeState::NodeDrain);
     assert!(reason.contains("not-ready"), "{reason}");
     assert_eq!(state_of(&sim, "node-0").0, spur_proto::NodeState::NodeIdle);
 

@@ -506,6 +506,7 @@ impl Cluster {
                     job_id,
                     attempt: job.attempt + 1,
                     requeue_count: job.requeue_count,
+                    array: job.array,
                     spec: job.spec.clone(),
                     nodes: nodes
                         .into_iter()

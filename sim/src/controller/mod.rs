@@ -118,7 +118,22 @@ pub struct Clock {
     pub wall: fn() -> SystemTime,
 }
 
+fn real_elapsed() -> Duration {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed()
+}
+
 impl Clock {
+    /// The machine's clocks: elapsed since the first use in this process, and the wall
+    /// clock (for the replicas over real TCP and the kubelet beside a real operator).
+    pub fn real() -> Self {
+        real_elapsed();
+        Self {
+            elapsed: real_elapsed,
+            wall: SystemTime::now,
+        }
+    }
+
     /// turmoil's simulated clock from the fixed epoch.
     pub fn simulated() -> Self {
         Self {

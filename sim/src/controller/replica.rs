@@ -543,9 +543,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
             move |req| {
                 cluster.read(slot, |state| {
                     state
-                        .jobs
-                        .get(&req.job_id)
-                        .map(|job| job.info())
+                        .display(req.job_id)
                         .ok_or_else(|| Status::not_found(format!("job {} not found", req.job_id)))
                 })
             },

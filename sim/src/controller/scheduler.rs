@@ -41,6 +41,8 @@ pub struct Dispatch {
     /// Failed dispatches before this one (for the backoff).
     pub requeue_count: u32,
     pub spec: pb::JobSpec,
+    /// For an array task: its parent's id and its index.
+    pub array: Option<(u32, u32)>,
     /// In rank order.
     pub nodes: Vec<DispatchNode>,
 }
@@ -83,8 +85,8 @@ impl Dispatch {
                 .collect(),
             task_offset: rank as u32 * tasks_per_node,
             target_node: self.nodes[rank].name.clone(),
-            array_job_id: 0,
-            array_task_id: 0,
+            array_job_id: self.array.map_or(0, |(parent, _)| parent),
+            array_task_id: self.array.map_or(0, |(_, index)| index),
             run_attempt: self.attempt,
         }
     }
@@ -351,6 +353,7 @@ mod tests {
             job_id: 7,
             attempt: 1,
             requeue_count: 0,
+            array: None,
             spec: pb::JobSpec {
                 num_nodes: 2,
                 tasks_per_node: 4,

@@ -175,6 +175,8 @@ pub struct Job {
     pub begin_time: Option<SystemTime>,
     /// Held: never dispatched again (after `max_batch_requeue` failures).
     pub held: bool,
+    /// For an array task: its parent's id and its index.
+    pub array: Option<(u32, u32)>,
 }
 
 /// spurctld's names for job states in its messages (`job 5 is already Completed`).
@@ -416,7 +418,7 @@ impl StateMachine {
                     node.state = state;
                     if fails_running_jobs(state) {
                         // The agent is not told (spurctld's UpdateNode path sends nothing).
-                        self.fail_jobs_on(&[name.clone()], "NodeDown", None);
+                        self.fail_jobs_on(std::slice::from_ref(name), "NodeDown", None);
                     }
                 }
                 Outcome::Done
@@ -439,6 +441,7 @@ impl StateMachine {
                     requeue_count: 0,
                     begin_time: None,
                     held: false,
+                    array: None,
                 };
                 if spec.array_spec.is_empty() {
                     self.jobs.insert(id, job(id, spec.as_ref().clone()));
@@ -446,12 +449,14 @@ impl StateMachine {
                     // The parent id has no record of its own; each task is a full clone
                     // (name and comment too) with the next id.
                     let tasks = array_tasks(&spec.array_spec).unwrap_or_default();
-                    for _ in tasks {
+                    for index in tasks {
                         let task_id = self.next_job_id;
                         self.next_job_id += 1;
                         let mut task = spec.as_ref().clone();
                         task.array_spec.clear();
-                        self.jobs.insert(task_id, job(task_id, task));
+                        let mut record = job(task_id, task);
+                        record.array = Some((id, index));
+                        self.jobs.insert(task_id, record);
                     }
                 }
                 Outcome::JobId(id)
@@ -676,8 +681,68 @@ impl StateMachine {
         placements
     }
 
-    /// Jobs matching a `GetJobs` request, by id. `name` is a comma-separated list of exact
-    /// names.
+    /// Job `id` as GetJob shows it: its record, or for an array parent (which has none)
+    /// an aggregate of its tasks, as spurctld synthesises it: the first task's spec, the
+    /// tasks' aggregate state (PENDING until every task ended, then COMPLETED when all did,
+    /// else the worst end), the earliest start, the latest end and the worst exit code.
+    pub fn display(&self, id: u32) -> Option<pb::JobInfo> {
+        if let Some(job) = self.jobs.get(&id) {
+            return Some(job.info());
+        }
+        let mut tasks: Vec<&Job> = self
+            .jobs
+            .values()
+            .filter(|j| j.array.is_some_and(|(parent, _)| parent == id))
+            .collect();
+        tasks.sort_by_key(|t| t.array.map(|(_, index)| index));
+        let first = tasks.first()?;
+        let mut parent = (*first).clone();
+        parent.id = id;
+        parent.nodes.clear();
+        let ended = tasks.iter().all(|t| t.is_terminal());
+        parent.state = if !ended {
+            pb::JobState::JobPending
+        } else if tasks.iter().all(|t| t.state == pb::JobState::JobCompleted) {
+            pb::JobState::JobCompleted
+        } else {
+            let rank = |s: pb::JobState| match s {
+                pb::JobState::JobOutOfMemory => 6,
+                pb::JobState::JobFailed => 5,
+                pb::JobState::JobDeadline => 4,
+                pb::JobState::JobNodeFail => 3,
+                pb::JobState::JobTimeout => 2,
+                pb::JobState::JobCancelled => 1,
+                _ => 0,
+            };
+            tasks
+                .iter()
+                .map(|t| t.state)
+                .filter(|s| *s != pb::JobState::JobCompleted)
+                .max_by_key(|s| rank(*s))
+                .unwrap_or(pb::JobState::JobCompleted)
+        };
+        parent.start_time = tasks.iter().filter_map(|t| t.start_time).min();
+        parent.end_time = if ended {
+            tasks.iter().filter_map(|t| t.end_time).max()
+        } else {
+            None
+        };
+        parent.exit_code = if ended {
+            tasks
+                .iter()
+                .map(|t| t.exit_code)
+                .filter(|c| *c != 0)
+                .max()
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        Some(parent.info())
+    }
+
+    /// Jobs matching a `GetJobs` request, by id; a requested id with no record may be an
+    /// array parent, shown as [`StateMachine::display`] does. `name` is a comma-separated
+    /// list of exact names.
     pub fn query(&self, request: &pb::GetJobsRequest) -> Vec<pb::JobInfo> {
         let names: Vec<&str> = request
             .name
@@ -685,18 +750,29 @@ impl StateMachine {
             .map(str::trim)
             .filter(|n| !n.is_empty())
             .collect();
-        self.jobs
+        let matches = |info: &pb::JobInfo| {
+            (request.states.is_empty() || request.states.contains(&info.state))
+                && (names.is_empty() || names.contains(&info.name.as_str()))
+                && (request.user.is_empty() || request.user == info.user)
+                && (request.partition.is_empty() || request.partition == info.partition)
+                && (request.account.is_empty() || request.account == info.account)
+        };
+        let mut found: Vec<pb::JobInfo> = self
+            .jobs
             .values()
-            .filter(|job| {
-                (request.states.is_empty() || request.states.contains(&(job.state as i32)))
-                    && (request.job_ids.is_empty() || request.job_ids.contains(&job.id))
-                    && (names.is_empty() || names.contains(&job.spec.name.as_str()))
-                    && (request.user.is_empty() || request.user == job.spec.user)
-                    && (request.partition.is_empty() || request.partition == job.spec.partition)
-                    && (request.account.is_empty() || request.account == job.spec.account)
-            })
+            .filter(|job| request.job_ids.is_empty() || request.job_ids.contains(&job.id))
             .map(Job::info)
-            .collect()
+            .filter(|info| matches(info))
+            .collect();
+        for id in &request.job_ids {
+            if !self.jobs.contains_key(id)
+                && let Some(parent) = self.display(*id)
+                && matches(&parent)
+            {
+                found.push(parent);
+            }
+        }
+        found
     }
 }
 

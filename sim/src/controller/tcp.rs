@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rand::RngExt;
@@ -80,18 +80,9 @@ impl Dialer for LoopbackDialer {
     }
 }
 
-fn started_at() -> Instant {
-    static START: OnceLock<Instant> = OnceLock::new();
-    *START.get_or_init(Instant::now)
-}
-
-fn real_elapsed() -> Duration {
-    started_at().elapsed()
-}
-
 /// Runs the replicas and the Service until the process is stopped.
 pub async fn run(args: ControllersArgs) -> Result<(), ControllersError> {
-    started_at();
+    let clock = Clock::real();
     let config = ControllerConfig::default();
     let trace = Trace::new();
     let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
@@ -126,15 +117,11 @@ pub async fn run(args: ControllersArgs) -> Result<(), ControllersError> {
         replicas: Arc::new(addrs.clone()),
     };
     let cluster = Cluster::new(config, rng_for(args.seed, "election"), None, trace.clone());
-    let clock = Clock {
-        elapsed: real_elapsed,
-        wall: SystemTime::now,
-    };
 
     let mut servers = Vec::new();
     for (slot, listener) in listeners.into_iter().enumerate() {
         let host = replica_host(slot, 0);
-        cluster.started(slot, &host, real_elapsed());
+        cluster.started(slot, &host, (clock.elapsed)());
         let replica = Replica::new(slot, &host, cluster.clone(), dialer.clone(), clock);
         tokio::spawn(scheduler::run(replica.clone()));
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -153,7 +140,7 @@ pub async fn run(args: ControllersArgs) -> Result<(), ControllersError> {
         let mut last_leader = None;
         loop {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            ticker.tick(real_elapsed());
+            ticker.tick((clock.elapsed)());
             let leader = ticker.leader();
             if leader != last_leader {
                 eprintln!("leader: {}", leader.as_deref().unwrap_or("none"));

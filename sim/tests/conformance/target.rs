@@ -27,6 +27,8 @@ pub enum Replicas {
     Any,
     /// Three replicas only (the case kills or freezes one).
     Three,
+    /// The model, and one real replica (a slow case whose answer does not depend on Raft).
+    One,
 }
 
 /// What a case may configure about the controller, on both targets.
@@ -74,6 +76,7 @@ fn endpoint(uri: String) -> Endpoint {
 
 impl Target {
     /// Whether this is the model.
+    #[allow(dead_code)]
     pub fn is_sim(&self) -> bool {
         matches!(*self.backend, Backend::Sim { .. })
     }
@@ -266,6 +269,7 @@ where
     let counts: &[usize] = match replicas {
         Replicas::Any => &[1, 3],
         Replicas::Three => &[3],
+        Replicas::One => &[1],
     };
     for &count in counts {
         run_on_real(&binary, count, &setup, &case);
@@ -273,14 +277,16 @@ where
 }
 
 fn run_on_model(seed: u64, setup: &Setup, case: &Case) {
-    let mut config = WorldConfig::default();
-    config.controller = ControllerConfig {
-        heartbeat_timeout: setup
-            .heartbeat_timeout_secs
-            .map(Duration::from_secs)
-            .unwrap_or(ControllerConfig::default().heartbeat_timeout),
-        agent_key: setup.jwt_key.as_ref().map(|k| k.as_bytes().to_vec()),
-        ..ControllerConfig::default()
+    let defaults = ControllerConfig::default();
+    let config = WorldConfig {
+        controller: ControllerConfig {
+            heartbeat_timeout: setup
+                .heartbeat_timeout_secs
+                .map_or(defaults.heartbeat_timeout, Duration::from_secs),
+            agent_key: setup.jwt_key.as_ref().map(|k| k.as_bytes().to_vec()),
+            ..defaults
+        },
+        ..WorldConfig::default()
     };
     let mut world = World::with_config(seed, config);
     world.start_controllers();

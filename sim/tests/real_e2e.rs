@@ -1,0 +1,427 @@
+//! Every kind of SpurJob end to end on real processes: the real `spur-operator` binary,
+//! real spurctld (one replica, or three under Raft behind a Service), the simulated API
+//! server over TCP and a kubelet stand-in that runs pods to their end (`SIM_RUN_SECONDS`,
+//! `SIM_EXIT_CODE`, `SIM_OOM` in a SpurJob's env decide how). Each case asserts on the
+//! SpurJob's status, its pods, and spurctld's own view, and prints how long the SpurJob
+//! took from creation to its pods and to its final state.
+//!
+//! Without the binaries (outside CI) each case prints one loud line and does nothing; in CI
+//! a missing binary fails it.
+
+#[path = "real_e2e/stack.rs"]
+mod stack;
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use spur_proto as pb;
+use stack::{NAMESPACE, SPURJOB, Stack, StackConfig};
+use tokio::time::Instant;
+
+/// Runs `case` on a fresh stack, bounded to 150 s.
+fn e2e<F, Fut>(config: StackConfig, case: F)
+where
+    F: FnOnce(Stack) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let Some(stack) = Stack::start(config).await else {
+            return;
+        };
+        if tokio::time::timeout(Duration::from_secs(150), case(stack))
+            .await
+            .is_err()
+        {
+            panic!("the case did not finish within 150 s");
+        }
+    });
+}
+
+fn job_spec(extra: Value) -> Value {
+    let mut spec = json!({
+        "image": "busybox:1.36",
+        "command": ["sh", "-c", "true"],
+        "numNodes": 1,
+        "tasksPerNode": 1,
+        "cpusPerTask": 1,
+        "env": {"SIM_RUN_SECONDS": "2"},
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        for (key, value) in extra {
+            spec.insert(key.clone(), value.clone());
+        }
+    }
+    spec
+}
+
+fn terminal(state: &str) -> bool {
+    spur_operator::jobs::status::is_terminal(state)
+}
+
+/// Waits for `n` pods of `name` and then for its final state; prints both times.
+async fn run_to_end(stack: &Stack, name: &str, pods: usize, created: Instant) -> (String, Value) {
+    let to_pods = stack
+        .until(
+            &format!("{name}: {pods} pod(s)"),
+            created,
+            Duration::from_secs(60),
+            |s| s.pods(name).len() >= pods,
+        )
+        .await;
+    let to_end = stack
+        .until(
+            &format!("{name}: a final state"),
+            created,
+            Duration::from_secs(90),
+            |s| s.state(name).is_some_and(|st| terminal(&st)),
+        )
+        .await;
+    eprintln!(
+        "e2e {name}: pods {:.1}s after creation, final state {:.1}s after creation",
+        to_pods.as_secs_f64(),
+        to_end.as_secs_f64()
+    );
+    let job = stack.spurjob(name).expect("the SpurJob");
+    (
+        job["status"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        job,
+    )
+}
+
+fn id_of(job: &Value) -> u32 {
+    job["status"]["spurJobId"].as_u64().expect("a spurJobId") as u32
+}
+
+async fn controller_state(stack: &Stack, name: &str, id: u32) -> pb::JobState {
+    stack
+        .controller_jobs(name)
+        .await
+        .into_iter()
+        .find(|j| j.job_id == id)
+        .map(|j| pb::JobState::try_from(j.state).unwrap_or(pb::JobState::JobPending))
+        .unwrap_or_else(|| panic!("spurctld has no job {id} named {name}"))
+}
+
+fn env_of(pod: &Value) -> std::collections::BTreeMap<String, String> {
+    pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_owned(),
+                e["value"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn a_cpu_job_runs_to_completion_on_one_replica_and_on_three() {
+    for replicas in [1, 3] {
+        let config = StackConfig {
+            replicas,
+            ..StackConfig::default()
+        };
+        e2e(config, |stack| async move {
+            let created = Instant::now();
+            stack.create_spurjob("cpu", job_spec(json!({})));
+            let (state, job) = run_to_end(&stack, "cpu", 1, created).await;
+            assert_eq!(state, "COMPLETED", "{job}{}", stack.logs());
+            let id = id_of(&job);
+            assert_eq!(
+                controller_state(&stack, "cpu", id).await,
+                pb::JobState::JobCompleted
+            );
+            let pod = &stack.pods("cpu")[0];
+            assert_eq!(pod["status"]["phase"], "Succeeded");
+        });
+    }
+}
+
+#[test]
+fn a_gpu_job_gets_its_gpus_and_a_two_node_gpu_job_two_ranked_pods_and_a_headless_service() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        stack.create_spurjob("gpu", job_spec(json!({"gpus": {"count": 2}})));
+        stack.create_spurjob(
+            "gpu-two",
+            job_spec(json!({"gpus": {"count": 8}, "numNodes": 2, "env": {"SIM_RUN_SECONDS": "3"}})),
+        );
+        let (state, job) = run_to_end(&stack, "gpu", 1, created).await;
+        assert_eq!(state, "COMPLETED", "{job}{}", stack.logs());
+        let pod = &stack.pods("gpu")[0];
+        assert_eq!(
+            pod["spec"]["containers"][0]["resources"]["limits"]["amd.com/gpu"], "2",
+            "{pod}"
+        );
+
+        let (state, job) = run_to_end(&stack, "gpu-two", 2, created).await;
+        assert_eq!(state, "COMPLETED", "{job}{}", stack.logs());
+        let id = id_of(&job);
+        let pods = stack.pods("gpu-two");
+        let mut ranks: Vec<(String, String)> = pods
+            .iter()
+            .map(|p| {
+                let env = env_of(p);
+                (
+                    env.get("SPUR_NODE_RANK").cloned().unwrap_or_default(),
+                    p["spec"]["nodeName"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                )
+            })
+            .collect();
+        ranks.sort();
+        assert_eq!(ranks.len(), 2, "{pods:?}");
+        assert_eq!((ranks[0].0.as_str(), ranks[1].0.as_str()), ("0", "1"));
+        assert_ne!(ranks[0].1, ranks[1].1, "two different nodes");
+        for pod in &pods {
+            let env = env_of(pod);
+            assert_eq!(
+                env.get("SPUR_NUM_NODES").map(String::as_str),
+                Some("2"),
+                "{env:?}"
+            );
+            let nodelist = env.get("SPUR_NODELIST").cloned().unwrap_or_default();
+            assert_eq!(nodelist.split(',').count(), 2, "{env:?}");
+            assert_eq!(
+                pod["spec"]["containers"][0]["resources"]["limits"]["amd.com/gpu"], "8",
+                "{pod}"
+            );
+        }
+        let service = stack
+            .api
+            .get("v1", "Service", Some(NAMESPACE), &format!("spur-job-{id}"));
+        let service = service.expect("the job's headless Service");
+        assert_eq!(service["spec"]["clusterIP"], "None", "{service}");
+    });
+}
+
+#[test]
+fn an_array_job_runs_each_task_and_ends_when_all_did() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        stack.create_spurjob("array", job_spec(json!({"arraySpec": "0-2"})));
+        let (state, job) = run_to_end(&stack, "array", 3, created).await;
+        assert_eq!(state, "COMPLETED", "{job}{}", stack.logs());
+        let tasks = stack.controller_jobs("array").await;
+        assert_eq!(tasks.len(), 3, "{tasks:?}");
+        assert!(
+            tasks
+                .iter()
+                .all(|t| t.state == pb::JobState::JobCompleted as i32),
+            "{tasks:?}"
+        );
+    });
+}
+
+#[test]
+fn a_failing_pod_ends_its_job_failed_with_the_exit_code_in_status() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        stack.create_spurjob(
+            "fails",
+            job_spec(json!({"env": {"SIM_RUN_SECONDS": "1", "SIM_EXIT_CODE": "3"}})),
+        );
+        let (state, job) = run_to_end(&stack, "fails", 1, created).await;
+        assert_eq!(state, "FAILED", "{job}{}", stack.logs());
+        let message = job["status"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("exit code 3"), "{job}");
+        let id = id_of(&job);
+        assert_eq!(
+            controller_state(&stack, "fails", id).await,
+            pb::JobState::JobFailed
+        );
+    });
+}
+
+#[test]
+fn a_spurjob_deleted_while_running_is_cancelled_and_its_pods_and_finalizer_go_within_20s() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        stack.create_spurjob("long", job_spec(json!({"env": {"SIM_RUN_SECONDS": "600"}})));
+        stack
+            .until("long: running", created, Duration::from_secs(60), |s| {
+                s.state("long").as_deref() == Some("RUNNING") && !s.pods("long").is_empty()
+            })
+            .await;
+        let id = id_of(&stack.spurjob("long").expect("job"));
+        let deleted = Instant::now();
+        stack
+            .api
+            .delete(SPURJOB.0, SPURJOB.1, Some(NAMESPACE), "long")
+            .expect("delete");
+        let took = stack
+            .until("long: gone", deleted, Duration::from_secs(20), |s| {
+                s.spurjob("long").is_none()
+                    && s.api.list("v1", "Pod").unwrap_or_default().iter().all(|p| {
+                        p["metadata"]["labels"]["spur.amd.com/job-id"] != id.to_string().as_str()
+                    })
+            })
+            .await;
+        eprintln!("e2e long: gone {:.1}s after deletion", took.as_secs_f64());
+        assert_eq!(
+            controller_state(&stack, "long", id).await,
+            pb::JobState::JobCancelled
+        );
+    });
+}
+
+#[test]
+fn a_spurjob_deleted_after_its_job_ended_loses_its_finalizer() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        stack.create_spurjob("short", job_spec(json!({})));
+        let (state, _) = run_to_end(&stack, "short", 1, created).await;
+        assert_eq!(state, "COMPLETED");
+        let deleted = Instant::now();
+        stack
+            .api
+            .delete(SPURJOB.0, SPURJOB.1, Some(NAMESPACE), "short")
+            .expect("delete");
+        stack
+            .until("short: gone", deleted, Duration::from_secs(20), |s| {
+                s.spurjob("short").is_none()
+            })
+            .await;
+    });
+}
+
+#[test]
+fn a_spurjob_spurctld_refuses_says_why_in_its_status_and_is_not_retried() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        stack.create_spurjob("refused", job_spec(json!({"partition": "nonexistent"})));
+        stack
+            .until("refused: Refused", created, Duration::from_secs(30), |s| {
+                s.state("refused").as_deref() == Some("Refused")
+            })
+            .await;
+        let job = stack.spurjob("refused").expect("job");
+        let message = job["status"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("partition 'nonexistent' not found"),
+            "{job}"
+        );
+        assert!(stack.controller_jobs("refused").await.is_empty());
+        let events = stack
+            .api
+            .list("events.k8s.io/v1", "Event")
+            .unwrap_or_default();
+        assert!(
+            events
+                .iter()
+                .any(|e| e["type"] == "Warning" && e["regarding"]["name"] == "refused"),
+            "a Warning event: {events:?}"
+        );
+        // Not retried: the refusal stays, and spurctld still has no job of that name.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(stack.state("refused").as_deref(), Some("Refused"));
+        assert!(stack.controller_jobs("refused").await.is_empty());
+    });
+}
+
+#[test]
+fn a_job_survives_its_node_turning_not_ready() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        stack.create_spurjob(
+            "tainted",
+            job_spec(json!({"env": {"SIM_RUN_SECONDS": "12"}})),
+        );
+        stack
+            .until("tainted: running", created, Duration::from_secs(60), |s| {
+                s.state("tainted").as_deref() == Some("RUNNING") && !s.pods("tainted").is_empty()
+            })
+            .await;
+        let node = stack.pods("tainted")[0]["spec"]["nodeName"]
+            .as_str()
+            .expect("a node")
+            .to_owned();
+        stack
+            .api
+            .merge_patch(
+                "v1",
+                "Node",
+                None,
+                &node,
+                &json!({"spec": {"taints": [{"key": "node.kubernetes.io/not-ready",
+                    "effect": "NoSchedule"}]}}),
+                false,
+            )
+            .expect("taint");
+        let (state, job) = run_to_end(&stack, "tainted", 1, created).await;
+        assert_eq!(state, "COMPLETED", "{job}{}", stack.logs());
+    });
+}
+
+#[test]
+fn a_spurjob_pending_when_the_leader_is_killed_is_submitted_within_3s_of_the_new_leader() {
+    let config = StackConfig {
+        replicas: 3,
+        ..StackConfig::default()
+    };
+    e2e(config, |mut stack| async move {
+        let created = Instant::now();
+        stack.create_spurjob("before", job_spec(json!({})));
+        stack
+            .until("before: submitted", created, Duration::from_secs(30), |s| {
+                s.spurjob("before")
+                    .is_some_and(|j| j["status"]["spurJobId"].is_u64())
+            })
+            .await;
+        let leader = stack.cluster.leader().expect("a leader");
+        stack.cluster.kill(leader);
+        let killed = Instant::now();
+        stack.create_spurjob("after", job_spec(json!({})));
+        let elected = stack
+            .until("a new leader", killed, Duration::from_secs(20), |s| {
+                s.cluster.leader().is_some_and(|l| l != leader)
+            })
+            .await;
+        let submitted = stack
+            .until("after: submitted", killed, Duration::from_secs(30), |s| {
+                s.spurjob("after")
+                    .is_some_and(|j| j["status"]["spurJobId"].is_u64())
+            })
+            .await;
+        eprintln!(
+            "e2e leader kill: new leader {:.1}s after the kill, SpurJob submitted {:.1}s after it",
+            elected.as_secs_f64(),
+            submitted.as_secs_f64()
+        );
+        assert!(
+            submitted.saturating_sub(elected) <= Duration::from_secs(3),
+            "submitted {:.1}s after the new leader{}",
+            submitted.saturating_sub(elected).as_secs_f64(),
+            stack.logs()
+        );
+        let (state, _) = run_to_end(&stack, "after", 1, created).await;
+        assert_eq!(state, "COMPLETED", "{}", stack.logs());
+    });
+}
+
+#[test]
+fn with_agent_auth_required_and_spurctlds_jwt_key_jobs_run() {
+    let config = StackConfig {
+        agent_key: Some("e2e-agent-key-thirty-two-bytes-long!".to_owned()),
+        ..StackConfig::default()
+    };
+    e2e(config, |stack| async move {
+        let created = Instant::now();
+        stack.create_spurjob("authed", job_spec(json!({})));
+        let (state, job) = run_to_end(&stack, "authed", 1, created).await;
+        assert_eq!(state, "COMPLETED", "{job}{}", stack.logs());
+    });
+}

@@ -1,0 +1,303 @@
+//! A whole installation on real processes: real spurctld replicas (one, or three behind a
+//! ClusterIP-like Service), the real `spur-operator` binary, the simulated Kubernetes API
+//! server over TCP and a kubelet stand-in on the real clock. Everything it starts stops
+//! when it is dropped, even when a case panics.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kube::CustomResourceExt;
+use serde_json::{Value, json};
+use spur_operator::jobs::SpurJob;
+use spur_proto as pb;
+use spur_proto::SlurmControllerClient;
+use spur_sim::controller::Clock;
+use spur_sim::index::ObjectIndex;
+use spur_sim::kube_api::cli::write_kubeconfig;
+use spur_sim::kube_api::{ApiServer, ApiServerConfig};
+use spur_sim::kubelet::{self, KubeletConfig};
+use spur_sim::real_peer::{self, RealCluster, RealConfig};
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+pub const SPURJOB: (&str, &str) = ("spur.amd.com/v1alpha1", "SpurJob");
+pub const NAMESPACE: &str = "default";
+/// Where the operator keeps its Lease (its `--namespace`).
+const OPERATOR_NAMESPACE: &str = "spur-system";
+
+/// The operator binary: `$SPUR_OPERATOR_BIN`, else beside this test's executable
+/// (`target/<profile>/spur-operator`, which `cargo test --workspace` builds).
+fn operator_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("SPUR_OPERATOR_BIN") {
+        return Some(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().ok()?;
+    let path = exe.parent()?.parent()?.join("spur-operator");
+    path.is_file().then_some(path)
+}
+
+/// What a case starts.
+#[derive(Clone, Debug)]
+pub struct StackConfig {
+    /// spurctld replicas: 1, or 3 under Raft.
+    pub replicas: usize,
+    /// Labelled Kubernetes nodes (`node-0`, ...), each with 64 CPUs and 8 GPUs.
+    pub nodes: usize,
+    /// spurctld signs its agent calls with this key, and the operator requires them.
+    pub agent_key: Option<String>,
+    /// Extra flags for `spur-operator run`.
+    pub operator_flags: Vec<String>,
+}
+
+impl Default for StackConfig {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            nodes: 2,
+            agent_key: None,
+            operator_flags: Vec::new(),
+        }
+    }
+}
+
+pub struct Stack {
+    pub cluster: RealCluster,
+    pub api: ApiServer,
+    operator: Child,
+    operator_log: PathBuf,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Stack {
+    /// Starts everything, on the current tokio runtime; `None` (after one loud line) when
+    /// a real binary is missing outside CI.
+    pub async fn start(config: StackConfig) -> Option<Stack> {
+        let spurctld = real_peer::binary_or_skip("end to end on the real spurctld")?;
+        let Some(operator_bin) = operator_binary() else {
+            assert!(
+                !real_peer::in_ci(),
+                "the spur-operator binary is missing beside the tests (cargo build -p spur-operator)"
+            );
+            eprintln!(
+                "!!! end to end: the spur-operator binary is missing; the end-to-end cases did NOT run (cargo build -p spur-operator)"
+            );
+            return None;
+        };
+        let cluster = RealCluster::start(
+            &spurctld,
+            RealConfig {
+                replicas: config.replicas,
+                heartbeat_timeout_secs: None,
+                jwt_key: config.agent_key.clone(),
+            },
+        )
+        .expect("start spurctld");
+        let dir = cluster.dir().join("stack");
+        std::fs::create_dir_all(&dir).expect("stack dir");
+        let mut tasks = Vec::new();
+
+        // The Service: one address in front of the replicas.
+        let service = SocketAddr::new(cluster.spare_ip(1).into(), real_peer::CLIENT_PORT);
+        let listener = tokio::net::TcpListener::bind(service)
+            .await
+            .expect("bind the Service");
+        let backends = (0..cluster.replicas()).map(|s| cluster.addr(s)).collect();
+        tasks.push(tokio::spawn(real_peer::serve_service(
+            listener, backends, 1,
+        )));
+
+        // The API server, its CRD, its nodes, and the kubelet stand-in.
+        let api = ApiServer::new(ApiServerConfig {
+            clock: Some(spur_sim::kube_api::clock::Clock::from_fn(
+                k8s_openapi::jiff::Timestamp::now,
+            )),
+            ..ApiServerConfig::default()
+        });
+        let crd = serde_json::to_value(SpurJob::crd()).expect("the CRD serialises");
+        api.create(crd).expect("apply the SpurJob CRD");
+        for namespace in [OPERATOR_NAMESPACE, NAMESPACE] {
+            let object = json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": namespace}});
+            // The API server may start with `default`.
+            let _ = api.create(object);
+        }
+        let index = ObjectIndex::attach(&api);
+        api.seed_nodes(config.nodes).expect("nodes");
+        let api_addr = SocketAddr::new(cluster.spare_ip(2).into(), 0);
+        let listener = tokio::net::TcpListener::bind(api_addr)
+            .await
+            .expect("bind the API server");
+        let api_url = format!("http://{}", listener.local_addr().expect("addr"));
+        let served = api.clone();
+        tasks.push(tokio::spawn(async move {
+            let _ = served.serve(listener).await;
+        }));
+        let kubelet_config = KubeletConfig {
+            period: Duration::from_millis(100),
+            default_run_time: Duration::from_secs(2),
+        };
+        tasks.push(tokio::spawn(kubelet::run_with_clock(
+            api.clone(),
+            index,
+            kubelet_config,
+            Clock::real(),
+        )));
+        let kubeconfig = dir.join("kubeconfig");
+        write_kubeconfig(&kubeconfig, &api_url).expect("kubeconfig");
+
+        let agent_ip = cluster.spare_ip(0);
+        let mut command = Command::new(operator_bin);
+        command
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--controller-addr")
+            .arg(format!("http://{service}"))
+            .arg("--agent-listen")
+            .arg(format!("{agent_ip}:{}", spur_proto::AGENT_PORT))
+            .arg("--agent-address")
+            .arg(agent_ip.to_string())
+            .arg("--health-listen")
+            .arg(format!("{agent_ip}:8080"))
+            .arg("--identity")
+            .arg("operator-e2e")
+            .args(&config.operator_flags)
+            .env("RUST_LOG", "info,spur_operator=debug")
+            .env("NO_COLOR", "1");
+        if let Some(key) = &config.agent_key {
+            let key_file = dir.join("agent-key");
+            std::fs::write(&key_file, key).expect("key file");
+            command
+                .arg("--agent-auth")
+                .arg("required")
+                .arg("--agent-auth-key-file")
+                .arg(&key_file);
+        }
+        let operator_log = dir.join("operator.log");
+        let out = std::fs::File::create(&operator_log).expect("operator log");
+        let operator = command
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("log"))
+            .stderr(out)
+            .spawn()
+            .expect("start spur-operator");
+        Some(Stack {
+            cluster,
+            api,
+            operator,
+            operator_log,
+            tasks,
+        })
+    }
+
+    /// The operator's log and the replicas' logs' tails, for a failure message.
+    pub fn logs(&self) -> String {
+        let operator = std::fs::read_to_string(&self.operator_log).unwrap_or_default();
+        let tail: Vec<&str> = operator.lines().rev().take(40).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        format!(
+            "\n--- spur-operator (last 40 lines)\n{}\n{}",
+            tail.join("\n"),
+            self.cluster.logs()
+        )
+    }
+
+    /// A channel to replica `slot`.
+    pub async fn replica(&self, slot: usize) -> SlurmControllerClient<Channel> {
+        let channel = Endpoint::from_shared(format!("http://{}", self.cluster.addr(slot)))
+            .expect("uri")
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await
+            .expect("connect to spurctld");
+        SlurmControllerClient::new(channel)
+    }
+
+    /// spurctld's own view of the jobs named `name` (asked of the leader).
+    pub async fn controller_jobs(&self, name: &str) -> Vec<pb::JobInfo> {
+        let slot = self.cluster.leader().unwrap_or(0);
+        self.replica(slot)
+            .await
+            .get_jobs(pb::GetJobsRequest {
+                name: name.to_owned(),
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_inner().jobs)
+            .unwrap_or_default()
+    }
+
+    /// Creates a SpurJob named `name` with `spec`.
+    pub fn create_spurjob(&self, name: &str, spec: Value) -> Value {
+        self.api
+            .create(json!({
+                "apiVersion": SPURJOB.0,
+                "kind": SPURJOB.1,
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "spec": spec,
+            }))
+            .expect("create the SpurJob")
+    }
+
+    /// The SpurJob `name`, if it exists.
+    pub fn spurjob(&self, name: &str) -> Option<Value> {
+        self.api
+            .get(SPURJOB.0, SPURJOB.1, Some(NAMESPACE), name)
+            .ok()
+    }
+
+    /// The SpurJob's `status.state`.
+    pub fn state(&self, name: &str) -> Option<String> {
+        self.spurjob(name)
+            .and_then(|j| j["status"]["state"].as_str().map(str::to_owned))
+    }
+
+    /// The pods of the SpurJob `name` (by the UID label the operator puts on them).
+    pub fn pods(&self, name: &str) -> Vec<Value> {
+        let Some(uid) = self
+            .spurjob(name)
+            .and_then(|j| j["metadata"]["uid"].as_str().map(str::to_owned))
+        else {
+            return Vec::new();
+        };
+        self.api
+            .list("v1", "Pod")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| p["metadata"]["labels"]["spur.amd.com/spurjob-uid"] == uid.as_str())
+            .collect()
+    }
+
+    /// Waits until `done` holds, checking every 200 ms; returns how long it took from
+    /// `since`. Panics after `limit` with what it saw and the logs.
+    pub async fn until(
+        &self,
+        what: &str,
+        since: Instant,
+        limit: Duration,
+        done: impl Fn(&Stack) -> bool,
+    ) -> Duration {
+        loop {
+            if done(self) {
+                return since.elapsed();
+            }
+            if since.elapsed() > limit {
+                panic!("{what}: not after {limit:?}{}", self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = self.operator.kill();
+        let _ = self.operator.wait();
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
