@@ -28,5 +28,29 @@ kubectl kustomize deploy/sim-sweep/ >/dev/null
 step "clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "real peer"
+# The conformance suite and the end-to-end cases run against the real spurctld
+# (sim/src/real_peer.rs finds it the same way). In CI its absence fails the run; on a
+# developer's machine it is said once, loudly, and those cases do not run.
+spurctld="${SPURCTLD:-../shared/peers/spurctld/spurctld}"
+if [ -x "$spurctld" ]; then
+  echo "real spurctld: $spurctld"
+elif [ "${CI:-}" = "true" ]; then
+  echo "CI: the real spurctld is missing ($spurctld); set SPURCTLD or provide ../shared/peers/spurctld" >&2
+  exit 1
+else
+  echo "!!! The REAL spurctld was NOT found ($spurctld): the conformance cases against it and the"
+  echo "!!! end-to-end cases will NOT run. Build ROCm/spur's spurctld (cargo build --release -p spurctld)"
+  echo "!!! and set SPURCTLD=/path/to/spurctld."
+fi
+# Real processes the tests start are stopped by the tests, even when one panics; this
+# catches what a killed test run leaves (their command lines name the tests' temp dirs).
+trap 'pkill -f "/spur-real-" 2>/dev/null || true' EXIT
+
 step "tests"
-cargo test --workspace --locked
+# The end-to-end cases run the operator's binary; build it first so a run of one package
+# finds it too.
+cargo build -p spur-operator --bin spur-operator --locked
+# A hard bound on the whole run: the real-time suites bound each case themselves (120 s a
+# conformance case, 150 s an end-to-end case); this catches anything else that hangs.
+timeout --kill-after=30s 3600s cargo test --workspace --locked

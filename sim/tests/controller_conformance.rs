@@ -1049,3 +1049,36 @@ fn writes_through_a_follower_hang_while_the_leader_is_frozen_until_a_new_leader_
         },
     );
 }
+
+#[test]
+fn a_submission_to_an_unknown_partition_is_invalid_argument_and_to_the_default_one_accepted() {
+    conformance(109, Replicas::Any, Setup::default(), |target| async move {
+        let mut client = target.client().await;
+        let unknown = pb::JobSpec {
+            partition: "conf-nowhere".to_owned(),
+            ..spec("conf-partition")
+        };
+        let status = client.submit_job(submit(unknown)).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::InvalidArgument,
+            "{}: {status:?}",
+            target.name
+        );
+        assert!(
+            status
+                .message()
+                .contains("partition 'conf-nowhere' not found"),
+            "{}: {status:?}",
+            target.name
+        );
+        let default = pb::JobSpec {
+            partition: "default".to_owned(),
+            ..spec("conf-partition")
+        };
+        client
+            .submit_job(submit(default))
+            .await
+            .unwrap_or_else(|s| panic!("{}: {s:?}", target.name));
+    });
+}

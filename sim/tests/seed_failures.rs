@@ -92,8 +92,11 @@ fn jobs_carrying(sim: &Sim, uid: &str) -> Vec<u32> {
 // (a) The first registration, with the operator up before the controller.
 // ---------------------------------------------------------------------------------------
 
-/// Seed of scenario (a): its first leader comes 14 s after the operator starts.
-const SEED_A: u64 = 7001;
+/// Seed of scenario (a): its first leader comes ~13 s after the operator starts (12.9 s;
+/// found by trying seeds 7001 to 7022 with the replicas starting at 9 s on the model with
+/// 4.5 to 7 s elections, for a first leader 12 to 16 s in: 7005, 7006, 7011, 7013, 7014,
+/// 7017 and 7022 give 12.0 to 13.1 s; 7001, the seed before, now elects at 9.9 s).
+const SEED_A: u64 = 7017;
 /// When the replica pods start: the first leader follows after the sampled election.
 const CONTROLLERS_START_A: Duration = Duration::from_secs(9);
 
@@ -211,10 +214,15 @@ fn late_controller(seed: u64, start: Duration, flags: &[&str]) -> (Option<Durati
     (registered_at.map(|at| at.saturating_sub(ready_at)), dropped)
 }
 
-/// When the controllers start in the hedged-dial scenario: the Service gets its endpoint
-/// 0.2 s after the operator's dial went out (found by trying start times; the lag
-/// without hedging below holds it).
-const CONTROLLERS_START_HEDGE: Duration = Duration::from_millis(13_880);
+/// Seed of the hedged-dial scenario (scenario (a)'s seed before the model's elections
+/// took 4.5 to 7 s).
+const SEED_HEDGE: u64 = 7001;
+/// When the controllers start in the hedged-dial scenario: a leader at 9.9 s, the Service
+/// gets its endpoint at 10.1 s, while the operator's dial whose SYN it dropped is still
+/// in flight (found by trying start times 8 to 20 s in 20 ms steps on the model with
+/// 4.5 to 7 s elections: 9.02 to 9.94 s and 15.02 to 15.62 s hold it; 9.06 to 9.14 s
+/// measured 0.2 s hedged and 2.0 s unhedged, the widest gap).
+const CONTROLLERS_START_HEDGE: Duration = Duration::from_millis(9_100);
 
 /// Issue 8: registration within a second of "a leader exists and the Service has a ready
 /// endpoint". The operator's dial in flight when the endpoint became ready had its SYN
@@ -223,7 +231,7 @@ const CONTROLLERS_START_HEDGE: Duration = Duration::from_millis(13_880);
 #[test]
 fn a_hedged_dial_registers_within_a_second_of_the_first_endpoint() {
     let target = secs(1);
-    let (hedged, dropped) = late_controller(SEED_A, CONTROLLERS_START_HEDGE, &[]);
+    let (hedged, dropped) = late_controller(SEED_HEDGE, CONTROLLERS_START_HEDGE, &[]);
     assert!(
         dropped,
         "precondition: a SYN met the Service without an endpoint"
@@ -236,7 +244,7 @@ fn a_hedged_dial_registers_within_a_second_of_the_first_endpoint() {
         s(target)
     );
     let (unhedged, _) = late_controller(
-        SEED_A,
+        SEED_HEDGE,
         CONTROLLERS_START_HEDGE,
         &["--controller-connect-hedge", "off"],
     );
@@ -374,35 +382,36 @@ fn a_silent_leader_kill_under_the_channel() {
 /// Seed of the follower variant: the Service's last pick for the operator is a follower,
 /// and with the SpurJob created 3 s after the kill, a call is stuck on it when the new
 /// leader is elected (found by trying seeds 7012 to 7038 and creation 0 to 4.5 s after the
-/// kill: the gap the recheck closes depends on where the 5 s bound falls against the
-/// election; with hedged probes most placements submit within 1.6 s either way).
+/// kill, on the model before Ping was answered locally).
 const SEED_B_FOLLOWER: u64 = 7026;
 
 /// The seed's runs 3 and 5 again, with the operator's channel through a follower: the
 /// follower forwards the SpurJob's writes to the dead leader with no bound (wire.md), and
-/// each hangs until the operator's own request bound. Once the new leader is elected, the
-/// leader recheck (issue 8) sees a fresh channel's Ping name it while the call's channel
-/// was vetted reading from the old one, and leaves the stuck call: submitted within 3 s
-/// of the election (issue 8's target). Without the recheck the call stuck when the
-/// election ends waits out the rest of its 5 s bound. Measured: 0.7 s with it, 1.9 s
-/// without.
+/// each hangs until the operator's own request bound. The default must submit within 3 s
+/// of the election (issue 8's target). Measured: 2.1 s.
+///
+/// This test used to pin the leader recheck (`--controller-leader-recheck`): once the new
+/// leader was elected, a fresh channel's Ping named it while the stuck call's channel had
+/// been vetted naming the old one, and the call was left (0.7 s with the recheck, 1.9 s
+/// without). The real spurctld answers Ping locally with the replica's own hostname
+/// (fidelity.md row 3): a Ping names who answers, never who leads, so the recheck cannot
+/// tell an election from a dial to another replica. On this placement it measures 2.1 s
+/// with it and without; the rule is moot against a faithful controller and goes with the
+/// next issue (the controller channel as a state machine). What is left is the deadline.
 #[test]
 fn a_silent_leader_kill_behind_a_follower() {
-    let run = |flags: &[&str], label| {
-        let run = silent_kill(SEED_B_FOLLOWER, flags, false, Duration::from_secs(3), label);
-        eprintln!("(b, follower) {label}: {}", run.describe());
-        run.lag()
-            .unwrap_or_else(|| panic!("{label}: {}", run.describe()))
-    };
-    let with = run(&[], "default");
-    let without = run(&["--controller-leader-recheck", "off"], "recheck off");
-    assert!(with <= secs(3), "default: {} after the election", s(with));
-    assert!(
-        without >= with + secs(1),
-        "recheck off: {}, default {}: expected the stuck call to hold it longer",
-        s(without),
-        s(with)
+    let run = silent_kill(
+        SEED_B_FOLLOWER,
+        &[],
+        false,
+        Duration::from_secs(3),
+        "default",
     );
+    eprintln!("(b, follower) default: {}", run.describe());
+    let lag = run
+        .lag()
+        .unwrap_or_else(|| panic!("default: {}", run.describe()));
+    assert!(lag <= secs(3), "default: {} after the election", s(lag));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -723,23 +732,41 @@ fn a_lost_submit_reply_is_adopted_not_duplicated() {
 /// Issue 8: the reply never comes. Without a read-back only the request bound (5 s) ends
 /// the call, and the retry finds the job; reading the submission back every second
 /// (`--submit-read-back`) finds it while the call still waits, and nothing is sent twice.
+///
+/// The read-back is compared with the leader recheck off in both arms. Against the
+/// faithful controller every replica answers Ping with its own hostname (fidelity.md
+/// row 3), so a recheck of a call outstanding for 1 s whose fresh dial lands on any other
+/// replica than the call's sees "another view" and abandons the call, whoever leads:
+/// here it abandons the hung SubmitJob (sent through follower spurctld-0) after 1 s, and
+/// the retry's UID lookup finds the job 1.7 s after the lost reply with the read-back
+/// off. That is the recheck misreading local Pings, not a rule to count on (its premise,
+/// a Ping naming the leader, is gone, and it goes with the next issue, the controller
+/// channel as a state machine). Measured on seed 7007: default 1.1 s; recheck off 1.1 s;
+/// recheck and read-back off 5.7 s.
 #[test]
 fn a_hung_submit_reply_is_read_back_within_seconds() {
     let with = lost_reply(7007, "default", &[], LostReply::Hang);
-    let without = lost_reply(
-        7007,
-        "read-back off",
-        &["--submit-read-back", "off"],
-        LostReply::Hang,
-    );
     assert!(
         with <= secs(2),
         "default: id {} after the lost reply",
         s(with)
     );
+    let recheck_off = ["--controller-leader-recheck", "off"];
+    let read_back_alone = lost_reply(7007, "recheck off", &recheck_off, LostReply::Hang);
+    let without = lost_reply(
+        7007,
+        "recheck and read-back off",
+        &[recheck_off[0], recheck_off[1], "--submit-read-back", "off"],
+        LostReply::Hang,
+    );
+    assert!(
+        read_back_alone <= secs(2),
+        "recheck off: id {} after the lost reply",
+        s(read_back_alone)
+    );
     assert!(
         without >= secs(5),
-        "read-back off: id {} after the lost reply, before the request bound",
+        "recheck and read-back off: id {} after the lost reply, before the request bound",
         s(without)
     );
 }
@@ -912,7 +939,10 @@ fn elected_while_avoided(seed: u64) -> ElectedWhileAvoided {
 /// leader's death: found by trying seeds 7040 to 7069. Before the refusal rule, the
 /// recheck's fallback and its four dials, they took 7.3 s and 6.9 s from that election to
 /// the id; 7054's follower answers "not the Raft leader" naming the dead leader, 7068's
-/// hangs once the cut replica leads.
+/// hangs once the cut replica leads. On the model with local Pings and 4.5 to 7 s
+/// elections both still elect the cut replica (spurctld-1, at 57.1 s and 58.9 s): 7054
+/// submits 0.3 s after, 7068 30.5 s after (the cut replica stays avoided for the whole
+/// stall memory): a miss of the default operator, reported, not hidden.
 const SEEDS_ELECTED_WHILE_AVOIDED: [u64; 2] = [7054, 7068];
 
 /// Issue 8: a replica avoided for a write that hung while it was cut off is used again

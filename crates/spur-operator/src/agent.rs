@@ -44,6 +44,10 @@ pub struct Agent {
     /// How long a LaunchJob may wait on the Kubernetes API before it is answered
     /// UNAVAILABLE: spurctld waits on it without a bound of its own.
     launch_timeout: Duration,
+    /// Held (shared) by every call while it runs: [`Agent::drained`] takes it exclusively,
+    /// so a replica that stops acting waits for the calls in flight before it releases
+    /// the Lease.
+    in_flight: std::sync::Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Agent {
@@ -57,7 +61,20 @@ impl Agent {
             jobs,
             registered,
             launch_timeout: DEFAULT_LAUNCH_TIMEOUT,
+            in_flight: std::sync::Arc::default(),
         }
+    }
+
+    /// Completes once no call is in flight. Calls that start after the replica stopped
+    /// acting (the SpurJob store gone) are refused, so after this no agent write comes.
+    pub async fn drained(&self) {
+        drop(self.in_flight.write().await);
+    }
+
+    /// The fence on every agent write: this replica must still act at the moment of the
+    /// write, not only when the call started (the Lease may have moved meanwhile).
+    fn fence(&self) -> Result<(), Status> {
+        self.store().map(|_| ())
     }
 
     /// Bounds each LaunchJob's Kubernetes work by `timeout`.
@@ -114,6 +131,7 @@ impl Agent {
             let pod = build_pod(job, launch, gpu_resource, generation)
                 .map_err(Status::invalid_argument)?;
             let name = pod.name_any();
+            self.fence()?;
             match pods.create(&PostParams::default(), &pod).await {
                 Ok(_) => {
                     tracing::info!(job_id = launch.job_id, node = %launch.target_node, pod = %name, "launched");
@@ -150,6 +168,7 @@ impl Agent {
         };
         if placement.nodes.len() > 1 {
             let services: Api<Service> = Api::namespaced(self.kube.clone(), &namespace);
+            self.fence()?;
             match services
                 .create(&PostParams::default(), &build_service(job, launch.job_id))
                 .await
@@ -195,6 +214,7 @@ impl pb::SlurmAgent for Agent {
         request: Request<pb::LaunchJobRequest>,
     ) -> Result<Response<pb::LaunchJobResponse>, Status> {
         let launch = request.into_inner();
+        let _in_flight = self.in_flight.read().await;
         let store = self.store()?;
         if !self.registered.contains(&launch.target_node) {
             return Err(Status::permission_denied(format!(
@@ -208,6 +228,14 @@ impl pb::SlurmAgent for Agent {
                 launch.job_id
             )));
         };
+        // A SpurJob being deleted gets no new pods: its cleanup may already have run.
+        if job.metadata.deletion_timestamp.is_some() {
+            return Err(Status::failed_precondition(format!(
+                "SpurJob {} is being deleted; job {} is not launched",
+                job.name_any(),
+                launch.job_id
+            )));
+        }
         let placement = placement(&launch).map_err(Status::invalid_argument)?;
         // spurctld awaits every LaunchJob, one assignment after another, with no bound:
         // an API server that does not answer must not hold up all its scheduling.
@@ -230,6 +258,7 @@ impl pb::SlurmAgent for Agent {
         request: Request<pb::AgentCancelJobRequest>,
     ) -> Result<Response<()>, Status> {
         let job_id = request.into_inner().job_id;
+        let _in_flight = self.in_flight.read().await;
         self.store()?;
         // The pods may be in any namespace: find them by label.
         let pods: Api<Pod> = Api::all(self.kube.clone());
@@ -241,6 +270,7 @@ impl pb::SlurmAgent for Agent {
         namespaces.sort();
         namespaces.dedup();
         for namespace in namespaces {
+            self.fence()?;
             delete_job_objects(&self.kube, &namespace, job_id)
                 .await
                 .map_err(|e| kube_status("deleting the job's pods", e))?;

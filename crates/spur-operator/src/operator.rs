@@ -120,6 +120,7 @@ pub async fn run_with_handles<N: Network>(
         auth.leeway,
         world.clock.clone(),
     );
+    let agent_calls = agent.clone();
     let agent_task = tokio::spawn(crate::agent::serve(
         agent,
         agent_auth,
@@ -187,6 +188,15 @@ pub async fn run_with_handles<N: Network>(
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
         tracing::info!("stopped acting: no longer the leader");
+    }
+    // The agent stops taking calls, and those in flight finish, before the Lease is
+    // released: a pod created after the release would be a write nobody leads.
+    let _ = jobs_tx.send(None);
+    if tokio::time::timeout(config.shutdown_grace, agent_calls.drained())
+        .await
+        .is_err()
+    {
+        tracing::warn!("agent calls still in flight after the shutdown grace period");
     }
     let _ = release_tx.send(true);
     let _ = elector_task.await;

@@ -232,8 +232,12 @@ impl<D: Dialer> Replica<D> {
         }
     }
 
-    /// Commits `command` on this replica as leader, waiting while it lacks a majority.
+    /// Commits `command` on this replica as leader, waiting while it lacks a majority. A
+    /// proposal of a leader cut off from its majority waits until the replica learns of a
+    /// newer term (another leader reaches it, or it wins a new election itself) and then
+    /// fails, as an openraft proposal of an older term does (fidelity.md row 8).
     pub(super) async fn commit(&self, command: Command) -> Result<Outcome, Status> {
+        let proposed_in = self.inner.cluster.term();
         loop {
             match self
                 .inner
@@ -247,6 +251,15 @@ impl<D: Dialer> Replica<D> {
                 }
                 Err(ProposeError::NoQuorum) => {
                     tokio::time::sleep(self.inner.cluster.config().commit_retry).await;
+                    let cluster = &self.inner.cluster;
+                    let newer = cluster.term() != proposed_in
+                        && (cluster.role(self.inner.slot) != Role::Leader
+                            || cluster.leader().as_deref() == Some(self.inner.host.as_str()));
+                    if newer {
+                        return Err(Status::internal(
+                            "raft propose failed: the proposal's term has ended (a newer leader was elected)",
+                        ));
+                    }
                 }
             }
         }

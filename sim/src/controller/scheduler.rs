@@ -268,10 +268,18 @@ async fn dispatch<D: Dialer>(replica: &Replica<D>, dispatch: Dispatch) {
             at,
         };
         let started = match replica.commit(running).await {
-            Ok(_) => replica.commit(start).await,
+            Ok(_) => replica.commit(start).await.map(|_| ()),
             Err(status) => Err(status),
         };
-        if started.is_err() {
+        // A job cancelled while its dispatch ran does not start: spurctld's start_job
+        // fails, and the agents are told to stop it.
+        let running = started.is_ok()
+            && replica.cluster().read(replica.slot(), |state| {
+                state.jobs.get(&dispatch.job_id).is_some_and(|job| {
+                    job.state == pb::JobState::JobRunning && !job.nodes.is_empty()
+                })
+            });
+        if !running {
             // Confirmed but not started (the replica lost the lead): the agents stop it.
             for node in &dispatch.nodes {
                 stop_on_agent(replica, &stop(node, 0)).await;
