@@ -941,8 +941,8 @@ fn elected_while_avoided(seed: u64) -> ElectedWhileAvoided {
 /// the id; 7054's follower answers "not the Raft leader" naming the dead leader, 7068's
 /// hangs once the cut replica leads. On the model with local Pings and 4.5 to 7 s
 /// elections both still elect the cut replica (spurctld-1, at 57.1 s and 58.9 s): 7054
-/// submits 0.3 s after, 7068 30.5 s after (the cut replica stays avoided for the whole
-/// stall memory): a miss of the default operator, reported, not hidden.
+/// submitted 0.3 s after; 7068 30.5 s after while the stall memory was 30 s (a local Ping
+/// cannot say the avoided replica was elected), which is why it is now 2 s.
 const SEEDS_ELECTED_WHILE_AVOIDED: [u64; 2] = [7054, 7068];
 
 /// Issue 8: a replica avoided for a write that hung while it was cut off is used again

@@ -148,7 +148,7 @@ pub const DEFAULT_CONNECT_HEDGE: Duration = Duration::from_millis(250);
 pub const DEFAULT_LEADER_RECHECK: Duration = Duration::from_secs(1);
 pub const DEFAULT_PROBE_DIALS: usize = 4;
 pub const DEFAULT_RECHECK_DIALS: usize = 4;
-pub const DEFAULT_STALL_MEMORY: Duration = Duration::from_secs(30);
+pub const DEFAULT_STALL_MEMORY: Duration = Duration::from_secs(2);
 
 impl Default for ChannelConfig {
     fn default() -> Self {
@@ -369,16 +369,17 @@ pub struct ControllerArgs {
     pub controller_recheck_dials: usize,
 
     /// How long the name of a replica whose write went unanswered while its reads were
-    /// served (a leader cut off from its peers) is avoided by new channels. A cut replica
-    /// stays cut as long as the partition lasts; once it rejoins, its reads forward to the
-    /// leader and its probe names the leader, so a long memory costs little; a write that
-    /// is answered through the name forgives it at once (the partition healed before the
-    /// others elected a leader), and so does a write refused as UNAVAILABLE elsewhere (no
-    /// other replica reaches a leader: the avoided one may have been elected since).
+    /// served (a leader cut off from its peers) is avoided by new channels. The real
+    /// spurctld answers Ping with the replica's own name, so no probe can tell that the
+    /// replica rejoined or was elected since (fidelity.md row 3): a short memory tries it
+    /// again soon, and a replica still cut off is marked again by its next unanswered
+    /// write, at the cost of one bounded call per period. 2 s: the replica cut off may be
+    /// the one the next election (4.5 to 7 s after the leader was lost) picks. A write
+    /// answered through the name, or refused as UNAVAILABLE elsewhere, forgives it at once.
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_STALL_MEMORY",
-        default_value = "30s",
+        default_value = "2s",
         value_parser = parse_duration
     )]
     pub controller_stall_memory: Duration,
