@@ -302,18 +302,15 @@ pub struct ControllerArgs {
     pub controller_channel_max_age: Bound,
 
     /// Bound on a Ping sent over each new channel through the Service before it is used,
-    /// or `off`. Reads are forwarded to the leader when the replica can (wire.md), so the
-    /// answer's `hostname` names whose state the channel's reads come from: the leader's
-    /// through a healthy replica, the replica's own when it is a leader cut off from its
-    /// peers. When a write went unanswered within the request bound and a Ping on the same
-    /// channel is still answered (reads served, writes never committed), the name it gives
-    /// is avoided for 30 s: a new channel whose probe names it, or whose probe fails within
-    /// this bound (a follower whose forward to the leader hangs), is dropped and the
-    /// Service dialed again, up to 4 dials, the last kept whatever its probe said. Without
-    /// it the Service hands the operator back to the cut replica one connect in three,
-    /// each costing a request bound on a write and stale reads meanwhile. A Ping takes
-    /// milliseconds inside a cluster; 1 s also covers the follower's forward. Costs one
-    /// Ping per new channel.
+    /// or `off`. spurctld answers Ping locally with the replica's own host name (never
+    /// forwarded, fidelity.md row 3), so the answer says which replica the channel reached
+    /// and that its process answers, not who leads. When a write went unanswered within the
+    /// request bound and a Ping on the same channel is still answered (a leader cut off
+    /// from its peers: reads served, writes never committed), that replica's name is
+    /// avoided for `--controller-stall-memory`: a new channel whose probe names it, or
+    /// whose probe fails within this bound (a frozen replica), is dropped and the Service
+    /// dialed again, up to 4 dials, the last kept whatever its probe said. A Ping takes
+    /// milliseconds inside a cluster. Costs one Ping per new channel.
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_CONNECT_PROBE",

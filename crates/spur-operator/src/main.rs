@@ -204,6 +204,12 @@ mod tests {
             .reconciles
             .get_or_create(&spur_operator::metrics::ReconcileLabels { kind: "node" })
             .inc();
+        metrics
+            .heartbeat_age_seconds
+            .get_or_create(&spur_operator::metrics::NodeLabels {
+                node: "node-0".to_owned(),
+            })
+            .set(1.0);
         let exported: std::collections::BTreeSet<String> = metrics
             .encode()
             .lines()
