@@ -75,12 +75,6 @@ fn endpoint(uri: String) -> Endpoint {
 }
 
 impl Target {
-    /// Whether this is the model.
-    #[allow(dead_code)]
-    pub fn is_sim(&self) -> bool {
-        matches!(*self.backend, Backend::Sim { .. })
-    }
-
     /// How many replicas.
     pub fn replicas(&self) -> usize {
         match &*self.backend {
