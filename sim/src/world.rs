@@ -329,6 +329,30 @@ impl World {
         self.sim.repair(a, b);
     }
 
+    /// Freezes host `name` (a SIGSTOPped process): it answers nobody, and unlike a kill it
+    /// stays a ready endpoint of its Service, as a tcpSocket probe still connects to it.
+    /// (A real frozen process's kernel completes handshakes; here connects go unanswered.)
+    pub fn freeze(&mut self, name: &str) {
+        let others: Vec<String> = self.hosts.iter().filter(|h| *h != name).cloned().collect();
+        self.trace
+            .record(self.sim.elapsed(), "harness", format!("freeze {name}"));
+        for other in &others {
+            self.net.partition(name, other);
+            self.sim.partition(name, other.as_str());
+        }
+    }
+
+    /// Thaws a host [`World::freeze`] froze.
+    pub fn thaw(&mut self, name: &str) {
+        let others: Vec<String> = self.hosts.iter().filter(|h| *h != name).cloned().collect();
+        self.trace
+            .record(self.sim.elapsed(), "harness", format!("thaw {name}"));
+        for other in &others {
+            self.net.repair(name, other);
+            self.sim.repair(name, other.as_str());
+        }
+    }
+
     /// Runs `action` on the world when simulated time reaches `at`.
     pub fn at(&mut self, at: Duration, action: impl FnOnce(&mut World) + 'static) {
         self.actions_added += 1;

@@ -46,6 +46,14 @@ impl pb::SlurmController for PingOnly {
     ) -> Result<Response<pb::JobInfo>, Status> {
         Err(Status::unimplemented("test"))
     }
+    async fn get_nodes(
+        &self,
+        _: Request<pb::GetNodesRequest>,
+    ) -> Result<Response<pb::GetNodesResponse>, Status> {
+        Err(Status::unimplemented(
+            "GetNodes is the lab's, not the operator's",
+        ))
+    }
     async fn get_jobs(
         &self,
         _: Request<pb::GetJobsRequest>,

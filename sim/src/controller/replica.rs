@@ -584,6 +584,35 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
         .await
     }
 
+    async fn get_nodes(
+        &self,
+        request: Request<pb::GetNodesRequest>,
+    ) -> Result<Response<pb::GetNodesResponse>, Status> {
+        let cluster = self.inner.cluster.clone();
+        let slot = self.inner.slot;
+        self.read(
+            "GetNodes",
+            request,
+            move |_| {
+                Ok(pb::GetNodesResponse {
+                    nodes: cluster.read(slot, |state| {
+                        state
+                            .nodes
+                            .iter()
+                            .map(|(name, node)| pb::NodeInfo {
+                                name: name.clone(),
+                                state: node.state.into(),
+                                state_reason: node.reason.clone(),
+                            })
+                            .collect()
+                    }),
+                })
+            },
+            |mut client, request| async move { client.get_nodes(request).await },
+        )
+        .await
+    }
+
     async fn cancel_job(
         &self,
         request: Request<pb::CancelJobRequest>,

@@ -154,43 +154,32 @@ impl Monitor {
         });
     }
 
-    /// One sample at `now`. `api_up` is the harness's knowledge of the API server.
+    /// One sample of the simulated world at `now`. `api_up` is the harness's knowledge of
+    /// the API server.
     pub fn sample(&mut self, sim: &Sim, now: Duration, api_up: bool) {
         let acting = self.acting.sample(sim);
         self.violations.extend(acting);
-        let cluster = sim.world.cluster();
-        let leader = cluster.leader_with_quorum();
-        let leader_slot = leader.as_ref().and_then(|l| cluster.slot_of(l));
-        let net = sim.world.net();
-        // "The operator" is the replica the Lease names, per the API server, while its
-        // process runs: a takeover's wait for the lease to expire is nobody's deadline,
-        // but a replica that holds the lease and does nothing misses them all.
-        let holder = sim
-            .leases
-            .holder(OPERATOR_LEASE)
-            .filter(|h| self.operators.contains(h));
-        // A holder cut off from the API server can neither renew nor act: it is as gone
-        // as a crashed one, and the other replica must take over.
-        let acting_operator = holder
-            .clone()
-            .filter(|h| !net.is_down(h) && net.can_reach(h, KUBE_API_HOST));
-        self.check_takeover(now, api_up, acting_operator.is_some(), holder.as_deref());
-        let endpoints: Vec<String> = match &acting_operator {
-            Some(op) => net
-                .ready_endpoints(crate::world::CONTROLLER_SERVICE, now)
-                .into_iter()
-                .filter(|e| net.can_reach(op, e))
-                .collect(),
-            None => Vec::new(),
-        };
-        let operator_up = acting_operator.is_some();
+        let observation = observe_sim(sim, now, &self.operators);
+        self.observe(&observation, now, api_up);
+    }
+
+    /// One sample of what the world looks like at `now`, however it was read (the
+    /// simulation's state, or the lab's reads of real processes).
+    pub fn observe(&mut self, seen: &Observation, now: Duration, api_up: bool) {
+        self.check_takeover(
+            now,
+            api_up,
+            seen.acting_operator.is_some(),
+            seen.holder.as_deref(),
+        );
+        let operator_up = seen.acting_operator.is_some();
         // Healthy from "a leader with a quorum exists and the Service has a ready
         // endpoint" the operator can reach: a ready endpoint cut off from that leader (a
         // partitioned replica, which stays in the Service and may serve stale reads) is
         // the operator's problem to get around, not a reason to stop judging; the operator
         // cut off from every endpoint (partition-operator-service) is a world in which
         // nothing can be submitted.
-        let healthy = leader_slot.is_some() && !endpoints.is_empty() && operator_up && api_up;
+        let healthy = seen.leader.is_some() && seen.endpoint_reachable && operator_up && api_up;
         self.healthy_since = match (healthy, self.healthy_since) {
             (true, None) => Some(now),
             (true, since) => since,
@@ -198,8 +187,8 @@ impl Monitor {
         };
         // SpurJobs are noted as they appear, leader or not: one created mid-election is
         // waiting when the next leader is elected.
-        self.note_new_jobs(sim, now);
-        if let Some(current) = &leader {
+        self.note_new_jobs(seen, now);
+        if let Some(current) = &seen.leader {
             if self
                 .last_leader
                 .as_ref()
@@ -213,31 +202,11 @@ impl Monitor {
             }
             self.last_leader = Some(current.clone());
         }
-        let Some(slot) = leader_slot else {
+        let Some(controller) = &seen.controller else {
             return;
         };
-        let (registered, jobs): (BTreeSet<String>, BTreeMap<u32, (&'static str, i32)>) = cluster
-            .read(slot, |state| {
-                (
-                    // A node counts as registered for the replica that acts only with that
-                    // replica's agent address (its host): after a takeover the controller
-                    // must launch on the new leader, so the new leader registers every
-                    // node again. With one replica the address is always `operator`.
-                    state
-                        .nodes
-                        .iter()
-                        .filter(|(_, n)| acting_operator.as_ref().is_none_or(|op| n.address == *op))
-                        .map(|(name, _)| name.clone())
-                        .collect(),
-                    state
-                        .jobs
-                        .iter()
-                        .map(|(id, j)| (*id, (state_name(j.state), j.exit_code)))
-                        .collect(),
-                )
-            });
-        self.check_nodes(sim, now, &registered);
-        self.check_jobs(sim, now, &jobs);
+        self.check_nodes(seen, now, &controller.registered);
+        self.check_jobs(seen, now, &controller.jobs);
     }
 
     /// Leader-only writes judged, per operator replica.
@@ -272,10 +241,8 @@ impl Monitor {
         }
     }
 
-    fn note_new_jobs(&mut self, sim: &Sim, now: Duration) {
-        let index = sim.index.lock();
-        for key in index.spurjobs.keys() {
-            let name = key.rsplit('/').next().unwrap_or(key);
+    fn note_new_jobs(&mut self, seen: &Observation, now: Duration) {
+        for name in seen.spurjobs.keys() {
             if !self.jobs.contains_key(name) {
                 self.jobs.insert(
                     name.to_owned(),
@@ -294,9 +261,9 @@ impl Monitor {
         self.healthy_since.map(|h| h.max(since))
     }
 
-    fn check_nodes(&mut self, sim: &Sim, now: Duration, registered: &BTreeSet<String>) {
-        let present: BTreeSet<String> = sim.index.lock().managed_nodes.keys().cloned().collect();
-        for name in &present {
+    fn check_nodes(&mut self, seen: &Observation, now: Duration, registered: &BTreeSet<String>) {
+        let present = &seen.managed_nodes;
+        for name in present {
             self.nodes.entry(name.clone()).or_insert_with(|| NodeWatch {
                 exists_since: now,
                 ..Default::default()
@@ -342,22 +309,12 @@ impl Monitor {
 
     fn check_jobs(
         &mut self,
-        sim: &Sim,
+        seen: &Observation,
         now: Duration,
         controller: &BTreeMap<u32, (&'static str, i32)>,
     ) {
-        let (by_name, pods_by_job): (BTreeMap<String, SpurJobView>, BTreeSet<u32>) = {
-            let index = sim.index.lock();
-            (
-                index
-                    .spurjobs
-                    .iter()
-                    .map(|(k, v)| (k.rsplit('/').next().unwrap_or(k).to_owned(), v.clone()))
-                    .collect(),
-                index.pods.values().filter_map(|p| p.job_id).collect(),
-            )
-        };
-        for (name, view) in &by_name {
+        let (by_name, pods_by_job) = (&seen.spurjobs, &seen.pod_job_ids);
+        for (name, view) in by_name {
             let id = view.spur_job_id;
             let state = view.state.clone();
             let (created_at, known_id, deleted) = {
@@ -481,28 +438,38 @@ impl Monitor {
         }
     }
 
-    /// The checks on the whole run: no SpurJob maps to more than one controller job, and
-    /// job ids increase in log order.
+    /// The checks on the whole run, on the simulation's replicated log.
     pub fn finish(&mut self, sim: &Sim, now: Duration) -> usize {
-        let log = sim.world.log();
+        let submitted: Vec<(u32, String)> = sim
+            .world
+            .log()
+            .into_iter()
+            .filter_map(|entry| match (entry.command, entry.outcome) {
+                (Command::SubmitJob { spec, .. }, Outcome::JobId(id)) => Some((id, spec.comment)),
+                _ => None,
+            })
+            .collect();
+        self.finish_with(&submitted, now)
+    }
+
+    /// The checks on the whole run: no SpurJob maps to more than one controller job, and
+    /// job ids increase in log order. `submitted` is every job the controller accepted,
+    /// with its comment, in the order it accepted them.
+    pub fn finish_with(&mut self, submitted: &[(u32, String)], now: Duration) -> usize {
         let mut by_uid: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         let mut last_id = 0;
-        for entry in &log {
-            if let (Command::SubmitJob { spec, .. }, Outcome::JobId(id)) =
-                (&entry.command, &entry.outcome)
-            {
-                if *id <= last_id {
-                    self.violate(
-                        "job-ids-increase",
-                        &format!("job/{id}"),
-                        now,
-                        format!("job id {id} after {last_id} in the log"),
-                    );
-                }
-                last_id = *id;
-                if let Some(uid) = uid_in_comment(&spec.comment) {
-                    by_uid.entry(uid.to_owned()).or_default().push(*id);
-                }
+        for (id, comment) in submitted {
+            if *id <= last_id {
+                self.violate(
+                    "job-ids-increase",
+                    &format!("job/{id}"),
+                    now,
+                    format!("job id {id} after {last_id} in the log"),
+                );
+            }
+            last_id = *id;
+            if let Some(uid) = uid_in_comment(comment) {
+                by_uid.entry(uid.to_owned()).or_default().push(*id);
             }
         }
         let mut duplicates = 0;
@@ -518,5 +485,93 @@ impl Monitor {
             }
         }
         duplicates
+    }
+}
+
+/// What one sample sees of the world's ground truth. The simulation fills it from its
+/// state ([`observe_sim`]); the lab from real processes (the replicas' own answers and the
+/// API server's records), so both are judged by the same checks.
+#[derive(Clone, Debug, Default)]
+pub struct Observation {
+    /// The operator replica the Lease names, per the API server.
+    pub holder: Option<String>,
+    /// The holder, while its process runs and it can reach the API server: "the operator"
+    /// whose deadlines these are. A holder cut off from the API server can neither renew
+    /// nor act: it is as gone as a crashed one, and the other replica must take over.
+    pub acting_operator: Option<String>,
+    /// Whether the acting operator can reach some ready endpoint of the Service.
+    pub endpoint_reachable: bool,
+    /// The controller leader that has a quorum, by a name that changes with each leader.
+    pub leader: Option<String>,
+    /// The leader's state, when there is one.
+    pub controller: Option<ControllerView>,
+    /// SpurJobs by name.
+    pub spurjobs: BTreeMap<String, SpurJobView>,
+    /// Controller job ids that have pods.
+    pub pod_job_ids: BTreeSet<u32>,
+    /// The labelled Kubernetes nodes the operator must register.
+    pub managed_nodes: BTreeSet<String>,
+}
+
+/// The controller leader's state as one sample sees it.
+#[derive(Clone, Debug, Default)]
+pub struct ControllerView {
+    /// Nodes registered with the acting operator's agent address: after a takeover the
+    /// controller must launch on the new leader, so the new leader registers every node
+    /// again. With no acting operator, every registered node.
+    pub registered: BTreeSet<String>,
+    /// Every job: its state's name and exit code.
+    pub jobs: BTreeMap<u32, (&'static str, i32)>,
+}
+
+/// The simulated world's ground truth at `now`.
+fn observe_sim(sim: &Sim, now: Duration, operators: &[String]) -> Observation {
+    let cluster = sim.world.cluster();
+    let leader = cluster.leader_with_quorum();
+    let leader_slot = leader.as_ref().and_then(|l| cluster.slot_of(l));
+    let net = sim.world.net();
+    // A takeover's wait for the lease to expire is nobody's deadline, but a replica that
+    // holds the lease and does nothing misses them all.
+    let holder = sim
+        .leases
+        .holder(OPERATOR_LEASE)
+        .filter(|h| operators.contains(h));
+    let acting_operator = holder
+        .clone()
+        .filter(|h| !net.is_down(h) && net.can_reach(h, KUBE_API_HOST));
+    let endpoint_reachable = acting_operator.as_ref().is_some_and(|op| {
+        net.ready_endpoints(crate::world::CONTROLLER_SERVICE, now)
+            .into_iter()
+            .any(|e| net.can_reach(op, &e))
+    });
+    let controller = leader_slot.map(|slot| {
+        cluster.read(slot, |state| ControllerView {
+            registered: state
+                .nodes
+                .iter()
+                .filter(|(_, n)| acting_operator.as_ref().is_none_or(|op| n.address == *op))
+                .map(|(name, _)| name.clone())
+                .collect(),
+            jobs: state
+                .jobs
+                .iter()
+                .map(|(id, j)| (*id, (state_name(j.state), j.exit_code)))
+                .collect(),
+        })
+    });
+    let index = sim.index.lock();
+    Observation {
+        holder,
+        acting_operator,
+        endpoint_reachable,
+        leader,
+        controller,
+        spurjobs: index
+            .spurjobs
+            .iter()
+            .map(|(k, v)| (k.rsplit('/').next().unwrap_or(k).to_owned(), v.clone()))
+            .collect(),
+        pod_job_ids: index.pods.values().filter_map(|p| p.job_id).collect(),
+        managed_nodes: index.managed_nodes.keys().cloned().collect(),
     }
 }

@@ -34,9 +34,9 @@ pub const PROBER: &str = "kubelet-prober";
 /// The host that probes the second replica's `/readyz`.
 pub const PROBER_B: &str = "kubelet-prober-b";
 /// How often the checks sample the world: the resolution of every measured lag.
-const SAMPLE: Duration = Duration::from_millis(250);
+pub const SAMPLE: Duration = Duration::from_millis(250);
 /// A killed controller pod is replaced after this long, as a StatefulSet does.
-const REPLACE_AFTER: Duration = Duration::from_secs(10);
+pub const REPLACE_AFTER: Duration = Duration::from_secs(10);
 
 /// Summary statistics of one lag, in milliseconds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -158,8 +158,14 @@ fn tick() -> Duration {
 
 /// Runs the scenario of `seed` with the operator configured by `profile`.
 pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
+    run_plan(&plan(seed, config), profile, config)
+}
+
+/// Runs `plan` (a seed's, or one the lab also runs on real processes) with the operator
+/// configured by `profile`; the seed is the plan's.
+pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outcome {
     let started = Instant::now();
-    let plan = plan(seed, config);
+    let seed = plan.seed;
     let world_config = WorldConfig {
         max_duration: plan.end + Duration::from_secs(60),
         tick: tick(),
@@ -365,6 +371,30 @@ fn schedule_fault(sim: &mut Sim, at: Duration, fault: Fault, api_up: Rc<Cell<boo
                     w.kill(&leader, mode);
                     w.at(now + REPLACE_AFTER, move |w| {
                         w.replace_replica(slot);
+                    });
+                }
+            }
+            Fault::LeaderFreeze { thaw_after } => {
+                if let Some(leader) = w.leader() {
+                    w.freeze(&leader);
+                    w.at(now + thaw_after, move |w| w.thaw(&leader));
+                }
+            }
+            Fault::LeaderCutOff { heal_after } => {
+                if let Some(leader) = w.leader()
+                    && let Some(slot) = w.cluster().slot_of(&leader)
+                {
+                    let others: Vec<String> = (0..w.cluster().config().replicas)
+                        .filter(|s| *s != slot)
+                        .map(|s| w.cluster().host_of(s))
+                        .collect();
+                    for other in &others {
+                        w.partition(&leader, other);
+                    }
+                    w.at(now + heal_after, move |w| {
+                        for other in &others {
+                            w.repair(&leader, other);
+                        }
                     });
                 }
             }

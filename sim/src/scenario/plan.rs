@@ -87,6 +87,12 @@ pub enum Fault {
     LeaderKillGraceful,
     /// A follower pod dies.
     FollowerKill,
+    /// The leader's process is frozen (SIGSTOP) for a while, then thawed; it stays in the
+    /// Service. Named scenarios only (never drawn, so every seed's plan is unchanged).
+    LeaderFreeze { thaw_after: Duration },
+    /// The leader is cut off from the other replicas (a stale leader that keeps answering
+    /// what it can). Named scenarios only.
+    LeaderCutOff { heal_after: Duration },
     /// The operator cannot reach one replica for a while.
     PartitionOperatorReplica { slot: usize, heal_after: Duration },
     /// One replica is cut off from the other two (forces an election when it leads).
@@ -138,6 +144,8 @@ impl Fault {
             Fault::LeaderKillSilent => "leader-kill-silent",
             Fault::LeaderKillGraceful => "leader-kill-graceful",
             Fault::FollowerKill => "follower-kill",
+            Fault::LeaderFreeze { .. } => "leader-freeze",
+            Fault::LeaderCutOff { .. } => "leader-cut-off",
             Fault::PartitionOperatorReplica { .. } => "partition-operator-replica",
             Fault::PartitionReplica { .. } => "partition-replica",
             Fault::ApiOutage { .. } => "api-outage",
@@ -155,7 +163,13 @@ impl Fault {
 
     /// Whether the fault always takes the leader away, so the replicas elect another.
     pub fn ends_the_leader(&self) -> bool {
-        matches!(self, Fault::LeaderKillSilent | Fault::LeaderKillGraceful)
+        matches!(
+            self,
+            Fault::LeaderKillSilent
+                | Fault::LeaderKillGraceful
+                | Fault::LeaderFreeze { .. }
+                | Fault::LeaderCutOff { .. }
+        )
     }
 
     /// How long after it starts the world is whole again.
@@ -165,6 +179,8 @@ impl Fault {
             Fault::LeaderKillSilent | Fault::LeaderKillGraceful | Fault::FollowerKill => {
                 Duration::from_secs(30)
             }
+            Fault::LeaderFreeze { thaw_after } => *thaw_after,
+            Fault::LeaderCutOff { heal_after } => *heal_after,
             Fault::PartitionOperatorReplica { heal_after, .. }
             | Fault::PartitionReplica { heal_after, .. }
             | Fault::PartitionOperatorService { heal_after } => *heal_after,

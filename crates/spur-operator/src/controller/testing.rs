@@ -416,6 +416,14 @@ impl pb::SlurmController for ScriptedController {
             ..Default::default()
         })
     }
+    async fn get_nodes(
+        &self,
+        _: Request<pb::GetNodesRequest>,
+    ) -> Result<Response<pb::GetNodesResponse>, Status> {
+        Err(Status::unimplemented(
+            "GetNodes is the lab's, not the operator's",
+        ))
+    }
     async fn get_jobs(
         &self,
         r: Request<pb::GetJobsRequest>,

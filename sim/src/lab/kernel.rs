@@ -1,0 +1,272 @@
+//! What the lab asks of the Linux kernel: a private network namespace for the whole lab,
+//! each pod as a process of its own user with its own hostname, and nftables rules that
+//! make the Service and the faults.
+//!
+//! Every 127.0.0.0/8 address is on the loopback interface, so pods listen on addresses of
+//! their own; but a connection to a local address leaves from 127.0.0.1 whoever makes it.
+//! Each pod's process therefore runs as a user of its own, and a `postrouting` rule
+//! rewrites the source of its new connections to the pod's address (`meta skuid` → SNAT).
+//! From then on conntrack's reply tuple names both real ends of every connection, through
+//! the Service's DNAT too, and the faults match on it in the `input` hook: after conntrack
+//! confirmed the connection, so a dropped SYN's retransmits stay pinned to the same
+//! endpoint, as on a real node.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::Ipv4Addr;
+use std::os::unix::process::CommandExt as _;
+use std::process::{Command, Stdio};
+
+/// Moves this process (and every process it starts from now on) into a network namespace
+/// of its own and brings its loopback up. The namespace goes away when the last process
+/// in it exits, so nothing is left behind whatever happens. Call it before any thread
+/// starts: a namespace belongs to the thread that made it and the threads it starts later.
+pub fn enter_private_network() -> std::io::Result<()> {
+    // SAFETY: unshare(2) with a constant flag has no memory-safety preconditions.
+    if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::other(format!(
+            "unshare(CLONE_NEWNET): {} (the lab needs root, or CAP_SYS_ADMIN)",
+            std::io::Error::last_os_error()
+        )));
+    }
+    run("ip", &["link", "set", "lo", "up"], None)
+}
+
+/// Whether this machine can run the lab: root and the `nft` and `ip` tools.
+pub fn missing_tools() -> Option<String> {
+    // SAFETY: geteuid(2) cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("the lab runs as root (it creates a network namespace)".into());
+    }
+    for tool in ["nft", "ip"] {
+        let found = Command::new(tool)
+            .arg("-V")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok();
+        if !found {
+            return Some(format!(
+                "`{tool}` is missing (ci/install-deps.sh installs nftables and iproute2)"
+            ));
+        }
+    }
+    None
+}
+
+fn run(program: &str, args: &[&str], stdin: Option<&str>) -> std::io::Result<()> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(text.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+/// One pod: a process with its own address, user and hostname.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pod {
+    /// The pod's name, also its hostname (spurctld answers Ping with it).
+    pub name: String,
+    pub ip: Ipv4Addr,
+    /// The user its process runs as: the kernel's handle on "packets from this pod".
+    pub uid: u32,
+}
+
+impl Pod {
+    /// `command` set up to run as this pod: its own UTS namespace and hostname, its user,
+    /// and killed when the lab dies (PR_SET_PDEATHSIG), so no pod outlives a lab that
+    /// crashed. The lab starts pods from its main thread only: the death signal follows
+    /// the thread that forked.
+    pub fn command(&self, mut command: Command) -> Command {
+        let name = self.name.clone().into_bytes();
+        let uid = self.uid;
+        // SAFETY: between fork and exec only async-signal-safe calls run (prctl, unshare,
+        // sethostname, setgroups, setgid, setuid), on memory allocated before the fork.
+        unsafe {
+            command.pre_exec(move || {
+                let fail = || Err(std::io::Error::last_os_error());
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+                    || libc::unshare(libc::CLONE_NEWUTS) != 0
+                    || libc::sethostname(name.as_ptr().cast(), name.len()) != 0
+                    || libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(uid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return fail();
+                }
+                Ok(())
+            });
+        }
+        command
+    }
+}
+
+/// The address a Service without endpoints sends SYNs to when it drops them: packets to it
+/// are dropped on arrival, after conntrack confirmed the mapping.
+pub const BLACK_HOLE: Ipv4Addr = Ipv4Addr::new(127, 0, 9, 9);
+
+/// What a Service does with a connection while it has no ready endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoEndpoint {
+    /// The SYN goes nowhere and every retransmit follows it (the seed's ~127 s hang).
+    Drop,
+    /// Refused at once (kube-proxy's own rule for a Service without endpoints).
+    Reject,
+}
+
+/// The lab's nftables state: the Service and the faults. [`Firewall::apply`] replaces the
+/// whole table in one transaction.
+#[derive(Clone, Debug)]
+pub struct Firewall {
+    /// The pods whose connections are sourced from their own address.
+    pub pods: Vec<Pod>,
+    /// The Service's ClusterIP and port.
+    pub service: (Ipv4Addr, u16),
+    /// Its ready endpoints, in a stable order.
+    pub endpoints: Vec<Ipv4Addr>,
+    pub no_endpoint: NoEndpoint,
+    /// Addresses whose every packet is dropped.
+    pub black_holed: Vec<Ipv4Addr>,
+    /// Pairs of addresses cut off from each other, both ways.
+    pub partitions: Vec<(Ipv4Addr, Ipv4Addr)>,
+}
+
+impl Firewall {
+    /// The ruleset, as `nft -f` reads it.
+    pub fn ruleset(&self) -> String {
+        let (vip, port) = self.service;
+        let mut text = String::from("table ip spurlab {}\ndelete table ip spurlab\n");
+        text.push_str("table ip spurlab {\n");
+        text.push_str("  chain service {\n    type nat hook output priority -100;\n");
+        if self.endpoints.is_empty() {
+            if self.no_endpoint == NoEndpoint::Drop {
+                let _ = writeln!(
+                    text,
+                    "    ip daddr {vip} tcp dport {port} dnat to {BLACK_HOLE}"
+                );
+            }
+            // Reject: nothing listens on the ClusterIP, so the kernel refuses the connect.
+        } else {
+            let map: Vec<String> = self
+                .endpoints
+                .iter()
+                .enumerate()
+                .map(|(i, ip)| format!("{i} : {ip}"))
+                .collect();
+            let _ = writeln!(
+                text,
+                "    ip daddr {vip} tcp dport {port} dnat to numgen random mod {} map {{ {} }}",
+                self.endpoints.len(),
+                map.join(", ")
+            );
+        }
+        text.push_str("  }\n");
+        text.push_str("  chain pod_source {\n    type nat hook postrouting priority 100;\n");
+        for pod in &self.pods {
+            let _ = writeln!(
+                text,
+                "    meta skuid {} ip saddr 127.0.0.1 snat to {}",
+                pod.uid, pod.ip
+            );
+        }
+        text.push_str("  }\n");
+        text.push_str("  chain faults {\n    type filter hook input priority 0;\n");
+        let _ = writeln!(text, "    ip daddr {BLACK_HOLE} drop");
+        for ip in &self.black_holed {
+            let _ = writeln!(text, "    ct reply ip saddr {ip} drop");
+            let _ = writeln!(text, "    ct reply ip daddr {ip} drop");
+        }
+        for (a, b) in &self.partitions {
+            let _ = writeln!(text, "    ct reply ip saddr {a} ct reply ip daddr {b} drop");
+            let _ = writeln!(text, "    ct reply ip saddr {b} ct reply ip daddr {a} drop");
+        }
+        text.push_str("  }\n}\n");
+        text
+    }
+
+    /// Installs the ruleset (atomically: `nft -f` runs one transaction).
+    pub fn apply(&self) -> std::io::Result<()> {
+        run("nft", &["-f", "-"], Some(&self.ruleset()))
+    }
+
+    /// Whether `a` and `b` are cut off from each other.
+    pub fn cut(&self, a: Ipv4Addr, b: Ipv4Addr) -> bool {
+        self.black_holed.contains(&a)
+            || self.black_holed.contains(&b)
+            || self.partitions.iter().any(|p| *p == (a, b) || *p == (b, a))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn firewall() -> Firewall {
+        Firewall {
+            pods: vec![Pod {
+                name: "spurctld-0".into(),
+                ip: Ipv4Addr::new(127, 0, 1, 1),
+                uid: 20001,
+            }],
+            service: (Ipv4Addr::new(127, 0, 2, 1), 6817),
+            endpoints: Vec::new(),
+            no_endpoint: NoEndpoint::Drop,
+            black_holed: Vec::new(),
+            partitions: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_service_without_endpoints_pins_its_syns_to_the_black_hole_or_refuses() {
+        let mut fw = firewall();
+        let rules = fw.ruleset();
+        assert!(rules.contains("dnat to 127.0.9.9"), "{rules}");
+        assert!(rules.contains("ip daddr 127.0.9.9 drop"), "{rules}");
+        fw.no_endpoint = NoEndpoint::Reject;
+        assert!(!fw.ruleset().contains("dnat"), "{}", fw.ruleset());
+        fw.endpoints = vec![Ipv4Addr::new(127, 0, 1, 1), Ipv4Addr::new(127, 0, 1, 3)];
+        assert!(
+            fw.ruleset()
+                .contains("numgen random mod 2 map { 0 : 127.0.1.1, 1 : 127.0.1.3 }"),
+            "{}",
+            fw.ruleset()
+        );
+    }
+
+    #[test]
+    fn faults_match_both_real_ends_of_a_connection() {
+        let mut fw = firewall();
+        let (a, b) = (Ipv4Addr::new(127, 0, 3, 1), Ipv4Addr::new(127, 0, 1, 2));
+        fw.partitions.push((a, b));
+        fw.black_holed.push(Ipv4Addr::new(127, 0, 1, 1));
+        let rules = fw.ruleset();
+        assert!(rules.contains("ct reply ip saddr 127.0.3.1 ct reply ip daddr 127.0.1.2 drop"));
+        assert!(rules.contains("ct reply ip saddr 127.0.1.2 ct reply ip daddr 127.0.3.1 drop"));
+        assert!(rules.contains("ct reply ip daddr 127.0.1.1 drop"));
+        assert!(rules.contains("meta skuid 20001 ip saddr 127.0.0.1 snat to 127.0.1.1"));
+        assert!(fw.cut(b, a) && fw.cut(Ipv4Addr::new(127, 0, 1, 1), a));
+        assert!(!fw.cut(a, Ipv4Addr::new(127, 0, 1, 3)));
+    }
+}

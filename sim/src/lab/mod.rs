@@ -1,0 +1,522 @@
+//! `spur-sim lab`: the seed's faults made by a real kernel against real processes.
+//!
+//! Each named scenario ([`scenarios`]) runs in a child process of its own that enters a
+//! fresh network namespace: three real spurctld replicas (127.0.1.1–3, hostnames
+//! `spurctld-0..2`), one or two real `spur-operator` processes (127.0.3.x), the simulated
+//! API server over TCP (127.0.4.1) with a kubelet stand-in, and the `spurctld` Service
+//! (127.0.2.1:6817) made by nftables as kube-proxy makes one ([`kernel`]). The faults are
+//! nftables drops and signals; the checks and metrics are the simulation's, fed from the
+//! replicas' own answers and the API server's records ([`world::Lab::observe`]). The
+//! namespace, and every process in it, is gone when the child exits, whatever happens; the
+//! parent kills a child that outlives its time limit.
+//!
+//! `--compare-sim` runs the same plan in the simulation too and prints both side by side.
+
+pub mod kernel;
+pub mod run;
+pub mod scenarios;
+pub mod world;
+
+use std::fmt::Write as _;
+use std::io::{BufRead as _, Read as _};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::profiles::Profile;
+use crate::report::ScenarioRecord;
+use crate::scenario::{LagStats, ScenarioConfig};
+use kernel::NoEndpoint;
+
+#[derive(Debug, clap::Args)]
+pub struct LabArgs {
+    /// A named scenario to run (repeat for several; default: all of `--list`).
+    #[arg(long = "scenario")]
+    pub scenarios: Vec<String>,
+    /// The operator's profile (repeat for several).
+    #[arg(long = "profile", default_value = "default")]
+    pub profiles: Vec<Profile>,
+    /// Also run each plan in the simulation and print the fidelity table.
+    #[arg(long)]
+    pub compare_sim: bool,
+    /// Only run the simulation's twin of each plan (no root, no real processes).
+    #[arg(long, conflicts_with = "compare_sim")]
+    pub sim_only: bool,
+    /// How long the world stays whole after the fault healed and the workload ended.
+    /// 20 s judges the default profile; the `unbounded` profile's 120 s hang needs 150 s.
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    pub quiet: Duration,
+    /// Lab scenarios run at once, each in its own namespace.
+    #[arg(long, default_value_t = 2)]
+    pub jobs: usize,
+    /// A lab scenario still running this long after the end of its plan is killed and
+    /// reported as failed.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub overrun: Duration,
+    /// What the Service does while it has no ready endpoint: `drop` SYNs (the seed's
+    /// hang) or `reject` them (kube-proxy's own rule).
+    #[arg(long, default_value = "drop", value_parser = parse_no_endpoint)]
+    pub no_endpoint: NoEndpoint,
+    /// Print one JSON line per scenario (the same record as `spur-sim run --json`).
+    #[arg(long)]
+    pub json: bool,
+    /// List the named scenarios and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Keep each scenario's directory (logs, state) under this path.
+    #[arg(long)]
+    pub keep: Option<PathBuf>,
+    /// Run exactly one scenario and profile here, inside a namespace of this process's
+    /// own, printing its record (what the parent runs in each child).
+    #[arg(long, hide = true)]
+    pub inside: bool,
+}
+
+fn parse_no_endpoint(s: &str) -> Result<NoEndpoint, String> {
+    match s {
+        "drop" => Ok(NoEndpoint::Drop),
+        "reject" => Ok(NoEndpoint::Reject),
+        _ => Err(format!("`{s}`: expected drop or reject")),
+    }
+}
+
+/// Where the real binaries are.
+fn binaries() -> anyhow::Result<(PathBuf, PathBuf)> {
+    let spurctld = crate::real_peer::binary().ok_or_else(|| {
+        anyhow::anyhow!(
+            "spurctld not found: set SPURCTLD, or put it at ../shared/peers/spurctld/spurctld"
+        )
+    })?;
+    let operator = match std::env::var_os("SPUR_OPERATOR_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => std::env::current_exe()?
+            .parent()
+            .map(|dir| dir.join("spur-operator"))
+            .unwrap_or_default(),
+    };
+    if !operator.is_file() {
+        anyhow::bail!(
+            "spur-operator not found at {} (cargo build -p spur-operator, or set SPUR_OPERATOR_BIN)",
+            operator.display()
+        );
+    }
+    Ok((spurctld, operator))
+}
+
+/// `spur-sim lab`: whether every scenario passed.
+pub fn main(args: LabArgs) -> anyhow::Result<bool> {
+    if args.list {
+        for name in scenarios::NAMES {
+            println!("{name:<28} {}", scenarios::describe(name));
+        }
+        return Ok(true);
+    }
+    let names: Vec<String> = if args.scenarios.is_empty() {
+        scenarios::NAMES.iter().map(|n| (*n).to_owned()).collect()
+    } else {
+        args.scenarios.clone()
+    };
+    for name in &names {
+        if scenarios::plan(name, args.quiet).is_none() {
+            anyhow::bail!("unknown scenario `{name}` (see `spur-sim lab --list`)");
+        }
+    }
+    if args.inside {
+        let [name] = names.as_slice() else {
+            anyhow::bail!("--inside runs exactly one --scenario");
+        };
+        let [profile] = args.profiles.as_slice() else {
+            anyhow::bail!("--inside runs exactly one --profile");
+        };
+        return inside(&args, name, *profile);
+    }
+    let runs: Vec<(String, Profile)> = names
+        .iter()
+        .flat_map(|n| args.profiles.iter().map(move |p| (n.clone(), *p)))
+        .collect();
+    let sim: Vec<Option<ScenarioRecord>> = if args.sim_only || args.compare_sim {
+        runs.iter()
+            .map(|(name, profile)| Some(simulate(name, *profile, args.quiet)))
+            .collect()
+    } else {
+        vec![None; runs.len()]
+    };
+    let lab: Vec<Option<ScenarioRecord>> = if args.sim_only {
+        vec![None; runs.len()]
+    } else {
+        if let Some(why) = kernel::missing_tools() {
+            anyhow::bail!("the lab cannot run here: {why}");
+        }
+        binaries()?;
+        run_children(&args, &runs)?.into_iter().map(Some).collect()
+    };
+    let mut passed = true;
+    for i in 0..runs.len() {
+        for record in [&lab[i], &sim[i]].into_iter().flatten() {
+            passed &= record.passed;
+            if args.json {
+                println!("{}", record.to_line());
+            }
+        }
+    }
+    let rows: Vec<Row> = runs
+        .iter()
+        .enumerate()
+        .map(|(i, (name, profile))| Row {
+            name: name.clone(),
+            profile: *profile,
+            lab: lab[i].clone(),
+            sim: sim[i].clone(),
+        })
+        .collect();
+    println!("{}", table(&rows));
+    if args.compare_sim {
+        println!("{}", fidelity(&rows));
+    }
+    Ok(passed)
+}
+
+/// The simulation's twin of a named scenario.
+fn simulate(name: &str, profile: Profile, quiet: Duration) -> ScenarioRecord {
+    let plan = scenarios::plan(name, quiet).expect("checked");
+    let config = ScenarioConfig::default();
+    let outcome = std::thread::Builder::new()
+        .name(format!("sim-{name}"))
+        .stack_size(32 << 20)
+        .spawn(move || crate::scenario::run_plan(&plan, profile, &config))
+        .expect("spawn a simulation thread")
+        .join()
+        .expect("the simulation's twin panicked");
+    let mut record = ScenarioRecord::from(&outcome);
+    record.replay = replay(name, profile, quiet, true);
+    record
+}
+
+fn replay(name: &str, profile: Profile, quiet: Duration, sim: bool) -> String {
+    format!(
+        "cargo run --release -p spur-sim -- lab --scenario {name} --profile {profile} --quiet {}s{}",
+        quiet.as_secs(),
+        if sim { " --sim-only" } else { "" }
+    )
+}
+
+/// Runs each (scenario, profile) in a child process of its own, `args.jobs` at a time,
+/// each killed once it overruns its plan's end by `args.overrun`.
+fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Vec<ScenarioRecord>> {
+    let exe = std::env::current_exe()?;
+    let mut results: Vec<Option<ScenarioRecord>> = vec![None; runs.len()];
+    let mut running: Vec<(usize, std::process::Child, Instant, Duration)> = Vec::new();
+    let mut next = 0;
+    while next < runs.len() || !running.is_empty() {
+        while running.len() < args.jobs.max(1) && next < runs.len() {
+            let (name, profile) = &runs[next];
+            let plan = scenarios::plan(name, args.quiet).expect("checked");
+            let mut command = Command::new(&exe);
+            command
+                .args(["lab", "--inside", "--scenario", name, "--profile"])
+                .arg(profile.name())
+                .arg("--quiet")
+                .arg(format!("{}s", args.quiet.as_secs()))
+                .arg("--no-endpoint")
+                .arg(match args.no_endpoint {
+                    NoEndpoint::Drop => "drop",
+                    NoEndpoint::Reject => "reject",
+                });
+            if let Some(keep) = &args.keep {
+                command.arg("--keep").arg(keep);
+            }
+            let child = command
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()?;
+            eprintln!("lab: {name} ({profile}) started");
+            // Building the world takes a few seconds before the plan's clock starts.
+            running.push((
+                next,
+                child,
+                Instant::now(),
+                plan.end + args.overrun + Duration::from_secs(20),
+            ));
+            next += 1;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let mut i = 0;
+        while i < running.len() {
+            let (index, child, started, limit) = &mut running[i];
+            let (name, profile) = &runs[*index];
+            let status = child.try_wait()?;
+            let overran = status.is_none() && started.elapsed() > *limit;
+            if status.is_none() && !overran {
+                i += 1;
+                continue;
+            }
+            if overran {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            let mut stdout = String::new();
+            let mut stderr = String::new();
+            if let Some(mut out) = child.stdout.take() {
+                let _ = out.read_to_string(&mut stdout);
+            }
+            if let Some(err) = child.stderr.take() {
+                for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                    let _ = writeln!(stderr, "{line}");
+                }
+            }
+            let record = stdout
+                .lines()
+                .rev()
+                .find_map(|l| serde_json::from_str::<ScenarioRecord>(l).ok());
+            let record = match record {
+                Some(record) => record,
+                None => failed_record(
+                    name,
+                    *profile,
+                    args.quiet,
+                    if overran {
+                        format!("killed after {limit:?}")
+                    } else {
+                        format!("the lab process exited ({status:?}) without a record")
+                    },
+                    &stderr,
+                ),
+            };
+            eprintln!(
+                "lab: {name} ({profile}) {} in {:.0}s",
+                if record.passed { "passed" } else { "FAILED" },
+                started.elapsed().as_secs_f64()
+            );
+            if !record.passed {
+                eprintln!(
+                    "{}",
+                    stderr
+                        .lines()
+                        .rev()
+                        .take(60)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+            }
+            results[*index] = Some(record);
+            running.remove(i);
+        }
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("every run ends"))
+        .collect())
+}
+
+fn failed_record(
+    name: &str,
+    profile: Profile,
+    quiet: Duration,
+    why: String,
+    stderr: &str,
+) -> ScenarioRecord {
+    let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+    let mut record = ScenarioRecord::from(&crate::scenario::Outcome {
+        seed: 0,
+        profile,
+        violations: vec![crate::scenario::Violation {
+            check: "lab",
+            object: name.to_owned(),
+            at: Duration::ZERO,
+            detail: format!("{why}: {}", tail.join(" | ")),
+        }],
+        trace_hash: "lab".into(),
+        sim_secs: 0.0,
+        wall_ms: 0,
+        faults: Vec::new(),
+        registration_lags: Vec::new(),
+        submission_lags: Vec::new(),
+        status_lags: Vec::new(),
+        failover_submission_lags: Vec::new(),
+        duplicates: 0,
+        rpcs: 0,
+        acting_writes: Default::default(),
+    });
+    record.replay = replay(name, profile, quiet, false);
+    record
+}
+
+/// In the child: a namespace of its own, then the scenario, then its record on stdout.
+fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> {
+    let (spurctld, operator) = binaries()?;
+    let plan = scenarios::plan(name, args.quiet).expect("checked");
+    // Before any thread: the namespace is the calling thread's and its children's.
+    kernel::enter_private_network()?;
+    let base = args.keep.clone().unwrap_or_else(std::env::temp_dir);
+    let dir = base.join(format!("spur-lab-{name}-{profile}-{}", std::process::id()));
+    let setup = world::LabSetup {
+        spurctld,
+        operator,
+        dir: dir.clone(),
+        operator_flags: profile.flags().iter().map(|f| (*f).to_owned()).collect(),
+        no_endpoint: args.no_endpoint,
+    };
+    // One thread: every pod is forked from it, so each pod's death signal (sent when the
+    // thread that forked it exits) fires exactly when the lab does.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let outcome = runtime.block_on(async {
+        let mut lab = world::Lab::new(setup, plan.nodes, &plan.operators).await?;
+        let outcome = run::run_plan(&mut lab, &plan, profile, &[]).await;
+        if outcome.as_ref().map_or(true, |o| !o.passed()) {
+            eprintln!("{}", lab.log_tails(30));
+        }
+        outcome
+    });
+    if args.keep.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let outcome = outcome?;
+    let mut record = ScenarioRecord::from(&outcome);
+    record.replay = replay(name, profile, args.quiet, false);
+    println!("{}", record.to_line());
+    Ok(outcome.passed())
+}
+
+struct Row {
+    name: String,
+    profile: Profile,
+    lab: Option<ScenarioRecord>,
+    sim: Option<ScenarioRecord>,
+}
+
+/// A metric of a record: the worst value of a lag, in milliseconds.
+type Metric = fn(&ScenarioRecord) -> Option<u64>;
+
+fn worst(lags: &[u64]) -> Option<u64> {
+    (!lags.is_empty()).then(|| LagStats::of(lags).max)
+}
+
+const METRICS: [(&str, Metric); 4] = [
+    ("registration max", |r| worst(&r.lags_ms.registration)),
+    ("submission max", |r| worst(&r.lags_ms.submission)),
+    ("after leader change max", |r| {
+        worst(&r.lags_ms.failover_submission)
+    }),
+    ("status max", |r| worst(&r.lags_ms.status)),
+];
+
+fn secs(ms: Option<u64>) -> String {
+    ms.map_or("-".into(), |ms| format!("{:.2}", ms as f64 / 1000.0))
+}
+
+fn calls_per_minute(r: &ScenarioRecord) -> String {
+    if r.sim_secs <= 0.0 {
+        return "-".into();
+    }
+    format!("{:.1}", r.metrics.rpcs as f64 * 60.0 / r.sim_secs)
+}
+
+/// One line per run and side: whether it passed and its lags.
+fn table(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| scenario | profile | where | passed | registration max s | submission max s | after leader change max s | status max s | duplicates | calls/min | violations |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        for (side, record) in [("lab", &row.lab), ("sim", &row.sim)] {
+            let Some(r) = record else { continue };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {side} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                row.name,
+                row.profile,
+                if r.passed { "yes" } else { "NO" },
+                secs(METRICS[0].1(r)),
+                secs(METRICS[1].1(r)),
+                secs(METRICS[2].1(r)),
+                secs(METRICS[3].1(r)),
+                r.metrics.duplicates,
+                calls_per_minute(r),
+                r.violations.join("; ")
+            );
+        }
+    }
+    out
+}
+
+/// Whether the model is faithful for a metric: the real value lies within 25 % or 0.5 s
+/// of the simulated one, whichever is larger (issue 17's tolerance).
+pub fn faithful(lab_ms: u64, sim_ms: u64) -> bool {
+    let tolerance = (sim_ms as f64 * 0.25).max(500.0);
+    (lab_ms as f64 - sim_ms as f64).abs() <= tolerance
+}
+
+/// Each metric measured on both sides, with the ratio and the difference.
+fn fidelity(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let (mut agree, mut total) = (0, 0);
+    let _ = writeln!(
+        out,
+        "| scenario | profile | metric | lab s | sim s | lab/sim | lab-sim s | faithful |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        let (Some(lab), Some(sim)) = (&row.lab, &row.sim) else {
+            continue;
+        };
+        for (metric, value) in METRICS {
+            let (l, s) = (value(lab), value(sim));
+            let verdict = match (l, s) {
+                (Some(l), Some(s)) => {
+                    total += 1;
+                    let ok = faithful(l, s);
+                    agree += usize::from(ok);
+                    if ok { "yes" } else { "NO" }
+                }
+                (None, None) => continue,
+                _ => {
+                    total += 1;
+                    "NO (one side has no sample)"
+                }
+            };
+            let ratio = match (l, s) {
+                (Some(l), Some(s)) if s > 0 => format!("{:.2}", l as f64 / s as f64),
+                _ => "-".into(),
+            };
+            let diff = match (l, s) {
+                (Some(l), Some(s)) => format!("{:+.2}", (l as f64 - s as f64) / 1000.0),
+                _ => "-".into(),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {metric} | {} | {} | {ratio} | {diff} | {verdict} |",
+                row.name,
+                row.profile,
+                secs(l),
+                secs(s)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nfaithful (within 25 % or 0.5 s): {agree} of {total} metrics"
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tolerance_is_a_quarter_or_half_a_second_whichever_is_larger() {
+        assert!(faithful(1400, 1000));
+        assert!(!faithful(1600, 1000));
+        assert!(faithful(12_400, 10_000));
+        assert!(!faithful(12_600, 10_000));
+        assert!(faithful(0, 500) && !faithful(0, 600));
+    }
+}

@@ -1,0 +1,317 @@
+//! Runs one plan in the lab: the same schedule as the simulation's `run_plan` (replicas
+//! start, SpurJobs come and go, the fault strikes and heals), judged by the same checks
+//! from the lab's ground truth.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::world::{API_IP, Lab, Stop};
+use crate::profiles::Profile;
+use crate::scenario::checks::{Deadlines, Monitor, Violation};
+use crate::scenario::plan::{Fault, LeaderChange, Plan, PlannedJob};
+use crate::scenario::{OPERATOR, OPERATOR_B, Outcome, REPLACE_AFTER, SAMPLE};
+
+/// What the lab does at a time of the plan.
+#[derive(Clone, Debug)]
+enum Event {
+    StartReplicas,
+    Create(PlannedJob),
+    Delete(String),
+    Fault(Fault),
+    ReplaceReplica(usize),
+    Thaw(usize),
+    Repair(Vec<(Ipv4Addr, Ipv4Addr)>),
+    ApiBack,
+    StartOperator(String),
+}
+
+/// How often the operators' call counters are read.
+const SCRAPE_EVERY: Duration = Duration::from_secs(2);
+
+/// Runs `plan` on `lab` (already built, nothing started) with `profile`'s operator.
+pub async fn run_plan(
+    lab: &mut Lab,
+    plan: &Plan,
+    profile: Profile,
+    operator_b_flags: &[String],
+) -> anyhow::Result<Outcome> {
+    let wall = Instant::now();
+    let mut events: BTreeMap<(Duration, u64), Event> = BTreeMap::new();
+    let mut order = 0;
+    let mut at = |events: &mut BTreeMap<(Duration, u64), Event>, when: Duration, event: Event| {
+        order += 1;
+        events.insert((when, order), event);
+    };
+    at(&mut events, plan.controllers_at, Event::StartReplicas);
+    for job in &plan.jobs {
+        at(&mut events, job.create_at, Event::Create(job.clone()));
+        if let Some(delete_at) = job.delete_at {
+            at(&mut events, delete_at, Event::Delete(job.name.clone()));
+        }
+    }
+    let mut faults = Vec::new();
+    for planned in &plan.faults {
+        faults.push(format!(
+            "{}@{:.1}s",
+            planned.fault.name(),
+            planned.at.as_secs_f64()
+        ));
+        at(&mut events, planned.at, Event::Fault(planned.fault.clone()));
+    }
+
+    lab.start_clock();
+    for name in &plan.operators {
+        let extra: &[String] = if *name == OPERATOR_B {
+            operator_b_flags
+        } else {
+            &[]
+        };
+        lab.start_operator(name, extra)?;
+    }
+    let mut monitor = Monitor::new(Deadlines::default(), &plan.operators);
+    let mut api_up = true;
+    let mut next_sample = SAMPLE;
+    let mut next_scrape = SCRAPE_EVERY;
+    while lab.now() < plan.end {
+        tokio::time::sleep(next_sample.saturating_sub(lab.now())).await;
+        next_sample += SAMPLE;
+        let now = lab.now();
+        while let Some(entry) = events.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let event = entry.remove();
+            for (when, follow_up) in carry_out(lab, event, now, &mut monitor, &mut api_up).await? {
+                at(&mut events, when, follow_up);
+            }
+        }
+        lab.tick().await?;
+        let seen = lab.observe().await;
+        monitor.observe(&seen, lab.now(), api_up);
+        if now >= next_scrape {
+            next_scrape += SCRAPE_EVERY;
+            lab.scrape_all_calls().await;
+        }
+    }
+    lab.scrape_all_calls().await;
+    let now = lab.now();
+    let duplicates = match lab.controller_jobs().await {
+        Some(mut jobs) => {
+            jobs.sort_by_key(|j| j.0);
+            let submitted: Vec<(u32, String)> = jobs
+                .into_iter()
+                .map(|(id, _, _, comment)| (id, comment))
+                .collect();
+            monitor.finish_with(&submitted, now)
+        }
+        None => {
+            monitor.violations.push(Violation {
+                check: "lab",
+                object: "controller".into(),
+                at: now,
+                detail: "no leader answered at the end: the duplicate check could not run".into(),
+            });
+            0
+        }
+    };
+    let violations = std::mem::take(&mut monitor.violations);
+    Ok(Outcome {
+        seed: plan.seed,
+        profile,
+        violations,
+        trace_hash: "lab".into(),
+        sim_secs: now.as_secs_f64(),
+        wall_ms: wall.elapsed().as_millis(),
+        faults,
+        registration_lags: monitor.lags.registration.clone(),
+        submission_lags: monitor.lags.submission.clone(),
+        status_lags: monitor.lags.status.clone(),
+        failover_submission_lags: monitor.lags.failover_submission.clone(),
+        duplicates,
+        rpcs: lab.controller_calls() as usize,
+        acting_writes: BTreeMap::new(),
+    })
+}
+
+/// The operator replica the Lease names, else `operator`: partitions of "the operator"
+/// cut the replica that acts, as in the simulation.
+fn acting_operator(lab: &Lab) -> String {
+    lab.api
+        .get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            Some("spur-system"),
+            "spur-operator",
+        )
+        .ok()
+        .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+        .filter(|h| lab.operator_ip(h).is_some())
+        .unwrap_or_else(|| OPERATOR.to_owned())
+}
+
+/// Carries out `event`; returns the events it schedules.
+async fn carry_out(
+    lab: &mut Lab,
+    event: Event,
+    now: Duration,
+    monitor: &mut Monitor,
+    api_up: &mut bool,
+) -> anyhow::Result<Vec<(Duration, Event)>> {
+    let mut later = Vec::new();
+    match event {
+        Event::StartReplicas => {
+            for slot in 0..lab.replica_count() {
+                lab.start_replica(slot)?;
+            }
+        }
+        Event::Create(job) => {
+            let spec = json!({
+                "image": "busybox",
+                "command": ["sh", "-c", "true"],
+                "env": {"SIM_RUN_SECONDS": job.run_secs.to_string(),
+                        "SIM_EXIT_CODE": job.exit_code.to_string()},
+            });
+            let _ = lab.api.create(json!({
+                "apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob",
+                "metadata": {"name": job.name, "namespace": "default"}, "spec": spec,
+            }));
+        }
+        Event::Delete(name) => {
+            let _ = lab
+                .api
+                .delete("spur.amd.com/v1alpha1", "SpurJob", Some("default"), &name);
+            monitor.deleted(&name, now);
+        }
+        Event::ReplaceReplica(slot) => lab.replace_replica(slot)?,
+        Event::Thaw(slot) => lab.freeze_replica(slot, false),
+        Event::Repair(pairs) => {
+            for (a, b) in pairs {
+                lab.partition(a, b, false)?;
+            }
+        }
+        Event::ApiBack => {
+            lab.api_outage(false);
+            *api_up = true;
+        }
+        Event::StartOperator(name) => lab.start_operator(&name, &[])?,
+        Event::Fault(fault) => later = strike(lab, fault, now, api_up).await?,
+    }
+    Ok(later)
+}
+
+async fn strike(
+    lab: &mut Lab,
+    fault: Fault,
+    now: Duration,
+    api_up: &mut bool,
+) -> anyhow::Result<Vec<(Duration, Event)>> {
+    let mut later = Vec::new();
+    let replicas = lab.replica_count();
+    let leader = lab.leader_slot();
+    match fault {
+        Fault::LeaderKillSilent | Fault::LeaderKillGraceful => {
+            if let Some(slot) = leader {
+                lab.kill_replica(slot, fault == Fault::LeaderKillSilent)?;
+                later.push((now + REPLACE_AFTER, Event::ReplaceReplica(slot)));
+            }
+        }
+        Fault::FollowerKill => {
+            if let Some(slot) = (0..replicas).find(|s| Some(*s) != leader) {
+                lab.kill_replica(slot, true)?;
+                later.push((now + REPLACE_AFTER, Event::ReplaceReplica(slot)));
+            }
+        }
+        Fault::LeaderFreeze { thaw_after } => {
+            if let Some(slot) = leader {
+                lab.freeze_replica(slot, true);
+                later.push((now + thaw_after, Event::Thaw(slot)));
+            }
+        }
+        Fault::LeaderCutOff { heal_after } => {
+            if let Some(slot) = leader {
+                let cut = lab.replica_ip(slot);
+                let pairs: Vec<_> = (0..replicas)
+                    .filter(|s| *s != slot)
+                    .map(|s| (cut, lab.replica_ip(s)))
+                    .collect();
+                for (a, b) in &pairs {
+                    lab.partition(*a, *b, true)?;
+                }
+                later.push((now + heal_after, Event::Repair(pairs)));
+            }
+        }
+        Fault::PartitionReplica { slot, heal_after } => {
+            let cut = lab.replica_ip(slot);
+            let pairs: Vec<_> = (0..replicas)
+                .filter(|s| *s != slot)
+                .map(|s| (cut, lab.replica_ip(s)))
+                .collect();
+            for (a, b) in &pairs {
+                lab.partition(*a, *b, true)?;
+            }
+            later.push((now + heal_after, Event::Repair(pairs)));
+        }
+        Fault::PartitionOperatorReplica { slot, heal_after } => {
+            let operator = lab.operator_ip(&acting_operator(lab)).expect("an operator");
+            let pair = (operator, lab.replica_ip(slot));
+            lab.partition(pair.0, pair.1, true)?;
+            later.push((now + heal_after, Event::Repair(vec![pair])));
+        }
+        Fault::PartitionOperatorService { heal_after } => {
+            let operator = lab.operator_ip(&acting_operator(lab)).expect("an operator");
+            let pairs: Vec<_> = (0..replicas)
+                .map(|s| (operator, lab.replica_ip(s)))
+                .collect();
+            for (a, b) in &pairs {
+                lab.partition(*a, *b, true)?;
+            }
+            later.push((now + heal_after, Event::Repair(pairs)));
+        }
+        Fault::ApiOutage { duration } => {
+            lab.api_outage(true);
+            *api_up = false;
+            later.push((now + duration, Event::ApiBack));
+        }
+        Fault::OperatorRestart => {
+            lab.stop_operator(OPERATOR, Stop::Kill).await?;
+            lab.start_operator(OPERATOR, &[])?;
+        }
+        Fault::OperatorLeaderChange { how, down_for } => {
+            let leader = acting_operator(lab);
+            match how {
+                LeaderChange::Isolate => {
+                    let pair = (lab.operator_ip(&leader).expect("an operator"), API_IP);
+                    lab.partition(pair.0, pair.1, true)?;
+                    later.push((now + down_for, Event::Repair(vec![pair])));
+                }
+                LeaderChange::Sigterm | LeaderChange::Crash => {
+                    let stop = if how == LeaderChange::Sigterm {
+                        Stop::Term
+                    } else {
+                        Stop::Kill
+                    };
+                    lab.stop_operator(&leader, stop).await?;
+                    later.push((now + down_for, Event::StartOperator(leader)));
+                }
+            }
+        }
+        Fault::WatchCut => lab
+            .api
+            .faults()
+            .cut_watches(crate::kube_api::CutKind::Abort),
+        Fault::StatusConflict { writes } => lab.api.faults().conflict_next_status_writes(writes),
+        Fault::NodeNotReadyFlap { .. }
+        | Fault::NodeResourcesChanged { .. }
+        | Fault::NodeDeleted { .. }
+        | Fault::ReplyLost { .. } => {
+            anyhow::bail!(
+                "the lab has no named scenario with {} (a seed's fault; run it with `spur-sim run`)",
+                fault.name()
+            )
+        }
+    }
+    Ok(later)
+}

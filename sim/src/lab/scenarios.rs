@@ -1,0 +1,186 @@
+//! The lab's named scenarios: the seed's faults, one each, as plans the lab runs on real
+//! processes and the simulation runs as their twin (`spur-sim lab --compare-sim`).
+//!
+//! Each is short (about a minute of real time) so CI can run all of them: a small
+//! workload around one fault struck once the cluster has settled.
+
+use std::time::Duration;
+
+use crate::scenario::plan::{Fault, LeaderChange, Plan, PlannedFault, PlannedJob};
+use crate::scenario::{OPERATOR, OPERATOR_B};
+
+/// When the fault strikes (the operator starts at 0 and the replicas with it, except in
+/// `late-controller`): after a fresh cluster's two first elections and the first jobs.
+const FAULT_AT: Duration = Duration::from_secs(25);
+/// Labelled nodes.
+const NODES: usize = 4;
+
+/// Every named scenario, in the order the lab runs them.
+pub const NAMES: [&str; 13] = [
+    "late-controller",
+    "leader-kill-silent",
+    "leader-kill-graceful",
+    "leader-freeze",
+    "follower-kill",
+    "partition-operator-replica",
+    "leader-cut-off",
+    "partition-operator-service",
+    "api-outage",
+    "operator-restart",
+    "operator-leader-crash",
+    "operator-leader-sigterm",
+    "operator-leader-isolated",
+];
+
+/// What a named scenario is about, for `--list` and the tables.
+pub fn describe(name: &str) -> &'static str {
+    match name {
+        "late-controller" => {
+            "the operator starts 14 s before the replicas; the Service drops SYNs meanwhile"
+        }
+        "leader-kill-silent" => "the leader's address is black-holed, then its process killed",
+        "leader-kill-graceful" => "the leader's process is killed (connections reset)",
+        "leader-freeze" => "the leader is frozen (SIGSTOP) for 20 s and stays in the Service",
+        "follower-kill" => "a follower is black-holed and killed, replaced 10 s later",
+        "partition-operator-replica" => "the operator is cut off from replica 0 for 20 s",
+        "leader-cut-off" => "the leader is cut off from the other replicas for 20 s",
+        "partition-operator-service" => "the operator is cut off from every replica for 15 s",
+        "api-outage" => "the API server answers 503 for 15 s",
+        "operator-restart" => "the operator's process is killed and started again",
+        "operator-leader-crash" => "two operators; the lease holder crashes for 30 s",
+        "operator-leader-sigterm" => "two operators; the lease holder gets SIGTERM, back in 30 s",
+        "operator-leader-isolated" => {
+            "two operators; the lease holder is cut off from the API server for 30 s"
+        }
+        _ => "",
+    }
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+fn job(name: &str, create_at: Duration, run_secs: u64, exit_code: i32) -> PlannedJob {
+    PlannedJob {
+        name: name.to_owned(),
+        create_at,
+        run_secs,
+        exit_code,
+        delete_at: None,
+    }
+}
+
+/// The named scenario's plan, or `None` for an unknown name. `quiet` is how long the world
+/// stays whole after the fault healed and the workload ended.
+pub fn plan(name: &str, quiet: Duration) -> Option<Plan> {
+    let mut controllers_at = Duration::ZERO;
+    let mut operators = vec![OPERATOR];
+    let fault = match name {
+        "late-controller" => {
+            controllers_at = secs(14);
+            None
+        }
+        "leader-kill-silent" => Some(Fault::LeaderKillSilent),
+        "leader-kill-graceful" => Some(Fault::LeaderKillGraceful),
+        "leader-freeze" => Some(Fault::LeaderFreeze {
+            thaw_after: secs(20),
+        }),
+        "follower-kill" => Some(Fault::FollowerKill),
+        "partition-operator-replica" => Some(Fault::PartitionOperatorReplica {
+            slot: 0,
+            heal_after: secs(20),
+        }),
+        "leader-cut-off" => Some(Fault::LeaderCutOff {
+            heal_after: secs(20),
+        }),
+        "partition-operator-service" => Some(Fault::PartitionOperatorService {
+            heal_after: secs(15),
+        }),
+        "api-outage" => Some(Fault::ApiOutage { duration: secs(15) }),
+        "operator-restart" => Some(Fault::OperatorRestart),
+        "operator-leader-crash" | "operator-leader-sigterm" | "operator-leader-isolated" => {
+            operators.push(OPERATOR_B);
+            let how = match name {
+                "operator-leader-crash" => LeaderChange::Crash,
+                "operator-leader-sigterm" => LeaderChange::Sigterm,
+                _ => LeaderChange::Isolate,
+            };
+            Some(Fault::OperatorLeaderChange {
+                how,
+                down_for: secs(30),
+            })
+        }
+        _ => return None,
+    };
+    let start = controllers_at;
+    let mut jobs = vec![
+        job("job-000", secs(2), 5, 0),
+        job("job-001", start + secs(8), 6, 1),
+        job("job-002", start + secs(15), 8, 0),
+        job("job-003", start + secs(22), 40, 0),
+        job("job-004", start + secs(32), 5, 0),
+        job("job-005", start + secs(40), 6, 0),
+    ];
+    // One SpurJob is deleted while it runs.
+    jobs[3].delete_at = Some(start + secs(50));
+    let mut faults = Vec::new();
+    if let Some(fault) = fault {
+        if fault.ends_the_leader() {
+            // Created while the replicas elect another leader: a sample of the submission
+            // lag after a leader change.
+            jobs.push(job("election-0", FAULT_AT + secs(1), 5, 0));
+        }
+        faults.push(PlannedFault {
+            at: FAULT_AT,
+            fault,
+        });
+    }
+    jobs.sort_by_key(|j| j.create_at);
+    let healed = faults
+        .iter()
+        .map(|f| f.at + f.fault.heals_after())
+        .max()
+        .unwrap_or(controllers_at);
+    let workload_done = jobs
+        .iter()
+        .map(|j| j.delete_at.unwrap_or(j.create_at + secs(j.run_secs)))
+        .max()
+        .unwrap_or_default();
+    Some(Plan {
+        // Named plans are not drawn from a seed; the simulation's twin still needs one
+        // for its own randomness (latencies, elections).
+        seed: 1,
+        nodes: NODES,
+        controllers_at,
+        operators,
+        jobs,
+        faults,
+        end: healed.max(workload_done) + quiet,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_named_scenario_has_a_plan_and_a_description() {
+        for name in NAMES {
+            let plan = plan(name, secs(20)).unwrap_or_else(|| panic!("{name}"));
+            assert!(!describe(name).is_empty(), "{name}");
+            assert!(
+                plan.end >= plan.controllers_at + secs(60),
+                "{name}: {:?}",
+                plan.end
+            );
+            assert!(plan.jobs.is_sorted_by_key(|j| j.create_at));
+            let leader_fault = plan.faults.iter().any(|f| f.fault.ends_the_leader());
+            assert_eq!(
+                leader_fault,
+                plan.jobs.iter().any(|j| j.name == "election-0"),
+                "{name}"
+            );
+        }
+        assert!(plan("no-such", secs(20)).is_none());
+    }
+}

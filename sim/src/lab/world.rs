@@ -1,0 +1,745 @@
+//! The lab's world: real spurctld replicas and real `spur-operator` processes, each a pod
+//! with its own address, user and hostname inside the lab's network namespace; the
+//! simulated API server over real TCP with a kubelet stand-in on the real clock; a
+//! ClusterIP Service made by nftables with endpoints managed as Kubernetes would; and the
+//! faults, made by the kernel (nftables drops) and by signals.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kube::CustomResourceExt;
+use serde_json::json;
+use spur_operator::jobs::SpurJob;
+use spur_operator::jobs::status::state_name;
+use spur_proto as pb;
+use spur_proto::SlurmControllerClient;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+use super::kernel::{Firewall, NoEndpoint, Pod};
+use crate::controller::Clock;
+use crate::index::ObjectIndex;
+use crate::kube_api::cli::write_kubeconfig;
+use crate::kube_api::{ApiServer, ApiServerConfig, OutageMode};
+use crate::kubelet::{self, KubeletConfig};
+use crate::real_peer::{CLIENT_PORT, RAFT_PORT};
+use crate::scenario::checks::{ControllerView, Observation};
+
+/// The Service's ClusterIP.
+pub const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 2, 1);
+/// The API server's address.
+pub const API_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 4, 1);
+const API_PORT: u16 = 6443;
+/// A killed pod leaves the Service's endpoints this long after it died, and a started one
+/// joins this long after it listens: the simulation's `endpoint_propagation`.
+const ENDPOINT_PROPAGATION: Duration = Duration::from_secs(1);
+/// How long the lab waits for one ground-truth read of a replica.
+const READ_BOUND: Duration = Duration::from_secs(1);
+
+/// What the lab runs.
+#[derive(Clone, Debug)]
+pub struct LabSetup {
+    pub spurctld: PathBuf,
+    pub operator: PathBuf,
+    /// Where the pods' files go (removed when the lab ends unless kept).
+    pub dir: PathBuf,
+    /// Flags for every operator replica (the profile's).
+    pub operator_flags: Vec<String>,
+    /// What the Service does while it has no ready endpoint.
+    pub no_endpoint: NoEndpoint,
+}
+
+struct Replica {
+    pod: Pod,
+    child: Option<Child>,
+    frozen: bool,
+    /// Whether the Service lists it (as the endpoints controller last published).
+    in_service: bool,
+    /// How far its log has been read for Raft votes.
+    log_read: u64,
+}
+
+struct OperatorPod {
+    name: String,
+    pod: Pod,
+    child: Option<Child>,
+    /// Controller calls counted by processes of this pod that have exited.
+    calls_banked: u64,
+    /// The running process's count as last scraped.
+    calls_seen: u64,
+}
+
+/// One lab run. Every process it started is killed when it is dropped (and, should the
+/// lab itself die, by each pod's death signal).
+pub struct Lab {
+    setup: LabSetup,
+    started: Instant,
+    replicas: Vec<Replica>,
+    operators: Vec<OperatorPod>,
+    firewall: Firewall,
+    pub api: ApiServer,
+    pub index: ObjectIndex,
+    /// Endpoint changes not yet published: (when, slot, ready).
+    endpoint_changes: Vec<(Duration, usize, bool)>,
+    /// The highest committed Raft vote any replica logged: (term, node id).
+    vote: Option<(u64, usize)>,
+    clients: Vec<Option<SlurmControllerClient<Channel>>>,
+    kubeconfig: PathBuf,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// How a replica or operator process is stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    Kill,
+    Term,
+}
+
+impl Lab {
+    /// The API server with its CRD, namespaces and `nodes` labelled nodes, the kubelet
+    /// stand-in, and an empty Service; no replica and no operator yet.
+    pub async fn new(setup: LabSetup, nodes: usize, operators: &[&str]) -> anyhow::Result<Lab> {
+        let _ = std::fs::remove_dir_all(&setup.dir);
+        std::fs::create_dir_all(&setup.dir)?;
+        let api = ApiServer::new(ApiServerConfig {
+            clock: Some(crate::kube_api::clock::Clock::from_fn(
+                k8s_openapi::jiff::Timestamp::now,
+            )),
+            ..ApiServerConfig::default()
+        });
+        api.create(serde_json::to_value(SpurJob::crd())?)
+            .map_err(|e| anyhow::anyhow!("the SpurJob CRD: {e:?}"))?;
+        for namespace in ["spur-system", "default"] {
+            let _ = api.create(json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": namespace}}));
+        }
+        let index = ObjectIndex::attach(&api);
+        api.seed_nodes(nodes)
+            .map_err(|e| anyhow::anyhow!("nodes: {e:?}"))?;
+        let listener = tokio::net::TcpListener::bind(SocketAddr::new(API_IP.into(), API_PORT))
+            .await
+            .map_err(|e| anyhow::anyhow!("bind the API server on {API_IP}:{API_PORT}: {e}"))?;
+        let served = api.clone();
+        let mut tasks = vec![tokio::spawn(async move {
+            let _ = served.serve(listener).await;
+        })];
+        tasks.push(tokio::spawn(kubelet::run_with_clock(
+            api.clone(),
+            index.clone(),
+            KubeletConfig {
+                period: Duration::from_millis(100),
+                default_run_time: Duration::from_secs(2),
+            },
+            Clock::real(),
+        )));
+        let kubeconfig = setup.dir.join("kubeconfig");
+        write_kubeconfig(&kubeconfig, &format!("http://{API_IP}:{API_PORT}"))?;
+        let replicas = (0..3)
+            .map(|slot| Replica {
+                pod: Pod {
+                    name: format!("spurctld-{slot}"),
+                    ip: Ipv4Addr::new(127, 0, 1, slot as u8 + 1),
+                    uid: 20001 + slot as u32,
+                },
+                child: None,
+                frozen: false,
+                in_service: false,
+                log_read: 0,
+            })
+            .collect::<Vec<_>>();
+        let operators = operators
+            .iter()
+            .enumerate()
+            .map(|(i, name)| OperatorPod {
+                name: (*name).to_owned(),
+                pod: Pod {
+                    name: (*name).to_owned(),
+                    ip: Ipv4Addr::new(127, 0, 3, i as u8 + 1),
+                    uid: 20011 + i as u32,
+                },
+                child: None,
+                calls_banked: 0,
+                calls_seen: 0,
+            })
+            .collect::<Vec<_>>();
+        let pods = replicas
+            .iter()
+            .map(|r| r.pod.clone())
+            .chain(operators.iter().map(|o| o.pod.clone()))
+            .collect();
+        let firewall = Firewall {
+            pods,
+            service: (SERVICE_IP, CLIENT_PORT),
+            endpoints: Vec::new(),
+            no_endpoint: setup.no_endpoint,
+            black_holed: Vec::new(),
+            partitions: Vec::new(),
+        };
+        firewall.apply()?;
+        Ok(Lab {
+            setup,
+            started: Instant::now(),
+            replicas,
+            operators,
+            firewall,
+            api,
+            index,
+            endpoint_changes: Vec::new(),
+            vote: None,
+            clients: vec![None, None, None],
+            kubeconfig,
+            tasks,
+        })
+    }
+
+    /// Time since the lab started: the plan's clock.
+    pub fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Restarts the plan's clock (once the world is built).
+    pub fn start_clock(&mut self) {
+        self.started = Instant::now();
+    }
+
+    pub fn replica_count(&self) -> usize {
+        self.replicas.len()
+    }
+
+    pub fn replica_ip(&self, slot: usize) -> Ipv4Addr {
+        self.replicas[slot].pod.ip
+    }
+
+    pub fn operator_ip(&self, name: &str) -> Option<Ipv4Addr> {
+        self.operators
+            .iter()
+            .find(|o| o.name == name)
+            .map(|o| o.pod.ip)
+    }
+
+    fn replica_file(&self, slot: usize, what: &str) -> PathBuf {
+        self.setup.dir.join(format!("spurctld-{slot}.{what}"))
+    }
+
+    /// Starts replica `slot` on its state directory (a first start, or the replacement
+    /// pod of a StatefulSet: same name, same address, same state).
+    pub fn start_replica(&mut self, slot: usize) -> anyhow::Result<()> {
+        let pod = self.replicas[slot].pod.clone();
+        let state = self.replica_file(slot, "state");
+        std::fs::create_dir_all(&state)?;
+        std::os::unix::fs::chown(&state, Some(pod.uid), Some(pod.uid))?;
+        let mut text = String::from("cluster_name = \"lab\"\n[controller]\n");
+        let _ = writeln!(text, "listen_addr = \"{}:{CLIENT_PORT}\"", pod.ip);
+        let _ = writeln!(text, "state_dir = \"{}\"", state.display());
+        let peers: Vec<String> = self
+            .replicas
+            .iter()
+            .map(|r| format!("\"{}:{RAFT_PORT}\"", r.pod.ip))
+            .collect();
+        let _ = writeln!(text, "peers = [{}]", peers.join(", "));
+        let _ = writeln!(text, "node_id = {}", slot + 1);
+        let _ = writeln!(text, "raft_listen_addr = \"{}:{RAFT_PORT}\"", pod.ip);
+        text.push_str("[[partitions]]\nname = \"default\"\ndefault = true\n");
+        let config = self.replica_file(slot, "conf");
+        std::fs::write(&config, text)?;
+        let log = open_log(&self.replica_file(slot, "log"))?;
+        let mut command = Command::new(&self.setup.spurctld);
+        command
+            .arg("-D")
+            .arg("-f")
+            .arg(&config)
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--listen")
+            .arg(format!("{}:{CLIENT_PORT}", pod.ip))
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", "info")
+            .current_dir(&self.setup.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = pod.command(command).spawn()?;
+        let replica = &mut self.replicas[slot];
+        replica.child = Some(child);
+        replica.frozen = false;
+        self.clients[slot] = None;
+        Ok(())
+    }
+
+    /// Kills replica `slot`: with `silent`, its address is black-holed first (a pod whose
+    /// packets vanish); it leaves the Service after the propagation delay.
+    pub fn kill_replica(&mut self, slot: usize, silent: bool) -> anyhow::Result<()> {
+        if silent {
+            self.firewall.black_holed.push(self.replicas[slot].pod.ip);
+            self.firewall.apply()?;
+        }
+        let now = self.now();
+        let replica = &mut self.replicas[slot];
+        if let Some(mut child) = replica.child.take() {
+            if replica.frozen {
+                signal(child.id(), libc::SIGCONT);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        replica.frozen = false;
+        self.endpoint_changes
+            .push((now + ENDPOINT_PROPAGATION, slot, false));
+        Ok(())
+    }
+
+    /// The replacement pod of a killed replica: its address answers again and it starts
+    /// on its state directory.
+    pub fn replace_replica(&mut self, slot: usize) -> anyhow::Result<()> {
+        let ip = self.replicas[slot].pod.ip;
+        self.firewall.black_holed.retain(|b| *b != ip);
+        self.firewall.apply()?;
+        self.start_replica(slot)
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT replica `slot`. A frozen replica stays in the Service:
+    /// its kernel still completes the handshakes of a tcpSocket probe.
+    pub fn freeze_replica(&mut self, slot: usize, frozen: bool) {
+        let replica = &mut self.replicas[slot];
+        if let Some(child) = &replica.child {
+            signal(
+                child.id(),
+                if frozen { libc::SIGSTOP } else { libc::SIGCONT },
+            );
+            replica.frozen = frozen;
+        }
+    }
+
+    /// Cuts `a` off from `b` (`cut`), or heals that.
+    pub fn partition(&mut self, a: Ipv4Addr, b: Ipv4Addr, cut: bool) -> anyhow::Result<()> {
+        self.firewall
+            .partitions
+            .retain(|p| *p != (a, b) && *p != (b, a));
+        if cut {
+            self.firewall.partitions.push((a, b));
+        }
+        self.firewall.apply()?;
+        Ok(())
+    }
+
+    /// Starts operator replica `name`.
+    pub fn start_operator(&mut self, name: &str, extra: &[String]) -> anyhow::Result<()> {
+        let i = self.operator_index(name)?;
+        let pod = self.operators[i].pod.clone();
+        let log = open_log(&self.setup.dir.join(format!("{name}.log")))?;
+        let mut command = Command::new(&self.setup.operator);
+        command
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--controller-addr")
+            .arg(format!("http://{SERVICE_IP}:{CLIENT_PORT}"))
+            .arg("--agent-listen")
+            .arg(format!("{}:{}", pod.ip, spur_proto::AGENT_PORT))
+            .arg("--agent-address")
+            .arg(pod.ip.to_string())
+            .arg("--health-listen")
+            .arg(format!("{}:8080", pod.ip))
+            .arg("--identity")
+            .arg(name)
+            .arg("--namespace")
+            .arg("spur-system")
+            .args(&self.setup.operator_flags)
+            .args(extra)
+            .env("RUST_LOG", "info,spur_operator=debug")
+            .env("NO_COLOR", "1")
+            .current_dir(&self.setup.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = pod.command(command).spawn()?;
+        let operator = &mut self.operators[i];
+        operator.child = Some(child);
+        Ok(())
+    }
+
+    /// Stops operator replica `name` (SIGKILL, or SIGTERM and waits for it to exit).
+    pub async fn stop_operator(&mut self, name: &str, how: Stop) -> anyhow::Result<()> {
+        let i = self.operator_index(name)?;
+        self.scrape_calls(i).await;
+        let operator = &mut self.operators[i];
+        if let Some(mut child) = operator.child.take() {
+            match how {
+                Stop::Kill => {
+                    let _ = child.kill();
+                }
+                Stop::Term => {
+                    signal(child.id(), libc::SIGTERM);
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while child.try_wait()?.is_none() && Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    let _ = child.kill();
+                }
+            }
+            let _ = child.wait();
+        }
+        operator.calls_banked += std::mem::take(&mut operator.calls_seen);
+        Ok(())
+    }
+
+    fn operator_index(&self, name: &str) -> anyhow::Result<usize> {
+        self.operators
+            .iter()
+            .position(|o| o.name == name)
+            .ok_or_else(|| anyhow::anyhow!("no operator replica named {name}"))
+    }
+
+    /// Starts or ends an API server outage (503s, watches cut), as the simulation's.
+    pub fn api_outage(&self, on: bool) {
+        if on {
+            self.api.faults().start_outage(OutageMode::Unavailable);
+        } else {
+            self.api.faults().end_outage();
+        }
+    }
+
+    /// The endpoints controller and the Raft log reader: call often (every sample).
+    pub async fn tick(&mut self) -> anyhow::Result<()> {
+        let now = self.now();
+        // A replica joins the Service once it accepts connections (a tcpSocket probe).
+        for slot in 0..self.replicas.len() {
+            let replica = &self.replicas[slot];
+            let pending = self.endpoint_changes.iter().any(|(_, s, _)| *s == slot);
+            if replica.child.is_none() || replica.in_service || pending {
+                continue;
+            }
+            let addr = SocketAddr::new(replica.pod.ip.into(), CLIENT_PORT);
+            let probe = tokio::time::timeout(
+                Duration::from_millis(200),
+                tokio::net::TcpStream::connect(addr),
+            );
+            if matches!(probe.await, Ok(Ok(_))) {
+                self.endpoint_changes
+                    .push((now + ENDPOINT_PROPAGATION, slot, true));
+            }
+        }
+        let due: Vec<(Duration, usize, bool)> = self
+            .endpoint_changes
+            .iter()
+            .copied()
+            .filter(|(at, _, _)| *at <= now)
+            .collect();
+        if !due.is_empty() {
+            self.endpoint_changes.retain(|(at, _, _)| *at > now);
+            for (_, slot, ready) in due {
+                // A pod killed before it joined must not join late.
+                self.replicas[slot].in_service = ready && self.replicas[slot].child.is_some();
+            }
+            self.firewall.endpoints = self
+                .replicas
+                .iter()
+                .filter(|r| r.in_service)
+                .map(|r| r.pod.ip)
+                .collect();
+            self.firewall.apply()?;
+        }
+        self.read_votes();
+        Ok(())
+    }
+
+    /// Reads the replicas' new log lines for openraft's committed votes (`vote is changing
+    /// from … to T<term>-N<node>:committed`): the highest names the latest leader.
+    fn read_votes(&mut self) {
+        for slot in 0..self.replicas.len() {
+            let path = self.replica_file(slot, "log");
+            let Ok(text) = std::fs::read(&path) else {
+                continue;
+            };
+            let from = self.replicas[slot].log_read as usize;
+            if text.len() <= from {
+                continue;
+            }
+            // Only whole lines: a line being written is read next time.
+            let Some(end) = text[from..].iter().rposition(|b| *b == b'\n') else {
+                continue;
+            };
+            let chunk = String::from_utf8_lossy(&text[from..from + end]);
+            for line in chunk.lines() {
+                if let Some(vote) = committed_vote(line) {
+                    self.vote = self.vote.max(Some(vote));
+                }
+            }
+            self.replicas[slot].log_read = (from + end + 1) as u64;
+        }
+    }
+
+    /// The leader with a quorum, as ground truth: the node of the highest committed vote,
+    /// while its process runs unfrozen and reaches a majority.
+    pub fn leader_slot(&self) -> Option<usize> {
+        let (_, node) = self.vote?;
+        let slot = node.checked_sub(1)?;
+        let up = |s: usize| {
+            let r = &self.replicas[s];
+            r.child.is_some() && !r.frozen && !self.firewall.black_holed.contains(&r.pod.ip)
+        };
+        if slot >= self.replicas.len() || !up(slot) {
+            return None;
+        }
+        let reach = (0..self.replicas.len())
+            .filter(|s| {
+                *s == slot
+                    || (up(*s)
+                        && !self
+                            .firewall
+                            .cut(self.replicas[slot].pod.ip, self.replicas[*s].pod.ip))
+            })
+            .count();
+        (reach * 2 > self.replicas.len()).then_some(slot)
+    }
+
+    async fn client(&mut self, slot: usize) -> Option<SlurmControllerClient<Channel>> {
+        if let Some(client) = &self.clients[slot] {
+            return Some(client.clone());
+        }
+        let uri = format!("http://{}:{CLIENT_PORT}", self.replicas[slot].pod.ip);
+        let channel = Endpoint::from_shared(uri)
+            .ok()?
+            .connect_timeout(READ_BOUND)
+            .timeout(READ_BOUND)
+            .connect()
+            .await
+            .ok()?;
+        let client = SlurmControllerClient::new(channel);
+        self.clients[slot] = Some(client.clone());
+        Some(client)
+    }
+
+    /// Every job the leader knows: (id, state, exit code, comment). `None` when no leader
+    /// answered within the bound.
+    pub async fn controller_jobs(&mut self) -> Option<Vec<(u32, &'static str, i32, String)>> {
+        let slot = self.leader_slot()?;
+        let mut client = self.client(slot).await?;
+        let jobs = match client.get_jobs(pb::GetJobsRequest::default()).await {
+            Ok(reply) => reply.into_inner().jobs,
+            Err(_) => {
+                self.clients[slot] = None;
+                return None;
+            }
+        };
+        Some(
+            jobs.into_iter()
+                .map(|j| {
+                    let state = pb::JobState::try_from(j.state).unwrap_or(pb::JobState::JobPending);
+                    (j.job_id, state_name(state), j.exit_code, j.comment)
+                })
+                .collect(),
+        )
+    }
+
+    async fn controller_nodes(&mut self, slot: usize) -> Option<BTreeSet<String>> {
+        let mut client = self.client(slot).await?;
+        match client.get_nodes(pb::GetNodesRequest::default()).await {
+            Ok(reply) => Some(
+                reply
+                    .into_inner()
+                    .nodes
+                    .into_iter()
+                    .map(|n| n.name)
+                    .collect(),
+            ),
+            Err(_) => {
+                self.clients[slot] = None;
+                None
+            }
+        }
+    }
+
+    fn operator_running(&self, name: &str) -> bool {
+        self.operators
+            .iter()
+            .any(|o| o.name == name && o.child.is_some())
+    }
+
+    /// One sample of ground truth, for the simulation's checks.
+    pub async fn observe(&mut self) -> Observation {
+        let holder = self
+            .api
+            .get(
+                "coordination.k8s.io/v1",
+                "Lease",
+                Some("spur-system"),
+                "spur-operator",
+            )
+            .ok()
+            .and_then(|lease| lease["spec"]["holderIdentity"].as_str().map(str::to_owned))
+            .filter(|h| self.operators.iter().any(|o| o.name == *h));
+        let acting_operator = holder.clone().filter(|h| {
+            self.operator_running(h)
+                && self
+                    .operator_ip(h)
+                    .is_some_and(|ip| !self.firewall.cut(ip, API_IP))
+        });
+        let endpoint_reachable = acting_operator.as_ref().is_some_and(|op| {
+            let ip = self.operator_ip(op).expect("an operator");
+            self.firewall
+                .endpoints
+                .iter()
+                .any(|e| !self.firewall.cut(ip, *e))
+        });
+        let leader_slot = self.leader_slot();
+        let mut controller = None;
+        if let Some(slot) = leader_slot
+            && let Some(registered) = self.controller_nodes(slot).await
+            && let Some(jobs) = self.controller_jobs().await
+        {
+            controller = Some(ControllerView {
+                // spurctld does not tell which agent address a node has: after a takeover
+                // a node counts as registered as soon as it is known at all.
+                registered,
+                jobs: jobs
+                    .into_iter()
+                    .map(|(id, state, exit, _)| (id, (state, exit)))
+                    .collect(),
+            });
+        }
+        let index = self.index.lock();
+        Observation {
+            holder,
+            acting_operator,
+            endpoint_reachable,
+            leader: leader_slot.map(|s| self.replicas[s].pod.name.clone()),
+            controller,
+            spurjobs: index
+                .spurjobs
+                .iter()
+                .map(|(k, v)| (k.rsplit('/').next().unwrap_or(k).to_owned(), v.clone()))
+                .collect(),
+            pod_job_ids: index.pods.values().filter_map(|p| p.job_id).collect(),
+            managed_nodes: index.managed_nodes.keys().cloned().collect(),
+        }
+    }
+
+    /// Scrapes operator `i`'s controller call count (`spur_operator_controller_rpcs_total`).
+    async fn scrape_calls(&mut self, i: usize) {
+        if self.operators[i].child.is_none() {
+            return;
+        }
+        let addr = SocketAddr::new(self.operators[i].pod.ip.into(), 8080);
+        if let Ok(Ok(text)) = tokio::time::timeout(READ_BOUND, http_get(addr, "/metrics")).await {
+            let calls = text
+                .lines()
+                .filter(|l| l.starts_with("spur_operator_controller_rpcs_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>() as u64;
+            self.operators[i].calls_seen = calls;
+        }
+    }
+
+    /// Scrapes every running operator's call count.
+    pub async fn scrape_all_calls(&mut self) {
+        for i in 0..self.operators.len() {
+            self.scrape_calls(i).await;
+        }
+    }
+
+    /// Controller calls made by every operator process so far.
+    pub fn controller_calls(&self) -> u64 {
+        self.operators
+            .iter()
+            .map(|o| o.calls_banked + o.calls_seen)
+            .sum()
+    }
+
+    /// The tail of every process's log, for a failure's report.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut all = String::new();
+        let mut names: Vec<String> = self.operators.iter().map(|o| o.name.clone()).collect();
+        names.extend((0..self.replicas.len()).map(|s| format!("spurctld-{s}")));
+        for name in names {
+            let path = self.setup.dir.join(format!("{name}.log"));
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+            let _ = writeln!(all, "--- {name} (last {lines} lines)");
+            for line in tail.into_iter().rev() {
+                let _ = writeln!(all, "{line}");
+            }
+        }
+        all
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.setup.dir
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for replica in &mut self.replicas {
+            if let Some(mut child) = replica.child.take() {
+                signal(child.id(), libc::SIGCONT);
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        for operator in &mut self.operators {
+            if let Some(mut child) = operator.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+fn signal(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) on a child this lab started and has not yet reaped.
+    unsafe {
+        libc::kill(pid as libc::pid_t, signal);
+    }
+}
+
+/// `T<term>-N<node>:committed` from an openraft vote line.
+fn committed_vote(line: &str) -> Option<(u64, usize)> {
+    let (_, to) = line
+        .split_once("vote is changing from ")?
+        .1
+        .split_once(" to ")?;
+    let vote = to.split_whitespace().next()?.strip_suffix(":committed")?;
+    let (term, node) = vote.strip_prefix('T')?.split_once("-N")?;
+    Some((term.parse().ok()?, node.parse().ok()?))
+}
+
+/// A plain HTTP/1.1 GET (the operator's metrics), without a client crate for one call.
+async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut body = Vec::new();
+    stream.read_to_end(&mut body).await?;
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_committed_vote_names_the_term_and_the_leader() {
+        let line = "2026-12-01T13:02:28.597378Z  INFO openraft::engine::handler::vote_handler: \
+                    vote is changing from T2-N3:uncommitted to T2-N3:committed";
+        assert_eq!(committed_vote(line), Some((2, 3)));
+        let uncommitted = "vote is changing from T1-N3:uncommitted to T2-N3:uncommitted";
+        assert_eq!(committed_vote(uncommitted), None);
+        assert_eq!(committed_vote("become leader id=3"), None);
+    }
+}
