@@ -48,6 +48,9 @@ enum Command {
     /// a private network namespace, faults made by the kernel; `--compare-sim` sets each
     /// beside its simulated twin. Needs root.
     Lab(spur_sim::lab::LabArgs),
+    /// The operator at scale against the real three replicas, in the lab: time to
+    /// register many nodes, then the steady state with many active SpurJobs. Needs root.
+    LabBench(spur_sim::lab::bench::LabBenchArgs),
     /// Serve the simulated Kubernetes API server over TCP (and write a kubeconfig for it).
     KubeApi(spur_sim::kube_api::cli::KubeApiArgs),
     /// Runs a small fixed scenario and prints its trace hash: the same seed must print the
@@ -81,6 +84,7 @@ fn run(command: Command) -> anyhow::Result<bool> {
         Command::BenchNodes { nodes, rtt_ms } => spur_sim::cli::bench_nodes(nodes, rtt_ms),
         Command::BenchJobs { jobs } => spur_sim::cli::bench_jobs(jobs),
         Command::Lab(args) => spur_sim::lab::main(args),
+        Command::LabBench(args) => spur_sim::lab::bench::main(args),
         Command::Controllers(args) => {
             spur_sim::controller::tcp::main(args)?;
             Ok(true)

@@ -306,6 +306,36 @@ fn job_queries_and_cancel() {
 }
 
 #[test]
+fn get_nodes_the_lab_reads() {
+    // spurctld's numbers: GetNodesRequest {states 1, partition 2, nodelist 3}, NodeInfo
+    // {name 1, state 2, state_reason 3, ...}; the lab reads only these.
+    let request = GetNodesRequest {
+        states: vec![NodeState::NodeDown as i32],
+        partition: "gpu".into(),
+        nodelist: "node-[0-3]".into(),
+    };
+    let expected = Wire::default()
+        .packed(1, &[3])
+        .string(2, "gpu")
+        .string(3, "node-[0-3]");
+    assert_golden(&request, expected, "GetNodesRequest");
+    let reply = Wire::default().message(
+        1,
+        Wire::default()
+            .string(1, "node-0")
+            .varint(2, 4)
+            .string(3, "drained by the operator")
+            // total_resources and the rest, which the lab does not declare.
+            .message(10, Wire::default().varint(1, 64)),
+    );
+    let decoded = GetNodesResponse::decode(reply.0.as_slice()).unwrap();
+    assert_eq!(decoded.nodes.len(), 1);
+    assert_eq!(decoded.nodes[0].name, "node-0");
+    assert_eq!(decoded.nodes[0].state(), NodeState::NodeDrain);
+    assert_eq!(decoded.nodes[0].state_reason, "drained by the operator");
+}
+
+#[test]
 fn report_job_status_request() {
     let message = ReportJobStatusRequest {
         job_id: 9,

@@ -12,6 +12,7 @@
 //!
 //! `--compare-sim` runs the same plan in the simulation too and prints both side by side.
 
+pub mod bench;
 pub mod kernel;
 pub mod run;
 pub mod scenarios;
@@ -42,6 +43,11 @@ pub struct LabArgs {
     /// Only run the simulation's twin of each plan (no root, no real processes).
     #[arg(long, conflicts_with = "compare_sim")]
     pub sim_only: bool,
+    /// The simulation's twin runs each plan under this many seeds (1..=N: the seed moves
+    /// latencies, election timeouts and the Service's picks) and compares the lab's value
+    /// with their median: one seed's value is as much luck as the lab's one run.
+    #[arg(long, default_value_t = 20)]
+    pub sim_seeds: u64,
     /// How long the world stays whole after the fault healed and the workload ended.
     /// 20 s judges the default profile; the `unbounded` profile's 120 s hang needs 150 s.
     #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
@@ -81,7 +87,7 @@ fn parse_no_endpoint(s: &str) -> Result<NoEndpoint, String> {
 }
 
 /// Where the real binaries are.
-fn binaries() -> anyhow::Result<(PathBuf, PathBuf)> {
+pub(crate) fn binaries() -> anyhow::Result<(PathBuf, PathBuf)> {
     let spurctld = crate::real_peer::binary().ok_or_else(|| {
         anyhow::anyhow!(
             "spurctld not found: set SPURCTLD, or put it at ../shared/peers/spurctld/spurctld"
@@ -134,12 +140,10 @@ pub fn main(args: LabArgs) -> anyhow::Result<bool> {
         .iter()
         .flat_map(|n| args.profiles.iter().map(move |p| (n.clone(), *p)))
         .collect();
-    let sim: Vec<Option<ScenarioRecord>> = if args.sim_only || args.compare_sim {
-        runs.iter()
-            .map(|(name, profile)| Some(simulate(name, *profile, args.quiet)))
-            .collect()
+    let sim: Vec<Vec<ScenarioRecord>> = if args.sim_only || args.compare_sim {
+        simulate_all(&runs, args.sim_seeds.max(1), args.quiet)
     } else {
-        vec![None; runs.len()]
+        vec![Vec::new(); runs.len()]
     };
     let lab: Vec<Option<ScenarioRecord>> = if args.sim_only {
         vec![None; runs.len()]
@@ -152,7 +156,7 @@ pub fn main(args: LabArgs) -> anyhow::Result<bool> {
     };
     let mut passed = true;
     for i in 0..runs.len() {
-        for record in [&lab[i], &sim[i]].into_iter().flatten() {
+        for record in lab[i].iter().chain(&sim[i]) {
             passed &= record.passed;
             if args.json {
                 println!("{}", record.to_line());
@@ -176,28 +180,74 @@ pub fn main(args: LabArgs) -> anyhow::Result<bool> {
     Ok(passed)
 }
 
-/// The simulation's twin of a named scenario.
-fn simulate(name: &str, profile: Profile, quiet: Duration) -> ScenarioRecord {
-    let plan = scenarios::plan(name, quiet).expect("checked");
+/// The simulation's twins of every run, under seeds 1..=`seeds`, two at a time (each on a
+/// thread of its own, as `spur-sim run` isolates a seed).
+fn simulate_all(
+    runs: &[(String, Profile)],
+    seeds: u64,
+    quiet: Duration,
+) -> Vec<Vec<ScenarioRecord>> {
+    let work: Vec<(usize, String, Profile, u64)> = runs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (name, profile))| {
+            (1..=seeds).map(move |seed| (i, name.clone(), *profile, seed))
+        })
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                loop {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((i, name, profile, seed)) = work.get(k).cloned() else {
+                        break;
+                    };
+                    let record = simulate(&name, profile, quiet, seed);
+                    done.lock().expect("not poisoned").push((i, seed, record));
+                }
+            });
+        }
+    });
+    let mut done = done.into_inner().expect("not poisoned");
+    done.sort_by_key(|(i, seed, _)| (*i, *seed));
+    let mut out = vec![Vec::new(); runs.len()];
+    for (i, _, record) in done {
+        out[i].push(record);
+    }
+    out
+}
+
+/// The simulation's twin of a named scenario under `seed`.
+fn simulate(name: &str, profile: Profile, quiet: Duration, seed: u64) -> ScenarioRecord {
+    let mut plan = scenarios::plan(name, quiet).expect("checked");
+    plan.seed = seed;
     let config = ScenarioConfig::default();
     let outcome = std::thread::Builder::new()
-        .name(format!("sim-{name}"))
+        .name(format!("sim-{name}-{seed}"))
         .stack_size(32 << 20)
         .spawn(move || crate::scenario::run_plan(&plan, profile, &config))
         .expect("spawn a simulation thread")
         .join()
         .expect("the simulation's twin panicked");
     let mut record = ScenarioRecord::from(&outcome);
-    record.replay = replay(name, profile, quiet, true);
+    record.replay = replay(name, profile, quiet, Some(seed));
     record
 }
 
-fn replay(name: &str, profile: Profile, quiet: Duration, sim: bool) -> String {
-    format!(
-        "cargo run --release -p spur-sim -- lab --scenario {name} --profile {profile} --quiet {}s{}",
-        quiet.as_secs(),
-        if sim { " --sim-only" } else { "" }
-    )
+/// The command that runs a scenario again: in the lab, or (`sim_seed`) its simulated twin
+/// under that seed (`spur-sim replay` replays a drawn seed's plan, not a named one).
+fn replay(name: &str, profile: Profile, quiet: Duration, sim_seed: Option<u64>) -> String {
+    let base = format!(
+        "cargo run --release -p spur-sim -- lab --scenario {name} --profile {profile} --quiet {}s",
+        quiet.as_secs()
+    );
+    match sim_seed {
+        // The twins run under seeds 1..=N: --sim-seeds N includes this one.
+        Some(seed) => format!("{base} --sim-only --sim-seeds {seed} --json"),
+        None => base,
+    }
 }
 
 /// Runs each (scenario, profile) in a child process of its own, `args.jobs` at a time,
@@ -341,7 +391,7 @@ fn failed_record(
         rpcs: 0,
         acting_writes: Default::default(),
     });
-    record.replay = replay(name, profile, quiet, false);
+    record.replay = replay(name, profile, quiet, None);
     record
 }
 
@@ -378,7 +428,7 @@ fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> 
     }
     let outcome = outcome?;
     let mut record = ScenarioRecord::from(&outcome);
-    record.replay = replay(name, profile, args.quiet, false);
+    record.replay = replay(name, profile, args.quiet, None);
     println!("{}", record.to_line());
     Ok(outcome.passed())
 }
@@ -387,7 +437,8 @@ struct Row {
     name: String,
     profile: Profile,
     lab: Option<ScenarioRecord>,
-    sim: Option<ScenarioRecord>,
+    /// The simulation's twins, one per seed.
+    sim: Vec<ScenarioRecord>,
 }
 
 /// A metric of a record: the worst value of a lag, in milliseconds.
@@ -406,18 +457,35 @@ const METRICS: [(&str, Metric); 4] = [
     ("status max", |r| worst(&r.lags_ms.status)),
 ];
 
+/// A metric over the simulation's twins: (median, min, max) of the seeds that measured it.
+fn over_seeds(records: &[ScenarioRecord], metric: Metric) -> Option<(u64, u64, u64)> {
+    let mut values: Vec<u64> = records.iter().filter_map(metric).collect();
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_unstable();
+    Some((
+        values[values.len() / 2],
+        values[0],
+        values[values.len() - 1],
+    ))
+}
+
 fn secs(ms: Option<u64>) -> String {
     ms.map_or("-".into(), |ms| format!("{:.2}", ms as f64 / 1000.0))
 }
 
-fn calls_per_minute(r: &ScenarioRecord) -> String {
-    if r.sim_secs <= 0.0 {
+fn calls_per_minute(records: &[&ScenarioRecord]) -> String {
+    let secs: f64 = records.iter().map(|r| r.sim_secs).sum();
+    if secs <= 0.0 {
         return "-".into();
     }
-    format!("{:.1}", r.metrics.rpcs as f64 * 60.0 / r.sim_secs)
+    let calls: usize = records.iter().map(|r| r.metrics.rpcs).sum();
+    format!("{:.1}", calls as f64 * 60.0 / secs)
 }
 
-/// One line per run and side: whether it passed and its lags.
+/// One line per run and side: whether it passed and its worst lags (for the simulation,
+/// the median over its seeds).
 fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -426,11 +494,10 @@ fn table(rows: &[Row]) -> String {
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
     for row in rows {
-        for (side, record) in [("lab", &row.lab), ("sim", &row.sim)] {
-            let Some(r) = record else { continue };
+        if let Some(r) = &row.lab {
             let _ = writeln!(
                 out,
-                "| {} | {} | {side} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | lab | {} | {} | {} | {} | {} | {} | {} | {} |",
                 row.name,
                 row.profile,
                 if r.passed { "yes" } else { "NO" },
@@ -439,11 +506,41 @@ fn table(rows: &[Row]) -> String {
                 secs(METRICS[2].1(r)),
                 secs(METRICS[3].1(r)),
                 r.metrics.duplicates,
-                calls_per_minute(r),
+                calls_per_minute(&[r]),
                 r.violations.join("; ")
             );
         }
+        if !row.sim.is_empty() {
+            let median = |m: Metric| secs(over_seeds(&row.sim, m).map(|(median, _, _)| median));
+            let passed = row.sim.iter().filter(|r| r.passed).count();
+            let failed: Vec<String> = row
+                .sim
+                .iter()
+                .filter(|r| !r.passed)
+                .map(|r| format!("seed {}: {}", r.seed, r.violations.join("; ")))
+                .collect();
+            let _ = writeln!(
+                out,
+                "| {} | {} | sim ({} seeds, median) | {passed}/{} | {} | {} | {} | {} | {} | {} | {} |",
+                row.name,
+                row.profile,
+                row.sim.len(),
+                row.sim.len(),
+                median(METRICS[0].1),
+                median(METRICS[1].1),
+                median(METRICS[2].1),
+                median(METRICS[3].1),
+                row.sim.iter().map(|r| r.metrics.duplicates).sum::<usize>(),
+                calls_per_minute(&row.sim.iter().collect::<Vec<_>>()),
+                failed.join(" / ")
+            );
+        }
     }
+    out.push_str(
+        "\nCalls: the lab counts what the operator's processes report \
+         (spur_operator_controller_rpcs_total, every attempt); the simulation counts the \
+         calls its replicas answered.\n",
+    );
     out
 }
 
@@ -454,25 +551,30 @@ pub fn faithful(lab_ms: u64, sim_ms: u64) -> bool {
     (lab_ms as f64 - sim_ms as f64).abs() <= tolerance
 }
 
-/// Each metric measured on both sides, with the ratio and the difference.
+/// Each metric measured on both sides: the lab's value beside the median of the
+/// simulation's seeds (and their range), with the ratio and the difference.
 fn fidelity(rows: &[Row]) -> String {
     let mut out = String::new();
     let (mut agree, mut total) = (0, 0);
     let _ = writeln!(
         out,
-        "| scenario | profile | metric | lab s | sim s | lab/sim | lab-sim s | faithful |"
+        "| scenario | profile | metric | lab s | sim s (median) | sim range s | lab/sim | lab-sim s | faithful |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
     for row in rows {
-        let (Some(lab), Some(sim)) = (&row.lab, &row.sim) else {
+        let Some(lab) = &row.lab else {
             continue;
         };
+        if row.sim.is_empty() {
+            continue;
+        }
         for (metric, value) in METRICS {
-            let (l, s) = (value(lab), value(sim));
+            let l = value(lab);
+            let s = over_seeds(&row.sim, value);
             let verdict = match (l, s) {
-                (Some(l), Some(s)) => {
+                (Some(l), Some((median, _, _))) => {
                     total += 1;
-                    let ok = faithful(l, s);
+                    let ok = faithful(l, median);
                     agree += usize::from(ok);
                     if ok { "yes" } else { "NO" }
                 }
@@ -482,27 +584,33 @@ fn fidelity(rows: &[Row]) -> String {
                     "NO (one side has no sample)"
                 }
             };
-            let ratio = match (l, s) {
-                (Some(l), Some(s)) if s > 0 => format!("{:.2}", l as f64 / s as f64),
-                _ => "-".into(),
+            let (ratio, diff) = match (l, s) {
+                (Some(l), Some((median, _, _))) => (
+                    if median > 0 {
+                        format!("{:.2}", l as f64 / median as f64)
+                    } else {
+                        "-".into()
+                    },
+                    format!("{:+.2}", (l as f64 - median as f64) / 1000.0),
+                ),
+                _ => ("-".into(), "-".into()),
             };
-            let diff = match (l, s) {
-                (Some(l), Some(s)) => format!("{:+.2}", (l as f64 - s as f64) / 1000.0),
-                _ => "-".into(),
-            };
+            let range = s.map_or("-".into(), |(_, low, high)| {
+                format!("{}..{}", secs(Some(low)), secs(Some(high)))
+            });
             let _ = writeln!(
                 out,
-                "| {} | {} | {metric} | {} | {} | {ratio} | {diff} | {verdict} |",
+                "| {} | {} | {metric} | {} | {} | {range} | {ratio} | {diff} | {verdict} |",
                 row.name,
                 row.profile,
                 secs(l),
-                secs(s)
+                secs(s.map(|(median, _, _)| median)),
             );
         }
     }
     let _ = writeln!(
         out,
-        "\nfaithful (within 25 % or 0.5 s): {agree} of {total} metrics"
+        "\nfaithful (within 25 % or 0.5 s of the median): {agree} of {total} metrics"
     );
     out
 }

@@ -619,6 +619,41 @@ impl Lab {
         }
     }
 
+    /// Operator `name`'s process id, while it runs.
+    pub fn operator_pid(&self, name: &str) -> Option<u32> {
+        self.operators
+            .iter()
+            .find(|o| o.name == name)?
+            .child
+            .as_ref()
+            .map(Child::id)
+    }
+
+    /// The sum of operator `name`'s metric series whose line starts with `prefix` (a
+    /// family name with the start of its labels), scraped now.
+    pub async fn operator_metric(&self, name: &str, prefix: &str) -> Option<f64> {
+        let ip = self.operator_ip(name)?;
+        let text = tokio::time::timeout(
+            READ_BOUND,
+            http_get(SocketAddr::new(ip.into(), 8080), "/metrics"),
+        )
+        .await
+        .ok()?
+        .ok()?;
+        Some(
+            text.lines()
+                .filter(|l| l.starts_with(prefix))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum(),
+        )
+    }
+
+    /// How many nodes the leader knows, if a leader answers.
+    pub async fn registered_count(&mut self) -> Option<usize> {
+        let slot = self.leader_slot()?;
+        self.controller_nodes(slot).await.map(|n| n.len())
+    }
+
     /// Scrapes operator `i`'s controller call count (`spur_operator_controller_rpcs_total`).
     async fn scrape_calls(&mut self, i: usize) {
         if self.operators[i].child.is_none() {
