@@ -19,7 +19,7 @@ pub mod scenarios;
 pub mod world;
 
 use std::fmt::Write as _;
-use std::io::{BufRead as _, Read as _};
+use std::io::Read as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -255,7 +255,7 @@ fn replay(name: &str, profile: Profile, quiet: Duration, sim_seed: Option<u64>) 
 fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Vec<ScenarioRecord>> {
     let exe = std::env::current_exe()?;
     let mut results: Vec<Option<ScenarioRecord>> = vec![None; runs.len()];
-    let mut running: Vec<(usize, std::process::Child, Instant, Duration)> = Vec::new();
+    let mut running: Vec<(usize, std::process::Child, Instant, Duration, PathBuf)> = Vec::new();
     let mut next = 0;
     while next < runs.len() || !running.is_empty() {
         while running.len() < args.jobs.max(1) && next < runs.len() {
@@ -275,10 +275,17 @@ fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Ve
             if let Some(keep) = &args.keep {
                 command.arg("--keep").arg(keep);
             }
+            // Its stderr (the pods' log tails when it fails) goes to a file: a pipe nobody
+            // reads until the child exits would stall a child that writes more than the
+            // pipe holds.
+            let stderr_path = std::env::temp_dir().join(format!(
+                "spur-lab-{name}-{profile}-{}.stderr",
+                std::process::id()
+            ));
             let child = command
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
+                .stderr(std::fs::File::create(&stderr_path)?)
                 .spawn()?;
             eprintln!("lab: {name} ({profile}) started");
             // Building the world takes a few seconds before the plan's clock starts.
@@ -287,13 +294,14 @@ fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Ve
                 child,
                 Instant::now(),
                 plan.end + args.overrun + Duration::from_secs(20),
+                stderr_path,
             ));
             next += 1;
         }
         std::thread::sleep(Duration::from_millis(200));
         let mut i = 0;
         while i < running.len() {
-            let (index, child, started, limit) = &mut running[i];
+            let (index, child, started, limit, stderr_path) = &mut running[i];
             let (name, profile) = &runs[*index];
             let status = child.try_wait()?;
             let overran = status.is_none() && started.elapsed() > *limit;
@@ -306,15 +314,11 @@ fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Ve
                 let _ = child.wait();
             }
             let mut stdout = String::new();
-            let mut stderr = String::new();
             if let Some(mut out) = child.stdout.take() {
                 let _ = out.read_to_string(&mut stdout);
             }
-            if let Some(err) = child.stderr.take() {
-                for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
-                    let _ = writeln!(stderr, "{line}");
-                }
-            }
+            let stderr = std::fs::read_to_string(&*stderr_path).unwrap_or_default();
+            let _ = std::fs::remove_file(&*stderr_path);
             let record = stdout
                 .lines()
                 .rev()
