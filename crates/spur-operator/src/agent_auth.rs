@@ -391,4 +391,71 @@ mod tests {
             Ok(Admitted::Unchecked)
         );
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn segment() -> impl Strategy<Value = String> {
+            "[A-Za-z0-9_-]{0,60}"
+        }
+
+        proptest! {
+            /// Random bytes after `Bearer ` are refused with a reason, never a panic.
+            #[test]
+            fn random_bytes_are_refused_with_a_reason(text in "\\PC{0,80}") {
+                let Ok(value) = format!("Bearer {text}").parse() else {
+                    return Ok(());
+                };
+                let mut metadata = MetadataMap::new();
+                metadata.insert("authorization", value);
+                let answer = auth(AgentAuthMode::Required, Some(KEY)).check(&metadata);
+                prop_assert!(answer.is_err(), "{text:?} was admitted");
+                prop_assert!(!answer.unwrap_err().to_string().is_empty());
+            }
+
+            /// JWT-shaped strings (three base64url segments, or any number of them) are
+            /// refused unless signed with the key: never a panic.
+            #[test]
+            fn jwt_shaped_strings_are_refused_unless_signed(
+                parts in prop::collection::vec(segment(), 1..5)
+            ) {
+                let token = parts.join(".");
+                let answer = auth(AgentAuthMode::Required, Some(KEY)).check(&with(Some(&token)));
+                prop_assert!(answer.is_err(), "{token} was admitted");
+            }
+
+            /// Signed tokens with random claims: admitted exactly when the subject is
+            /// spurctld and the times allow it.
+            #[test]
+            fn signed_tokens_are_judged_by_their_claims(
+                sub in "(spurctld|[a-z]{0,10})",
+                exp in prop::option::of(0u64..2 * NOW),
+                nbf in prop::option::of(0u64..2 * NOW),
+                extra in "\\PC{0,20}",
+            ) {
+                let mut claims = json!({"sub": sub, "note": extra});
+                if let Some(exp) = exp {
+                    claims["exp"] = json!(exp);
+                }
+                if let Some(nbf) = nbf {
+                    claims["nbf"] = json!(nbf);
+                }
+                let token = sign(KEY, &claims);
+                let answer = auth(AgentAuthMode::Required, Some(KEY)).check(&with(Some(&token)));
+                let leeway = 30;
+                let in_time = exp.is_none_or(|e| e + leeway >= NOW)
+                    && nbf.is_none_or(|n| n <= NOW + leeway);
+                if sub == "spurctld" && in_time {
+                    prop_assert_eq!(answer, Ok(Admitted::Verified), "{}", claims);
+                } else {
+                    prop_assert!(answer.is_err(), "{claims} was admitted");
+                }
+                let wrong_key = sign(b"another-key-of-at-least-32-bytes", &claims);
+                prop_assert!(auth(AgentAuthMode::Required, Some(KEY))
+                    .check(&with(Some(&wrong_key)))
+                    .is_err());
+            }
+        }
+    }
 }

@@ -161,3 +161,31 @@ mod tests {
         ));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any text is a quantity or an error naming it; never a panic or an overflow.
+        #[test]
+        fn any_text_is_a_quantity_or_a_named_error(
+            text in "[+-]?[0-9]{0,30}(\\.[0-9]{0,12})?([eE][+-]?[0-9]{0,4})?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|x)?|\\PC{0,20}"
+        ) {
+            match parse(&text) {
+                Ok(q) => {
+                    // Every view of a parsed quantity is computable.
+                    let _ = (q.whole(), q.millis(), q.mebibytes());
+                }
+                Err(e) => prop_assert!(e.to_string().contains(text.trim()), "{e} for {text:?}"),
+            }
+        }
+
+        /// Whole numbers of CPUs parse to themselves.
+        #[test]
+        fn whole_numbers_parse_to_themselves(n in 0u64..1_000_000_000) {
+            prop_assert_eq!(parse(&n.to_string()).map(Quantity::whole), Ok(u128::from(n)));
+        }
+    }
+}

@@ -243,3 +243,21 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any text is a selector or an error that quotes it; never a panic.
+        #[test]
+        fn any_text_is_a_selector_or_a_named_error(
+            text in "[a-z0-9./_!=,() -]{0,40}|(notin|in|!)?\\PC{0,30}"
+        ) {
+            if let Err(e) = Selector::parse(&text) {
+                prop_assert!(e.to_string().contains("is not a label selector"), "{e}");
+            }
+        }
+    }
+}

@@ -252,3 +252,34 @@ mod tests {
         assert!(msg.contains("brackets"), "{msg}");
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any text, address-shaped or not, is an address or an error that says what is
+        /// wrong: never a panic, never an empty message.
+        #[test]
+        fn any_text_is_an_address_or_a_named_error(
+            text in "(https?://)?[a-z0-9.:\\[\\]/?@#%-]{0,40}|\\PC{0,40}"
+        ) {
+            match text.parse::<ControllerAddr>() {
+                Ok(addr) => prop_assert!(!addr.authority().is_empty()),
+                Err(e) => prop_assert!(!e.to_string().is_empty()),
+            }
+        }
+
+        /// A well-formed address parses back to itself.
+        #[test]
+        fn a_host_and_port_round_trip(
+            host in "[a-z][a-z0-9-]{0,20}(\\.[a-z][a-z0-9-]{0,10}){0,3}",
+            port in 1u16..,
+        ) {
+            let addr: ControllerAddr = format!("http://{host}:{port}").parse()
+                .map_err(|e| TestCaseError::fail(format!("{host}:{port}: {e}")))?;
+            prop_assert_eq!(addr.authority(), format!("{host}:{port}"));
+        }
+    }
+}
