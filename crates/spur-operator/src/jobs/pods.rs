@@ -696,4 +696,64 @@ mod tests {
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
         assert_eq!(spec.selector.unwrap()[LABEL_JOB_ID], "12");
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn node() -> impl Strategy<Value = String> {
+            prop_oneof!["node-[0-3]", "\\PC{0,12}"]
+        }
+
+        proptest! {
+            /// A LaunchJob with any fields gets a pod or an error that names the job: never
+            /// a panic. A pod it does get runs on the target node, at a rank inside the
+            /// nodelist, under a name Kubernetes accepts.
+            #[test]
+            fn any_launch_is_a_pod_on_its_target_or_a_named_error(
+                job_id in any::<u32>(),
+                run_attempt in any::<u32>(),
+                task_offset in any::<u32>(),
+                tasks_per_node in 0u32..10,
+                num_tasks in any::<u32>(),
+                num_nodes in any::<u32>(),
+                target in node(),
+                listed in prop::collection::vec(node(), 0..5),
+                generation in 0u32..5,
+            ) {
+                let launch = pb::LaunchJobRequest {
+                    job_id,
+                    run_attempt,
+                    task_offset,
+                    target_node: target.clone(),
+                    spec: Some(pb::JobSpec {
+                        tasks_per_node,
+                        num_tasks,
+                        num_nodes,
+                        nodelist: listed.join(","),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                };
+                match build_pod(&job(), &launch, "amd.com/gpu", generation) {
+                    Ok(pod) => {
+                        let Placement { rank, nodes } = placement(&launch).expect("a pod was built");
+                        prop_assert_eq!(nodes.get(rank), Some(&target));
+                        let name = pod.metadata.name.clone().unwrap_or_default();
+                        prop_assert!(name.len() <= 63, "{}", name);
+                        prop_assert!(
+                            name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                            "{}", name
+                        );
+                        let spec = pod.spec.expect("a pod spec");
+                        prop_assert_eq!(spec.node_name.as_deref(), Some(target.as_str()));
+                    }
+                    Err(e) => prop_assert!(
+                        e.contains(&job_id.to_string()) || e.contains("secret"),
+                        "{}", e
+                    ),
+                }
+            }
+        }
+    }
 }
