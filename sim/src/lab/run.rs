@@ -139,17 +139,7 @@ pub async fn run_plan(
 /// The operator replica the Lease names, else `operator`: partitions of "the operator"
 /// cut the replica that acts, as in the simulation.
 fn acting_operator(lab: &Lab) -> String {
-    lab.api
-        .get(
-            "coordination.k8s.io/v1",
-            "Lease",
-            Some("spur-system"),
-            "spur-operator",
-        )
-        .ok()
-        .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
-        .filter(|h| lab.operator_ip(h).is_some())
-        .unwrap_or_else(|| OPERATOR.to_owned())
+    lab.lease_holder().unwrap_or_else(|| OPERATOR.to_owned())
 }
 
 /// Carries out `event`; returns the events it schedules.
@@ -232,27 +222,11 @@ async fn strike(
         }
         Fault::LeaderCutOff { heal_after } => {
             if let Some(slot) = leader {
-                let cut = lab.replica_ip(slot);
-                let pairs: Vec<_> = (0..replicas)
-                    .filter(|s| *s != slot)
-                    .map(|s| (cut, lab.replica_ip(s)))
-                    .collect();
-                for (a, b) in &pairs {
-                    lab.partition(*a, *b, true)?;
-                }
-                later.push((now + heal_after, Event::Repair(pairs)));
+                later.push((now + heal_after, cut_from_replicas(lab, slot)?));
             }
         }
         Fault::PartitionReplica { slot, heal_after } => {
-            let cut = lab.replica_ip(slot);
-            let pairs: Vec<_> = (0..replicas)
-                .filter(|s| *s != slot)
-                .map(|s| (cut, lab.replica_ip(s)))
-                .collect();
-            for (a, b) in &pairs {
-                lab.partition(*a, *b, true)?;
-            }
-            later.push((now + heal_after, Event::Repair(pairs)));
+            later.push((now + heal_after, cut_from_replicas(lab, slot)?));
         }
         Fault::PartitionOperatorReplica { slot, heal_after } => {
             let operator = lab.operator_ip(&acting_operator(lab)).expect("an operator");
@@ -314,4 +288,17 @@ async fn strike(
         }
     }
     Ok(later)
+}
+
+/// Cuts replica `slot` off from the other replicas; returns the event that heals it.
+fn cut_from_replicas(lab: &mut Lab, slot: usize) -> anyhow::Result<Event> {
+    let cut = lab.replica_ip(slot);
+    let pairs: Vec<_> = (0..lab.replica_count())
+        .filter(|s| *s != slot)
+        .map(|s| (cut, lab.replica_ip(s)))
+        .collect();
+    for (a, b) in &pairs {
+        lab.partition(*a, *b, true)?;
+    }
+    Ok(Event::Repair(pairs))
 }

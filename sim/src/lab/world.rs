@@ -560,10 +560,9 @@ impl Lab {
             .any(|o| o.name == name && o.child.is_some())
     }
 
-    /// One sample of ground truth, for the simulation's checks.
-    pub async fn observe(&mut self) -> Observation {
-        let holder = self
-            .api
+    /// The operator replica the Lease names, per the API server.
+    pub fn lease_holder(&self) -> Option<String> {
+        self.api
             .get(
                 "coordination.k8s.io/v1",
                 "Lease",
@@ -572,7 +571,12 @@ impl Lab {
             )
             .ok()
             .and_then(|lease| lease["spec"]["holderIdentity"].as_str().map(str::to_owned))
-            .filter(|h| self.operators.iter().any(|o| o.name == *h));
+            .filter(|h| self.operators.iter().any(|o| o.name == *h))
+    }
+
+    /// One sample of ground truth, for the simulation's checks.
+    pub async fn observe(&mut self) -> Observation {
+        let holder = self.lease_holder();
         let acting_operator = holder.clone().filter(|h| {
             self.operator_running(h)
                 && self
