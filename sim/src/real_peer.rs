@@ -245,19 +245,21 @@ impl RealCluster {
         std::fs::read_to_string(path).unwrap_or_default()
     }
 
-    /// The running replica whose log says it became leader last (openraft's `become
-    /// leader`, by the line's timestamp); `None` before any did.
+    /// The leader, from the replicas' logs: the node of the highest committed Raft vote any
+    /// of them logged (a killed replica's log counts: it names the term its leader held),
+    /// while that replica runs. A survivor's old `become leader` line from a contested
+    /// first election is no evidence: it named a survivor 0.0 s after its leader's kill.
     pub fn leader(&self) -> Option<usize> {
-        (0..self.replicas())
-            .filter(|slot| self.is_up(*slot))
-            .filter_map(|slot| {
-                let log = self.log(slot);
-                let line = log.lines().rfind(|l| l.contains("become leader"))?;
-                // Lines start with an RFC 3339 timestamp: they sort as text.
-                Some((line.split_whitespace().next()?.to_owned(), slot))
+        let (_, node) = (0..self.replicas())
+            .flat_map(|slot| {
+                self.log(slot)
+                    .lines()
+                    .filter_map(committed_vote)
+                    .collect::<Vec<_>>()
             })
-            .max()
-            .map(|(_, slot)| slot)
+            .max()?;
+        let slot = node.checked_sub(1)?;
+        (slot < self.replicas() && self.is_up(slot)).then_some(slot)
     }
 
     /// SIGKILL replica `slot` (a crashed pod); it stays down until [`RealCluster::restart`].
@@ -370,4 +372,16 @@ pub async fn serve_service(
             // No ready endpoint: kube-proxy's REJECT, the connection closes at once.
         });
     }
+}
+
+/// `T<term>-N<node>` from an openraft line `vote is changing from … to T<term>-N<node>:committed`
+/// (node ids are slots + 1).
+pub fn committed_vote(line: &str) -> Option<(u64, usize)> {
+    let (_, to) = line
+        .split_once("vote is changing from ")?
+        .1
+        .split_once(" to ")?;
+    let vote = to.split_whitespace().next()?.strip_suffix(":committed")?;
+    let (term, node) = vote.strip_prefix('T')?.split_once("-N")?;
+    Some((term.parse().ok()?, node.parse().ok()?))
 }

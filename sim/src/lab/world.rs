@@ -26,7 +26,7 @@ use crate::index::ObjectIndex;
 use crate::kube_api::cli::write_kubeconfig;
 use crate::kube_api::{ApiServer, ApiServerConfig, OutageMode};
 use crate::kubelet::{self, KubeletConfig};
-use crate::real_peer::{CLIENT_PORT, RAFT_PORT};
+use crate::real_peer::{CLIENT_PORT, RAFT_PORT, committed_vote};
 use crate::scenario::checks::{ControllerView, Observation};
 
 /// The Service's ClusterIP.
@@ -744,17 +744,6 @@ fn signal(pid: u32, signal: libc::c_int) {
     unsafe {
         libc::kill(pid as libc::pid_t, signal);
     }
-}
-
-/// `T<term>-N<node>:committed` from an openraft vote line.
-fn committed_vote(line: &str) -> Option<(u64, usize)> {
-    let (_, to) = line
-        .split_once("vote is changing from ")?
-        .1
-        .split_once(" to ")?;
-    let vote = to.split_whitespace().next()?.strip_suffix(":committed")?;
-    let (term, node) = vote.strip_prefix('T')?.split_once("-N")?;
-    Some((term.parse().ok()?, node.parse().ok()?))
 }
 
 /// A plain HTTP/1.1 GET (the operator's metrics), without a client crate for one call.
