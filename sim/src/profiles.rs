@@ -6,7 +6,7 @@
 //!   still the doubling backoff 1 s..60 s.
 //!
 //! Both keep modelling the old operator: one channel through the Service, no rotation, no
-//! connect probe, no hedged dials.
+//! connect probe (so no hedged dials and no patience either).
 //! - `default`: the operator's shipped defaults (no flags).
 
 use std::fmt;
@@ -55,10 +55,6 @@ impl Profile {
                 "off",
                 "--controller-connect-probe",
                 "off",
-                "--controller-connect-hedge",
-                "off",
-                "--controller-leader-recheck",
-                "off",
                 "--submit-read-back",
                 "off",
             ],
@@ -74,10 +70,6 @@ impl Profile {
                 "--controller-channel-max-age",
                 "off",
                 "--controller-connect-probe",
-                "off",
-                "--controller-connect-hedge",
-                "off",
-                "--controller-leader-recheck",
                 "off",
                 "--submit-read-back",
                 "off",
@@ -119,7 +111,7 @@ mod tests {
             match profile {
                 Profile::Unbounded => {
                     assert_eq!(channel.connect_probe, None);
-                    assert_eq!(channel.connect_hedge, None);
+                    assert_eq!(channel.hedge(), None);
                     assert_eq!(channel.connect_timeout, None);
                     assert_eq!(channel.request_timeout, None);
                     assert_eq!(channel.keepalive, None);

@@ -227,7 +227,7 @@ const CONTROLLERS_START_HEDGE: Duration = Duration::from_millis(9_100);
 /// Issue 8: registration within a second of "a leader exists and the Service has a ready
 /// endpoint". The operator's dial in flight when the endpoint became ready had its SYN
 /// dropped; it holds the connect for the whole 2 s connect timeout unless the operator
-/// dials again meanwhile (`--controller-connect-hedge`, every 250 ms by default).
+/// dials again meanwhile (rule 3 of `controller::policy`, every 250 ms by default).
 #[test]
 fn a_hedged_dial_registers_within_a_second_of_the_first_endpoint() {
     let target = secs(1);
@@ -246,7 +246,7 @@ fn a_hedged_dial_registers_within_a_second_of_the_first_endpoint() {
     let (unhedged, _) = late_controller(
         SEED_HEDGE,
         CONTROLLERS_START_HEDGE,
-        &["--controller-connect-hedge", "off"],
+        &["--controller-rules-off", "hedge"],
     );
     eprintln!("unhedged: lag {:?}", unhedged.map(s));
     assert!(
@@ -751,7 +751,7 @@ fn a_hung_submit_reply_is_read_back_within_seconds() {
         "default: id {} after the lost reply",
         s(with)
     );
-    let recheck_off = ["--controller-leader-recheck", "off"];
+    let recheck_off = ["--controller-rules-off", "patience"];
     let read_back_alone = lost_reply(7007, "recheck off", &recheck_off, LostReply::Hang);
     let without = lost_reply(
         7007,

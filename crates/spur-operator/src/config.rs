@@ -5,6 +5,7 @@
 //! ([`ChannelConfig`], …) that the rest of the library takes. Validation names the flag
 //! that is wrong, so bad input is a one-line error rather than a panic.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,7 +16,7 @@ use clap::Args;
 use clap::builder::TypedValueParser as _;
 
 use crate::agent_auth::AgentAuthMode;
-use crate::controller::{AddressError, ControllerAddr, Scheme};
+use crate::controller::{AddressError, ControllerAddr, Rule, Scheme};
 use crate::jobs::JobsTuning;
 use crate::lease::LeaseConfig;
 use crate::nodes::heartbeat::HeartbeatConfig;
@@ -120,20 +121,16 @@ pub struct ChannelConfig {
     pub keepalive: Option<Keepalive>,
     pub request_timeout: Option<Duration>,
     pub max_message_bytes: usize,
-    /// Connect afresh once a channel is this old.
+    /// Replace the shared channel once it is this old (rule 5 of `controller::policy`).
     pub max_age: Option<Duration>,
-    /// Bound on the Ping that probes each new Service channel, or no probe.
+    /// Bound on the read that probes each new channel, and how long a call may wait before
+    /// the channel is replaced (rules 2 to 4 of `controller::policy`); `None`: none of them.
     pub connect_probe: Option<Duration>,
-    /// Dial again this often while a connect has not completed.
-    pub connect_hedge: Option<Duration>,
-    /// A call outstanding this long asks a fresh channel whose state the replicas serve.
-    pub leader_recheck: Option<Duration>,
-    /// Dials through the Service for one channel while the probe turns channels down.
-    pub probe_dials: usize,
-    /// Dials per leader recheck when the first reaches the waiting call's own view.
-    pub recheck_dials: usize,
-    /// How long a view whose write went unanswered is avoided.
-    pub stall_memory: Duration,
+    /// Dials per round while probes fail (rule 2). Not a flag: see [`DEFAULT_DIALS`].
+    pub dials: usize,
+    /// Channel rules switched off, for experiments that show what each one buys
+    /// (`--controller-rules-off`, hidden).
+    pub rules_off: BTreeSet<Rule>,
     pub tls: Option<TlsConfig>,
 }
 
@@ -144,11 +141,11 @@ pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_MESSAGE_MIB: usize = 32;
 pub const DEFAULT_CHANNEL_MAX_AGE: Duration = Duration::from_secs(10);
 pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
-pub const DEFAULT_CONNECT_HEDGE: Duration = Duration::from_millis(250);
-pub const DEFAULT_LEADER_RECHECK: Duration = Duration::from_secs(1);
-pub const DEFAULT_PROBE_DIALS: usize = 4;
-pub const DEFAULT_RECHECK_DIALS: usize = 4;
-pub const DEFAULT_STALL_MEMORY: Duration = Duration::from_secs(2);
+/// Dials per round: with two of three replicas unable to serve (followers whose forwards
+/// hang), four dials through a Service that picks at random reach the third one 65 times
+/// in 81; a round that found none keeps the last channel, and the next call's patience
+/// starts another round a second later.
+pub const DEFAULT_DIALS: usize = 4;
 
 impl Default for ChannelConfig {
     fn default() -> Self {
@@ -163,11 +160,8 @@ impl Default for ChannelConfig {
             max_message_bytes: DEFAULT_MAX_MESSAGE_MIB << 20,
             max_age: Some(DEFAULT_CHANNEL_MAX_AGE),
             connect_probe: Some(DEFAULT_CONNECT_PROBE),
-            connect_hedge: Some(DEFAULT_CONNECT_HEDGE),
-            leader_recheck: Some(DEFAULT_LEADER_RECHECK),
-            probe_dials: DEFAULT_PROBE_DIALS,
-            recheck_dials: DEFAULT_RECHECK_DIALS,
-            stall_memory: DEFAULT_STALL_MEMORY,
+            dials: DEFAULT_DIALS,
+            rules_off: BTreeSet::new(),
             tls: None,
         }
     }
@@ -183,10 +177,17 @@ impl ChannelConfig {
             request_timeout: None,
             max_age: None,
             connect_probe: None,
-            connect_hedge: None,
-            leader_recheck: None,
             ..ChannelConfig::default()
         }
+    }
+
+    /// How often a connect dials again while its SYN has no answer, and a round starts
+    /// another dial while none has a verdict (rule 3 of `controller::policy`): a quarter
+    /// of the probe's bound, so a round tries four replicas within one bound.
+    pub fn hedge(&self) -> Option<Duration> {
+        self.connect_probe
+            .map(|bound| bound / 4)
+            .filter(|_| !self.rules_off.contains(&Rule::Hedge))
     }
 }
 
@@ -234,23 +235,6 @@ pub struct ControllerArgs {
         default_value = "2s"
     )]
     pub controller_connect_timeout: Bound,
-
-    /// While a connect has not completed, dial again this often (the first stream wins),
-    /// or `off`. A Service with no ready endpoint may drop the SYN, and a dial whose SYN
-    /// was dropped waits out the whole connect timeout even when an endpoint became ready
-    /// a moment later: the first registration after a late controller then comes up to
-    /// 2 s after the Service could have answered. Dialing again every 250 ms bounds that
-    /// to about 250 ms, at the cost of a few SYNs per second while nothing is ready. The
-    /// same cadence starts another dial while a new channel's connect probe has not
-    /// answered (a Ping answers in milliseconds; one still waiting has most likely reached
-    /// a follower whose forwards hang, and the next dial may reach another replica), up to
-    /// 4 dials; without a hedge the next dial waits for the probe's bound.
-    #[arg(
-        long,
-        env = "SPUR_OPERATOR_CONTROLLER_CONNECT_HEDGE",
-        default_value = "250ms"
-    )]
-    pub controller_connect_hedge: Bound,
 
     /// Bound on each call, or `off`. No call on this channel streams, and spurctld answers
     /// in milliseconds when it answers at all. A follower forwards a write to the leader
@@ -301,16 +285,11 @@ pub struct ControllerArgs {
     )]
     pub controller_channel_max_age: Bound,
 
-    /// Bound on a Ping sent over each new channel through the Service before it is used,
-    /// or `off`. spurctld answers Ping locally with the replica's own host name (never
-    /// forwarded, fidelity.md row 3), so the answer says which replica the channel reached
-    /// and that its process answers, not who leads. When a write went unanswered within the
-    /// request bound and a Ping on the same channel is still answered (a leader cut off
-    /// from its peers: reads served, writes never committed), that replica's name is
-    /// avoided for `--controller-stall-memory`: a new channel whose probe names it, or
-    /// whose probe fails within this bound (a frozen replica), is dropped and the Service
-    /// dialed again, up to 4 dials, the last kept whatever its probe said. A Ping takes
-    /// milliseconds inside a cluster. Costs one Ping per new channel.
+    /// Bound on the read that vets each new channel through the Service, and how long a
+    /// call may wait before the operator looks for another channel, or `off`. What both do,
+    /// and the hedged dials (every quarter of this bound) that come with them, is described
+    /// once, in the doc of `controller::policy` (README: "The channel to spurctld"). Inside
+    /// a cluster an answer takes milliseconds: 1 s fires only on a replica in trouble.
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_CONNECT_PROBE",
@@ -318,68 +297,16 @@ pub struct ControllerArgs {
     )]
     pub controller_connect_probe: Bound,
 
-    /// How long a call may wait for its answer before the operator asks a fresh channel
-    /// through the Service whose state the replicas serve (a Ping, as the connect probe;
-    /// needs it), or `off`. When that names another replica than the call's channel did
-    /// when it was probed, leadership moved meanwhile: the call is stuck behind a
-    /// follower's forward to a leader that is gone (spurctld's forwards have no bound,
-    /// wire.md) or on a leader cut off from its peers, so it is abandoned and retried on
-    /// the fresh channel instead of waiting out the request bound after the new leader is
-    /// already elected. A slow answer from a healthy cluster gives the same name and is
-    /// left alone. Calls answer in milliseconds inside a cluster, so 1 s only fires on a
-    /// call already in trouble; it costs one connect and one Ping per second while some
-    /// call waits longer than that, shared by all waiting calls. An abandoned write may
-    /// still have applied, as when the request bound fires: SubmitJob looks for its
-    /// SpurJob's UID before submitting again.
+    /// Channel rules to switch off, for experiments that measure what each one buys
+    /// (comma-separated: drop-on-failure, probe-redial, probe-fallback, hedge, patience,
+    /// avoid, abandon, rotate). Never for production.
     #[arg(
         long,
-        env = "SPUR_OPERATOR_CONTROLLER_LEADER_RECHECK",
-        default_value = "1s"
+        env = "SPUR_OPERATOR_CONTROLLER_RULES_OFF",
+        value_delimiter = ',',
+        hide = true
     )]
-    pub controller_leader_recheck: Bound,
-
-    /// Dials through the Service for one channel while the connect probe turns channels
-    /// down (1 to 16). The last is kept whatever its probe said (preferring one that
-    /// answered), so a wrong verdict costs a few dials, never the channel. With two of three
-    /// replicas unable to serve (followers whose forwards hang), 4 dials reach the third
-    /// 4 times in 5, and the leader recheck catches the rest.
-    #[arg(
-        long,
-        env = "SPUR_OPERATOR_CONTROLLER_PROBE_DIALS",
-        default_value_t = DEFAULT_PROBE_DIALS,
-        value_parser = clap::value_parser!(u8).range(1..=16).map(usize::from)
-    )]
-    pub controller_probe_dials: usize,
-
-    /// Dials per leader recheck while none reaches a replica giving another view than the
-    /// waiting call's own (1 to 8): the Service may pick the very replica the call is stuck
-    /// on, or a follower whose forwards hang, several times running. With three replicas,
-    /// four dials reach another one 26 times in 27 (two: 8 in 9, and the stuck call then
-    /// waits out its request bound, 5 s); a dial turned down costs one Ping, and rechecks
-    /// run only while a call waits longer than the recheck.
-    #[arg(
-        long,
-        env = "SPUR_OPERATOR_CONTROLLER_RECHECK_DIALS",
-        default_value_t = DEFAULT_RECHECK_DIALS,
-        value_parser = clap::value_parser!(u8).range(1..=8).map(usize::from)
-    )]
-    pub controller_recheck_dials: usize,
-
-    /// How long the name of a replica whose write went unanswered while its reads were
-    /// served (a leader cut off from its peers) is avoided by new channels. The real
-    /// spurctld answers Ping with the replica's own name, so no probe can tell that the
-    /// replica rejoined or was elected since (fidelity.md row 3): a short memory tries it
-    /// again soon, and a replica still cut off is marked again by its next unanswered
-    /// write, at the cost of one bounded call per period. 2 s: the replica cut off may be
-    /// the one the next election (4.5 to 7 s after the leader was lost) picks. A write
-    /// answered through the name, or refused as UNAVAILABLE elsewhere, forgives it at once.
-    #[arg(
-        long,
-        env = "SPUR_OPERATOR_CONTROLLER_STALL_MEMORY",
-        default_value = "2s",
-        value_parser = parse_duration
-    )]
-    pub controller_stall_memory: Duration,
+    pub controller_rules_off: Vec<Rule>,
 
     /// Largest message sent or received, in MiB. GetJobs over 10,000 active jobs is about
     /// 2 MiB; 32 leaves room for large clusters without allowing unbounded memory.
@@ -437,16 +364,13 @@ impl ControllerArgs {
         }
         let channel = ChannelConfig {
             connect_timeout: self.controller_connect_timeout.0,
-            connect_hedge: self.controller_connect_hedge.0,
             keepalive,
             request_timeout: self.controller_request_timeout.0,
             max_message_bytes: self.controller_max_message_mib << 20,
             max_age: self.controller_channel_max_age.0,
             connect_probe: self.controller_connect_probe.0,
-            leader_recheck: self.controller_leader_recheck.0,
-            probe_dials: self.controller_probe_dials,
-            recheck_dials: self.controller_recheck_dials,
-            stall_memory: self.controller_stall_memory,
+            dials: DEFAULT_DIALS,
+            rules_off: self.controller_rules_off.iter().copied().collect(),
             tls: self.tls(addr.scheme)?,
         };
         let token = self
@@ -1025,28 +949,15 @@ mod tests {
     }
 
     #[test]
-    fn dial_counts_and_stall_memory_are_flags_with_bounds() {
-        let settings = parse(&[
-            "--controller-probe-dials",
-            "6",
-            "--controller-recheck-dials",
-            "3",
-            "--controller-stall-memory",
-            "10s",
-        ])
-        .unwrap();
-        assert_eq!(settings.channel.probe_dials, 6);
-        assert_eq!(settings.channel.recheck_dials, 3);
-        assert_eq!(settings.channel.stall_memory, Duration::from_secs(10));
-        for (flag, value) in [
-            ("--controller-probe-dials", "0"),
-            ("--controller-probe-dials", "17"),
-            ("--controller-recheck-dials", "0"),
-            ("--controller-stall-memory", "soon"),
-        ] {
-            let err = parse(&[flag, value]).unwrap_err();
-            assert!(err.contains(flag), "{flag} {value}: {err}");
-        }
+    fn channel_rules_can_be_switched_off_by_name_and_a_wrong_name_is_named() {
+        let settings = parse(&["--controller-rules-off", "hedge,rotate"]).unwrap();
+        assert_eq!(
+            settings.channel.rules_off,
+            BTreeSet::from([Rule::Hedge, Rule::Rotate])
+        );
+        assert_eq!(settings.channel.hedge(), None);
+        let err = parse(&["--controller-rules-off", "hedge,recheck"]).unwrap_err();
+        assert!(err.contains("unknown rule `recheck`"), "{err}");
     }
 
     #[test]

@@ -23,6 +23,11 @@ pub struct MethodLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    pub rule: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AgentCallLabels {
     /// The token check's result: `verified`, `without_token`, `unchecked`, `refused`.
     pub result: &'static str,
@@ -55,6 +60,8 @@ pub struct Metrics {
     pub channel_connects: Counter,
     pub channel_connect_failures: Counter,
     pub channel_drops: Counter,
+    /// Each time a rule of the controller channel's policy fired (`controller::policy`).
+    pub channel_rules: Family<RuleLabels, Counter>,
     pub nodes_registered: Gauge,
     pub registration_lag_seconds: Histogram,
     pub heartbeat_failures: Counter,
@@ -108,6 +115,12 @@ impl Metrics {
             "controller_channel_drops",
             "Channels to spurctld dropped after a transport failure",
             channel_drops.clone(),
+        );
+        let channel_rules = Family::<RuleLabels, Counter>::default();
+        registry.register(
+            "controller_channel_rules",
+            "Times each rule of the controller channel's policy fired",
+            channel_rules.clone(),
         );
         let nodes_registered = Gauge::default();
         registry.register(
@@ -168,6 +181,7 @@ impl Metrics {
             channel_connects,
             channel_connect_failures,
             channel_drops,
+            channel_rules,
             nodes_registered,
             registration_lag_seconds,
             heartbeat_failures,
@@ -191,6 +205,11 @@ impl Metrics {
         self.rpc_seconds
             .get_or_create(&MethodLabels { method })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one firing of the channel rule `rule`.
+    pub fn channel_rule(&self, rule: &'static str) {
+        self.channel_rules.get_or_create(&RuleLabels { rule }).inc();
     }
 
     pub fn agent_auth(&self, result: &'static str) {

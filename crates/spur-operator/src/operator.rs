@@ -372,9 +372,8 @@ fn readiness_probes(
         let controller = controller.clone();
         Box::pin(async move {
             controller
-                .ping_within(bound)
+                .check_within(bound)
                 .await
-                .map(|_| ())
                 .map_err(|e| e.to_string())
         })
     };

@@ -33,7 +33,7 @@ pub async fn connect<D: Dialer>(
         host: addr.host.clone(),
         port: addr.port,
         timeout: config.connect_timeout,
-        hedge: config.connect_hedge,
+        hedge: config.hedge(),
     };
     let connecting = endpoint.connect_with_connector(dial);
     let result = match config.connect_timeout {

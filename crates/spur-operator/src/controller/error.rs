@@ -56,7 +56,7 @@ fn job_message(message: &str, job_id: u32) -> Option<&str> {
 }
 
 /// Why a connection could not be opened.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ConnectError {
     /// Nothing answered within the connect bound (a dropped SYN, a stalled handshake).
     #[error("connect timed out after {}", humantime::format_duration(*.0))]
@@ -133,7 +133,7 @@ fn append_causes(mut text: String, first: Option<&(dyn std::error::Error + 'stat
 }
 
 /// A controller call that did not succeed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ControllerError {
     #[error("cannot connect to spurctld at {addr}: {source}")]
     Connect {

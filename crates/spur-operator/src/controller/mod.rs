@@ -1,16 +1,19 @@
-//! The channel to spurctld: address parsing, a bounded connect, and the one long-lived
-//! client that drops its channel after a transport failure. Nothing else in the project
-//! opens a controller connection.
+//! The channel to spurctld: address parsing, a bounded connect, the policy that decides
+//! which channel calls share ([`policy`], the one description of the channel's behaviour)
+//! and the one long-lived client that carries it out. Nothing else in the project opens a
+//! controller connection.
 
 mod address;
 mod client;
 mod connect;
 mod error;
+pub mod policy;
 
 pub use address::{AddressError, ControllerAddr, Scheme};
 pub use client::{ClientStats, ControllerClient};
 pub use connect::connect;
 pub use error::{ConnectError, ControllerError, FailureKind, classify};
+pub use policy::Rule;
 
 #[cfg(test)]
 pub(crate) mod testing;

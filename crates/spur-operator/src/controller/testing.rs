@@ -219,7 +219,7 @@ pub struct ScriptedController {
     /// The `hostname` Ping answers (`spurctld-0` when unset).
     hostname: Arc<Mutex<Option<String>>>,
     /// How long Ping waits before answering.
-    ping_delay: Arc<Mutex<std::time::Duration>>,
+    read_delay: Arc<Mutex<std::time::Duration>>,
     /// Jobs submitted, ids from 7 on; GetJobs lists those of the name asked for.
     jobs: Arc<Mutex<Vec<pb::JobInfo>>>,
     /// The next SubmitJob is applied and its reply never sent.
@@ -252,14 +252,10 @@ impl ScriptedController {
         self.known.lock().unwrap().contains(node)
     }
 
-    /// Ping answers `hostname` from now (a follower forwarding to a new leader).
-    pub fn set_hostname(&self, hostname: &str) {
-        *self.hostname.lock().unwrap() = Some(hostname.to_owned());
-    }
-
-    /// Ping waits `delay` before answering (a follower whose forward to the leader hangs).
-    pub fn set_ping_delay(&self, delay: std::time::Duration) {
-        *self.ping_delay.lock().unwrap() = delay;
+    /// GetJobs waits `delay` before answering (a follower whose forward to the leader
+    /// hangs: it forwards reads too; Ping is answered locally and does not wait).
+    pub fn set_read_delay(&self, delay: std::time::Duration) {
+        *self.read_delay.lock().unwrap() = delay;
     }
 
     pub fn set_delay(&self, delay: std::time::Duration) {
@@ -318,8 +314,6 @@ impl pb::SlurmController for ScriptedController {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
-        let ping_delay = *self.ping_delay.lock().unwrap();
-        tokio::time::sleep(ping_delay).await;
         let hostname = self.hostname.lock().unwrap().clone();
         self.answer(pb::PingResponse {
             hostname: hostname.unwrap_or_else(|| "spurctld-0".into()),
@@ -428,6 +422,8 @@ impl pb::SlurmController for ScriptedController {
         &self,
         r: Request<pb::GetJobsRequest>,
     ) -> Result<Response<pb::GetJobsResponse>, Status> {
+        let read_delay = *self.read_delay.lock().unwrap();
+        tokio::time::sleep(read_delay).await;
         let name = r.into_inner().name;
         let jobs = self
             .jobs

@@ -118,12 +118,18 @@ mod tests {
     const UID: &str = "uid-1";
     const READ_BACK: Option<Duration> = Some(Duration::from_secs(1));
 
+    /// One replica, and a channel without patience: with it a SubmitJob unanswered for
+    /// a second is abandoned once a new channel serves (controller::policy, rule 4), and
+    /// these tests are about what the read-back finds meanwhile.
     fn setup() -> (ScriptedController, ControllerClient) {
         let controller = ScriptedController::default();
         let network = MemoryNetwork::start(controller.clone());
         let client = ControllerClient::new(
             ControllerAddr::new("spurctld", 6817),
-            ChannelConfig::default(),
+            ChannelConfig {
+                rules_off: [crate::controller::Rule::Patience].into(),
+                ..ChannelConfig::default()
+            },
             None,
             network,
         )

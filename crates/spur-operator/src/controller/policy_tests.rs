@@ -1,0 +1,457 @@
+//! The channel policy fed events by hand: no network, no clock but the instants given.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::*;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn rules() -> Rules {
+    Rules {
+        probe: Some(SECOND),
+        hedge: Some(SECOND / 4),
+        patience: Some(SECOND),
+        max_age: Some(10 * SECOND),
+        dials: 4,
+    }
+}
+
+/// A policy and a clock of its own, moved by hand.
+struct Bench {
+    policy: Policy,
+    start: Instant,
+    now: Instant,
+}
+
+impl Bench {
+    fn new(rules: Rules) -> Bench {
+        let start = Instant::now();
+        Bench {
+            policy: Policy::new(rules),
+            start,
+            now: start,
+        }
+    }
+
+    fn at(&mut self, millis: u64) -> &mut Self {
+        self.now = self.start + Duration::from_millis(millis);
+        self
+    }
+
+    fn on(&mut self, event: Event) -> Vec<Command> {
+        self.policy.on(self.now, event)
+    }
+
+    /// Ticks when the policy asked to be woken (asserting it asked for `millis`).
+    fn tick_at(&mut self, millis: u64) -> Vec<Command> {
+        let due = self.start + Duration::from_millis(millis);
+        assert_eq!(self.policy.next_wake(), Some(due), "the policy's wake");
+        self.now = due;
+        self.on(Event::Tick)
+    }
+
+    /// A shared channel from dial 0, its probe answered, and call `call` on it.
+    fn open(&mut self, call: CallId) {
+        assert_eq!(
+            self.on(Event::CallStarted { call }),
+            [Command::Dial { dial: 0 }]
+        );
+        assert_eq!(
+            self.on(Event::Dialed { dial: 0, ok: true }),
+            [Command::Probe { dial: 0, named: false }]
+        );
+        assert_eq!(
+            self.on(Event::Probed {
+                dial: 0,
+                answered: true
+            }),
+            [Command::Share { dial: 0 }, Command::Use { call, dial: 0 }]
+        );
+    }
+
+    fn fired(&mut self) -> Vec<Rule> {
+        self.policy.take_fired()
+    }
+}
+
+use Command::*;
+
+#[test]
+fn the_first_call_dials_and_later_calls_share_the_channel_its_probe_accepted() {
+    let mut b = Bench::new(rules());
+    b.open(1);
+    assert_eq!(b.on(Event::CallStarted { call: 2 }), [Use { call: 2, dial: 0 }]);
+    assert_eq!(b.policy.shared(), Some(0));
+    assert_eq!(b.fired(), []);
+}
+
+#[test]
+fn calls_waiting_for_a_dial_all_go_on_its_channel() {
+    let mut b = Bench::new(rules());
+    assert_eq!(b.on(Event::CallStarted { call: 1 }), [Dial { dial: 0 }]);
+    assert_eq!(b.on(Event::CallStarted { call: 2 }), []);
+    b.on(Event::Dialed { dial: 0, ok: true });
+    assert_eq!(
+        b.on(Event::Probed {
+            dial: 0,
+            answered: true
+        }),
+        [Share { dial: 0 }, Use { call: 1, dial: 0 }, Use { call: 2, dial: 0 }]
+    );
+}
+
+#[test]
+fn a_failed_call_drops_its_channel_and_the_next_call_dials_afresh() {
+    let mut b = Bench::new(rules());
+    b.open(1);
+    assert_eq!(
+        b.on(Event::CallEnded {
+            call: 1,
+            ended: Ended::Failed
+        }),
+        [Drop {
+            dial: 0,
+            rule: Rule::DropOnFailure
+        }]
+    );
+    assert_eq!(b.fired(), [Rule::DropOnFailure]);
+    assert_eq!(b.on(Event::CallStarted { call: 2 }), [Dial { dial: 1 }]);
+}
+
+#[test]
+fn an_answer_or_a_caller_leaving_keeps_the_channel() {
+    let mut b = Bench::new(rules());
+    b.open(1);
+    assert_eq!(
+        b.on(Event::CallEnded {
+            call: 1,
+            ended: Ended::Answered
+        }),
+        []
+    );
+    b.on(Event::CallStarted { call: 2 });
+    assert_eq!(
+        b.on(Event::CallEnded {
+            call: 2,
+            ended: Ended::Left
+        }),
+        []
+    );
+    assert_eq!(b.policy.shared(), Some(0));
+}
+
+#[test]
+fn a_failure_on_a_channel_already_replaced_drops_nothing() {
+    let mut b = Bench::new(rules());
+    b.open(1);
+    // Call 1 waits past the patience; a replacement is shared at 1.1 s...
+    assert_eq!(b.tick_at(1000), [Name { dial: 0 }, Dial { dial: 1 }]);
+    b.at(1100).on(Event::Dialed { dial: 1, ok: true });
+    b.on(Event::CallStarted { call: 2 });
+    let shared = b.on(Event::Probed {
+        dial: 1,
+        answered: true,
+    });
+    assert!(shared.contains(&Share { dial: 1 }), "{shared:?}");
+    // ...call 2, started on the old one just before, may still fail there.
+    assert_eq!(
+        b.on(Event::CallEnded {
+            call: 2,
+            ended: Ended::Failed
+        }),
+        []
+    );
+    assert_eq!(b.policy.shared(), Some(1));
+}
+
+#[test]
+fn a_channel_whose_probe_fails_is_dialed_again_and_the_last_kept_when_all_fail() {
+    let mut b = Bench::new(Rules {
+        hedge: None,
+        ..rules()
+    });
+    b.on(Event::CallStarted { call: 1 });
+    for dial in 0..3 {
+        b.on(Event::Dialed { dial, ok: true });
+        assert_eq!(
+            b.on(Event::Probed {
+                dial,
+                answered: false
+            }),
+            [Dial { dial: dial + 1 }]
+                .into_iter()
+                .chain(dial.checked_sub(1).map(|dial| Discard { dial }))
+                .rev()
+                .collect::<Vec<_>>()
+        );
+    }
+    b.on(Event::Dialed { dial: 3, ok: true });
+    assert_eq!(
+        b.on(Event::Probed {
+            dial: 3,
+            answered: false
+        }),
+        [
+            Discard { dial: 2 },
+            Share { dial: 3 },
+            Use { call: 1, dial: 3 }
+        ]
+    );
+    assert_eq!(
+        b.fired(),
+        [
+            Rule::ProbeRedial,
+            Rule::ProbeRedial,
+            Rule::ProbeRedial,
+            Rule::ProbeFallback
+        ]
+    );
+}
+
+#[test]
+fn when_every_connect_fails_the_waiting_calls_fail() {
+    let mut b = Bench::new(Rules {
+        hedge: None,
+        dials: 2,
+        ..rules()
+    });
+    b.on(Event::CallStarted { call: 1 });
+    b.on(Event::CallStarted { call: 2 });
+    assert_eq!(b.on(Event::Dialed { dial: 0, ok: false }), [Dial { dial: 1 }]);
+    assert_eq!(
+        b.on(Event::Dialed { dial: 1, ok: false }),
+        [Fail { call: 1 }, Fail { call: 2 }]
+    );
+    assert_eq!(b.policy.shared(), None);
+    // Nothing is left running: the next call starts a new round.
+    assert_eq!(b.policy.next_wake(), None);
+    assert_eq!(b.on(Event::CallStarted { call: 3 }), [Dial { dial: 2 }]);
+}
+
+#[test]
+fn while_no_dial_has_a_verdict_another_starts_every_quarter_bound_four_at_most() {
+    let mut b = Bench::new(rules());
+    b.on(Event::CallStarted { call: 1 });
+    assert_eq!(b.tick_at(250), [Dial { dial: 1 }]);
+    assert_eq!(b.tick_at(500), [Dial { dial: 2 }]);
+    assert_eq!(b.tick_at(750), [Dial { dial: 3 }]);
+    assert_eq!(b.policy.next_wake(), None, "four dials, no more");
+    assert_eq!(b.fired(), [Rule::Hedge, Rule::Hedge, Rule::Hedge]);
+    // The third dial answers first: shared; the others are discarded as they report.
+    b.at(800).on(Event::Dialed { dial: 2, ok: true });
+    assert_eq!(
+        b.on(Event::Probed {
+            dial: 2,
+            answered: true
+        }),
+        [Share { dial: 2 }, Use { call: 1, dial: 2 }]
+    );
+    assert_eq!(b.on(Event::Dialed { dial: 0, ok: true }), [Discard { dial: 0 }]);
+    assert_eq!(
+        b.on(Event::Probed {
+            dial: 0,
+            answered: true
+        }),
+        [Discard { dial: 0 }]
+    );
+}
+
+#[test]
+fn without_a_probe_a_dialed_channel_is_shared_at_once() {
+    let mut b = Bench::new(Rules {
+        probe: None,
+        hedge: None,
+        patience: None,
+        ..rules()
+    });
+    b.on(Event::CallStarted { call: 1 });
+    assert_eq!(
+        b.on(Event::Dialed { dial: 0, ok: true }),
+        [Share { dial: 0 }, Use { call: 1, dial: 0 }]
+    );
+    assert_eq!(b.policy.next_wake(), None);
+}
+
+#[test]
+fn a_call_past_its_patience_is_abandoned_once_a_new_channel_serves() {
+    let mut b = Bench::new(rules());
+    b.open(1);
+    b.at(400).on(Event::CallStarted { call: 2 });
+    // Call 1's patience runs out at 1 s: a replacement round.
+    assert_eq!(b.tick_at(1000), [Name { dial: 0 }, Dial { dial: 1 }]);
+    assert_eq!(b.fired(), [Rule::Patience]);
+    b.at(1010).on(Event::Dialed { dial: 1, ok: true });
+    assert_eq!(
+        b.on(Event::Probed {
+            dial: 1,
+            answered: true
+        }),
+        [
+            Share { dial: 1 },
+            Drop {
+                dial: 0,
+                rule: Rule::Patience
+            },
+            Abandon { call: 1 }
+        ]
+    );
+    // Call 2 (0.61 s old) may finish on the old channel until its own patience.
+    assert_eq!(b.tick_at(1400), [Abandon { call: 2 }]);
+    assert_eq!(b.fired(), [Rule::Abandon, Rule::Abandon]);
+    assert_eq!(b.policy.next_wake(), None);
+}
+
+#[test]
+fn a_slow_call_keeps_its_channel_while_no_other_serves_and_rounds_come_once_a_bound() {
+    let mut b = Bench::new(rules());
+    b.open(1);
+    assert_eq!(b.tick_at(1000), [Name { dial: 0 }, Dial { dial: 1 }]);
+    // Every replacement dial finds a replica that does not serve.
+    for (at, dial) in [(1250, 2), (1500, 3), (1750, 4)] {
+        assert_eq!(b.tick_at(at), [Dial { dial }]);
+    }
+    for dial in 1..=4 {
+        b.at(1900).on(Event::Dialed { dial, ok: true });
+        b.on(Event::Probed {
+            dial,
+            answered: false,
+        });
+    }
+    assert_eq!(b.policy.shared(), Some(0), "nothing better: kept");
+    // The next round one bound after the last started, not at once.
+    assert_eq!(b.tick_at(2000), [Name { dial: 0 }, Dial { dial: 5 }]);
+}
+
+#[test]
+fn a_failure_during_a_replacement_makes_the_calls_wait_for_it() {
+    let mut b = Bench::new(rules());
+    b.open(1);
+    b.tick_at(1000);
+    b.at(1100).on(Event::CallStarted { call: 2 });
+    assert_eq!(
+        b.on(Event::CallEnded {
+            call: 2,
+            ended: Ended::Failed
+        }),
+        [Drop {
+            dial: 0,
+            rule: Rule::DropOnFailure
+        }]
+    );
+    // Call 3 waits for the replacement round's dial instead of starting another.
+    assert_eq!(b.on(Event::CallStarted { call: 3 }), []);
+    b.on(Event::Dialed { dial: 1, ok: true });
+    assert_eq!(
+        b.on(Event::Probed {
+            dial: 1,
+            answered: true
+        }),
+        [Share { dial: 1 }, Use { call: 3, dial: 1 }, Abandon { call: 1 }]
+    );
+}
+
+#[test]
+fn a_channel_past_its_maximum_age_is_replaced_by_one_whose_probe_is_answered() {
+    let mut b = Bench::new(rules());
+    b.open(1);
+    b.on(Event::CallEnded {
+        call: 1,
+        ended: Ended::Answered,
+    });
+    // At 10 s the next call still goes on the old channel, and a round starts.
+    assert_eq!(
+        b.at(10_000).on(Event::CallStarted { call: 2 }),
+        [Dial { dial: 1 }, Use { call: 2, dial: 0 }]
+    );
+    assert_eq!(b.fired(), [Rule::Rotate]);
+    b.on(Event::Dialed { dial: 1, ok: true });
+    // A replacement whose probe fails is not taken.
+    assert_eq!(
+        b.on(Event::Probed {
+            dial: 1,
+            answered: false
+        }),
+        [Discard { dial: 1 }, Dial { dial: 2 }]
+    );
+    b.on(Event::Dialed { dial: 2, ok: true });
+    assert_eq!(
+        b.on(Event::Probed {
+            dial: 2,
+            answered: true
+        }),
+        [
+            Share { dial: 2 },
+            Drop {
+                dial: 0,
+                rule: Rule::Rotate
+            }
+        ]
+    );
+}
+
+#[test]
+fn without_patience_a_slow_call_is_left_to_its_request_bound() {
+    let mut b = Bench::new(Rules {
+        patience: None,
+        ..rules()
+    });
+    b.open(1);
+    assert_eq!(b.policy.next_wake(), None);
+    assert_eq!(b.at(4000).on(Event::Tick), []);
+}
+
+#[test]
+fn a_patience_round_passes_over_a_channel_to_the_replica_the_calls_are_stuck_on() {
+    let mut b = Bench::new(Rules {
+        hedge: None,
+        ..rules()
+    });
+    b.open(1);
+    assert_eq!(b.tick_at(1000), [Name { dial: 0 }, Dial { dial: 1 }]);
+    b.on(Event::Named {
+        dial: 0,
+        replica: 7,
+    });
+    // The Service picks the same replica (a leader cut off from its peers: it serves
+    // reads from its own state) and the candidate is named before its probe.
+    assert_eq!(
+        b.on(Event::Dialed { dial: 1, ok: true }),
+        [Probe {
+            dial: 1,
+            named: true
+        }]
+    );
+    b.on(Event::Named {
+        dial: 1,
+        replica: 7,
+    });
+    assert_eq!(
+        b.on(Event::Probed {
+            dial: 1,
+            answered: true
+        }),
+        [Discard { dial: 1 }, Dial { dial: 2 }]
+    );
+    assert_eq!(b.fired(), [Rule::Patience, Rule::Avoid, Rule::ProbeRedial]);
+    b.on(Event::Dialed { dial: 2, ok: true });
+    b.on(Event::Named {
+        dial: 2,
+        replica: 8,
+    });
+    assert_eq!(
+        b.on(Event::Probed {
+            dial: 2,
+            answered: true
+        }),
+        [
+            Share { dial: 2 },
+            Drop {
+                dial: 0,
+                rule: Rule::Patience
+            },
+            Abandon { call: 1 }
+        ]
+    );
+}
