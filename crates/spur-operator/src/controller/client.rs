@@ -452,9 +452,10 @@ impl ControllerClient {
                 spawn(async move { client.dial(dial).await });
             }
             Command::Probe { dial, named } => {
-                let (Some(channel), Some(bound)) =
-                    (state.channels.get(&dial).cloned(), state.policy.rules().probe)
-                else {
+                let (Some(channel), Some(bound)) = (
+                    state.channels.get(&dial).cloned(),
+                    state.policy.rules().probe,
+                ) else {
                     return;
                 };
                 let client = self.clone();
@@ -469,16 +470,20 @@ impl ControllerClient {
                 });
             }
             Command::Name { dial } => {
-                let (Some(channel), Some(bound)) =
-                    (state.channels.get(&dial).cloned(), state.policy.rules().probe)
-                else {
+                let (Some(channel), Some(bound)) = (
+                    state.channels.get(&dial).cloned(),
+                    state.policy.rules().probe,
+                ) else {
                     return;
                 };
                 let client = self.clone();
                 spawn(async move { client.name(dial, channel, bound).await });
             }
             Command::Share { dial } => {
-                tracing::debug!(generation = dial, "the controller channel every call shares");
+                tracing::debug!(
+                    generation = dial,
+                    "the controller channel every call shares"
+                );
             }
             Command::Use { call, dial } => {
                 let channel = state.channels.get(&dial).cloned();

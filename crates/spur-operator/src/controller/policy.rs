@@ -84,6 +84,11 @@ pub struct Rules {
     pub max_age: Option<Duration>,
     /// Dials per round at most (at least 1).
     pub dials: usize,
+    /// Rules 1, 2's fallback, 4's avoidance and abandonment, each on unless switched off.
+    pub drop_on_failure: bool,
+    pub fallback: bool,
+    pub avoid: bool,
+    pub abandon: bool,
 }
 
 impl Rules {
@@ -97,12 +102,18 @@ impl Rules {
                 .connect_probe
                 .map(|bound| bound / 4)
                 .filter(|_| !off(Rule::Hedge)),
-            patience: config
-                .connect_probe
-                .filter(|_| !off(Rule::Patience) && !off(Rule::Abandon)),
+            patience: config.connect_probe.filter(|_| !off(Rule::Patience)),
             max_age: config.max_age.filter(|_| !off(Rule::Rotate)),
             // Without a probe a dial's only verdict is its connect, which has its own bound.
-            dials: if probe.is_some() { config.dials.max(1) } else { 1 },
+            dials: if probe.is_some() {
+                config.dials.max(1)
+            } else {
+                1
+            },
+            drop_on_failure: !off(Rule::DropOnFailure),
+            fallback: !off(Rule::ProbeFallback),
+            avoid: !off(Rule::Avoid),
+            abandon: !off(Rule::Abandon),
         }
     }
 }
@@ -176,14 +187,28 @@ pub enum Ended {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
     /// A call wants a channel.
-    CallStarted { call: CallId },
-    CallEnded { call: CallId, ended: Ended },
+    CallStarted {
+        call: CallId,
+    },
+    CallEnded {
+        call: CallId,
+        ended: Ended,
+    },
     /// A dial ended: a channel, or the connect's error.
-    Dialed { dial: DialId, ok: bool },
+    Dialed {
+        dial: DialId,
+        ok: bool,
+    },
     /// A new channel's probe was answered within its bound, or not.
-    Probed { dial: DialId, answered: bool },
+    Probed {
+        dial: DialId,
+        answered: bool,
+    },
     /// Dial `dial`'s channel reached the replica whose Ping answered with this name.
-    Named { dial: DialId, replica: ReplicaId },
+    Named {
+        dial: DialId,
+        replica: ReplicaId,
+    },
     /// Time passed (the client ticks at [`Policy::next_wake`]).
     Tick,
 }
@@ -330,11 +355,9 @@ impl Policy {
 
     /// When the client should send the next [`Event::Tick`]; `None`: only on an event.
     pub fn next_wake(&self) -> Option<Instant> {
-        let hedge = self.round().and_then(|round| {
-            round
-                .next_dial
-                .filter(|_| round.started < self.rules.dials)
-        });
+        let hedge = self
+            .round()
+            .and_then(|round| round.next_dial.filter(|_| round.started < self.rules.dials));
         let patience = self.rules.patience.and_then(|patience| {
             let Link::Open {
                 dial, replacing, ..
@@ -348,7 +371,7 @@ impl Policy {
                     let due = call.started + patience;
                     if call.on? != *dial {
                         // On a channel no longer shared: abandoned at its patience.
-                        return Some(due);
+                        return self.rules.abandon.then_some(due);
                     }
                     if replacing.is_some() {
                         return None; // the round's verdict decides
@@ -454,7 +477,7 @@ impl Policy {
         let Some(call) = self.calls.remove(&call) else {
             return; // abandoned or failed already
         };
-        if ended != Ended::Failed {
+        if ended != Ended::Failed || !self.rules.drop_on_failure {
             return;
         }
         let Link::Open {
@@ -518,7 +541,8 @@ impl Policy {
         // A patience round wants another replica than the one the calls are stuck on: a
         // leader cut off from its peers serves reads from its own state, and the Service
         // may pick it again and again.
-        let same_replica = replaces.is_some_and(|old| {
+        let same_replica = self.rules.avoid
+            && replaces.is_some_and(|old| {
             matches!((self.names.get(&old), self.names.get(&dial)), (Some(a), Some(b)) if a == b)
         });
         if answered && !same_replica {
@@ -528,11 +552,12 @@ impl Policy {
         if same_replica {
             self.fired.push(Rule::Avoid);
         }
+        let fallback = self.rules.fallback;
         let Some(round) = self.round_mut() else {
             return;
         };
         round.pending.remove(&dial);
-        if round.purpose == Purpose::Fill {
+        if round.purpose == Purpose::Fill && fallback {
             if let Some(previous) = round.fallback.replace(dial) {
                 out.push(Command::Discard { dial: previous });
             }
@@ -591,6 +616,9 @@ impl Policy {
         let (Some(patience), Some(shared)) = (self.rules.patience, self.shared()) else {
             return;
         };
+        if !self.rules.abandon {
+            return;
+        }
         let overdue: Vec<CallId> = self
             .calls
             .iter()
@@ -639,7 +667,10 @@ impl Policy {
             Link::Open {
                 replacing, opened, ..
             } => {
-                if replacing.take().is_some_and(|r| r.purpose == Purpose::Rotate) {
+                if replacing
+                    .take()
+                    .is_some_and(|r| r.purpose == Purpose::Rotate)
+                {
                     *opened = now;
                 }
             }

@@ -15,6 +15,10 @@ fn rules() -> Rules {
         patience: Some(SECOND),
         max_age: Some(10 * SECOND),
         dials: 4,
+        drop_on_failure: true,
+        fallback: true,
+        avoid: true,
+        abandon: true,
     }
 }
 
@@ -60,7 +64,10 @@ impl Bench {
         );
         assert_eq!(
             self.on(Event::Dialed { dial: 0, ok: true }),
-            [Command::Probe { dial: 0, named: false }]
+            [Command::Probe {
+                dial: 0,
+                named: false
+            }]
         );
         assert_eq!(
             self.on(Event::Probed {
@@ -82,7 +89,10 @@ use Command::*;
 fn the_first_call_dials_and_later_calls_share_the_channel_its_probe_accepted() {
     let mut b = Bench::new(rules());
     b.open(1);
-    assert_eq!(b.on(Event::CallStarted { call: 2 }), [Use { call: 2, dial: 0 }]);
+    assert_eq!(
+        b.on(Event::CallStarted { call: 2 }),
+        [Use { call: 2, dial: 0 }]
+    );
     assert_eq!(b.policy.shared(), Some(0));
     assert_eq!(b.fired(), []);
 }
@@ -98,7 +108,11 @@ fn calls_waiting_for_a_dial_all_go_on_its_channel() {
             dial: 0,
             answered: true
         }),
-        [Share { dial: 0 }, Use { call: 1, dial: 0 }, Use { call: 2, dial: 0 }]
+        [
+            Share { dial: 0 },
+            Use { call: 1, dial: 0 },
+            Use { call: 2, dial: 0 }
+        ]
     );
 }
 
@@ -219,7 +233,10 @@ fn when_every_connect_fails_the_waiting_calls_fail() {
     });
     b.on(Event::CallStarted { call: 1 });
     b.on(Event::CallStarted { call: 2 });
-    assert_eq!(b.on(Event::Dialed { dial: 0, ok: false }), [Dial { dial: 1 }]);
+    assert_eq!(
+        b.on(Event::Dialed { dial: 0, ok: false }),
+        [Dial { dial: 1 }]
+    );
     assert_eq!(
         b.on(Event::Dialed { dial: 1, ok: false }),
         [Fail { call: 1 }, Fail { call: 2 }]
@@ -248,7 +265,10 @@ fn while_no_dial_has_a_verdict_another_starts_every_quarter_bound_four_at_most()
         }),
         [Share { dial: 2 }, Use { call: 1, dial: 2 }]
     );
-    assert_eq!(b.on(Event::Dialed { dial: 0, ok: true }), [Discard { dial: 0 }]);
+    assert_eq!(
+        b.on(Event::Dialed { dial: 0, ok: true }),
+        [Discard { dial: 0 }]
+    );
     assert_eq!(
         b.on(Event::Probed {
             dial: 0,
@@ -348,7 +368,11 @@ fn a_failure_during_a_replacement_makes_the_calls_wait_for_it() {
             dial: 1,
             answered: true
         }),
-        [Share { dial: 1 }, Use { call: 3, dial: 1 }, Abandon { call: 1 }]
+        [
+            Share { dial: 1 },
+            Use { call: 3, dial: 1 },
+            Abandon { call: 1 }
+        ]
     );
 }
 
@@ -454,4 +478,18 @@ fn a_patience_round_passes_over_a_channel_to_the_replica_the_calls_are_stuck_on(
             Abandon { call: 1 }
         ]
     );
+}
+
+#[test]
+fn every_rule_can_be_switched_off_on_its_own() {
+    let default = crate::config::ChannelConfig::default();
+    let shipped = Rules::from_config(&default);
+    for rule in Rule::ALL {
+        let config = crate::config::ChannelConfig {
+            rules_off: [rule].into(),
+            ..default.clone()
+        };
+        assert_ne!(Rules::from_config(&config), shipped, "{rule:?}");
+        assert_eq!(rule.name().parse::<Rule>(), Ok(rule));
+    }
 }

@@ -368,7 +368,10 @@ async fn a_write_stuck_on_its_channel_is_abandoned_once_another_replica_serves()
     assert_eq!(err.code(), Code::Cancelled, "{err}");
     assert!(err.to_string().contains("abandoned"), "{err}");
     // The patience (1 s), then the replacement's dial and probe (instant here).
-    assert_eq!(started.elapsed(), ChannelConfig::default().connect_probe.unwrap());
+    assert_eq!(
+        started.elapsed(),
+        ChannelConfig::default().connect_probe.unwrap()
+    );
     client.heartbeat(Default::default()).await.unwrap();
     assert_eq!(
         calls(&serving),
@@ -388,8 +391,7 @@ async fn a_write_stuck_on_its_channel_is_abandoned_once_another_replica_serves()
 
 #[tokio::test(start_paused = true)]
 async fn without_patience_the_stuck_write_waits_out_the_request_bound() {
-    let (stuck, _serving, network, client) =
-        stuck_and_serving(with_rules_off(&[Rule::Patience]));
+    let (stuck, _serving, network, client) = stuck_and_serving(with_rules_off(&[Rule::Patience]));
     network.redirect_next(&["stuck", "serving"]);
     client.heartbeat(Default::default()).await.unwrap();
     stuck.set_delay(HOUR);
