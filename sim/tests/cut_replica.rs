@@ -1,10 +1,10 @@
 //! Issue 8's partition-replica fault as named scenarios: a controller replica cut off from
 //! its two peers stays in the Service, and the operator must get around it.
 //!
-//! Each runs the default profile twice, once as shipped and once with the connect probe
-//! switched off (`--controller-connect-probe off`), on a seed whose Service picks hand the
-//! operator back to the bad replica, and asserts that precondition, so a change in the
-//! world cannot make a scenario silently test nothing.
+//! Each runs the default profile twice, once as shipped and once with the rule that gets
+//! around the bad replica switched off, on a seed whose Service picks hand the operator
+//! back to the bad replica, and asserts that precondition, so a change in the world cannot
+//! make a scenario silently test nothing.
 
 use std::time::Duration;
 
@@ -133,11 +133,13 @@ fn cut_leader(seed: u64, flags: &[&str]) -> Option<CutLeader> {
 const SEED_CUT_LEADER: u64 = 15;
 
 /// Issue 8: a leader cut off from its peers keeps its place in the Service, answers reads
-/// from its stale copy and holds every write. Without the probe a new channel lands on it
-/// again one connect in three, each costing a 5 s request bound; with it, the channel
-/// whose probe names the replica whose write went unanswered is turned down.
+/// (the probe's too) from its stale copy and holds every write. Patience (rule 4 of
+/// `controller::policy`) leaves a write it held for a second for a channel to another
+/// replica that serves, once one does. Measured: 0.9 s from the election to the id; 1.7 s
+/// with `--controller-rules-off avoid` (the Service hands the cut leader back, and its
+/// probe passes); 17.7 s with `--controller-rules-off patience`.
 #[test]
-fn a_cut_leader_is_not_dialed_again_after_its_write_went_unanswered() {
+fn a_write_held_by_a_cut_leader_is_left_for_another_replica() {
     let shipped = cut_leader(SEED_CUT_LEADER, &[]).expect("precondition: on the leader");
     eprintln!("default: {}", shipped.describe());
     let lag = shipped.lag().expect("default: the SpurJob was submitted");
@@ -148,9 +150,9 @@ fn a_cut_leader_is_not_dialed_again_after_its_write_went_unanswered() {
         s(SUBMISSION_TARGET)
     );
 
-    let unprobed = cut_leader(SEED_CUT_LEADER, &["--controller-connect-probe", "off"])
+    let unprobed = cut_leader(SEED_CUT_LEADER, &["--controller-rules-off", "patience"])
         .expect("precondition: on the leader");
-    eprintln!("no probe: {}", unprobed.describe());
+    eprintln!("no patience: {}", unprobed.describe());
     // Precondition: after the first redial, the Service picked the cut leader again.
     assert!(
         unprobed.picks.iter().skip(1).any(|p| *p == unprobed.cut),
@@ -159,7 +161,7 @@ fn a_cut_leader_is_not_dialed_again_after_its_write_went_unanswered() {
     );
     assert!(
         unprobed.lag().is_none_or(|lag| lag > SUBMISSION_TARGET),
-        "no probe: {}; expected it later than {}",
+        "no patience: {}; expected it later than {}",
         unprobed.describe(),
         s(SUBMISSION_TARGET)
     );
@@ -222,6 +224,10 @@ fn cut_follower(seed: u64, flags: &[&str]) -> Option<CutFollower> {
 /// by trying seeds; the precondition below holds it).
 const SEED_CUT_FOLLOWER: u64 = 54;
 
+/// Measured: 0.1 s from the heal to the last id; 17.7 s with `--controller-connect-probe
+/// off` (no probe, no hedge, no patience: each new channel to the follower waits out the
+/// request bound); 5.2 s with `--controller-rules-off probe-redial` alone, where patience
+/// still leaves the follower's channel a second into each call.
 #[test]
 fn a_follower_whose_forwarding_client_died_in_a_partition_is_turned_down_by_the_probe() {
     let shipped = cut_follower(SEED_CUT_FOLLOWER, &[]).expect("precondition: on a follower");

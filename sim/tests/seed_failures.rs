@@ -387,17 +387,11 @@ const SEED_B_FOLLOWER: u64 = 7026;
 
 /// The seed's runs 3 and 5 again, with the operator's channel through a follower: the
 /// follower forwards the SpurJob's writes to the dead leader with no bound (wire.md), and
-/// each hangs until the operator's own request bound. The default must submit within 3 s
-/// of the election (issue 8's target). Measured: 2.1 s.
-///
-/// This test used to pin the leader recheck (`--controller-leader-recheck`): once the new
-/// leader was elected, a fresh channel's Ping named it while the stuck call's channel had
-/// been vetted naming the old one, and the call was left (0.7 s with the recheck, 1.9 s
-/// without). The real spurctld answers Ping locally with the replica's own hostname
-/// (fidelity.md row 3): a Ping names who answers, never who leads, so the recheck cannot
-/// tell an election from a dial to another replica. On this placement it measures 2.1 s
-/// with it and without; the rule is moot against a faithful controller and goes with the
-/// next issue (the controller channel as a state machine). What is left is the deadline.
+/// each hangs until the operator's own request bound unless the channel policy leaves it.
+/// The default must submit within 3 s of the election (issue 8's target). Measured with
+/// the policy of issue 18: 0.1 s; with `--controller-rules-off patience` (or `abandon`)
+/// 2.1 s: the write waits on the follower until its patience round finds a replica that
+/// serves, once the new leader is elected.
 #[test]
 fn a_silent_leader_kill_behind_a_follower() {
     let run = silent_kill(
@@ -412,6 +406,21 @@ fn a_silent_leader_kill_behind_a_follower() {
         .lag()
         .unwrap_or_else(|| panic!("default: {}", run.describe()));
     assert!(lag <= secs(3), "default: {} after the election", s(lag));
+    let patient = silent_kill(
+        SEED_B_FOLLOWER,
+        &["--controller-rules-off", "patience"],
+        false,
+        Duration::from_secs(3),
+        "patience off",
+    );
+    eprintln!("(b, follower) patience off: {}", patient.describe());
+    let without = patient.lag().expect("patience off: submitted");
+    assert!(
+        without >= lag + secs(1),
+        "patience off: {} after the election, default {}",
+        s(without),
+        s(lag)
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -733,16 +742,11 @@ fn a_lost_submit_reply_is_adopted_not_duplicated() {
 /// the call, and the retry finds the job; reading the submission back every second
 /// (`--submit-read-back`) finds it while the call still waits, and nothing is sent twice.
 ///
-/// The read-back is compared with the leader recheck off in both arms. Against the
-/// faithful controller every replica answers Ping with its own hostname (fidelity.md
-/// row 3), so a recheck of a call outstanding for 1 s whose fresh dial lands on any other
-/// replica than the call's sees "another view" and abandons the call, whoever leads:
-/// here it abandons the hung SubmitJob (sent through follower spurctld-0) after 1 s, and
-/// the retry's UID lookup finds the job 1.7 s after the lost reply with the read-back
-/// off. That is the recheck misreading local Pings, not a rule to count on (its premise,
-/// a Ping naming the leader, is gone, and it goes with the next issue, the controller
-/// channel as a state machine). Measured on seed 7007: default 1.1 s; recheck off 1.1 s;
-/// recheck and read-back off 5.7 s.
+/// The read-back is compared with patience off in both arms (`--controller-rules-off
+/// patience`): with it, a SubmitJob unanswered for a second is abandoned once a new
+/// channel serves, and the retry's UID lookup finds the job as the read-back would.
+/// Measured on seed 7007: default 1.1 s; patience off 1.1 s; patience and read-back off
+/// 5.7 s (the request bound).
 #[test]
 fn a_hung_submit_reply_is_read_back_within_seconds() {
     let with = lost_reply(7007, "default", &[], LostReply::Hang);
@@ -751,22 +755,27 @@ fn a_hung_submit_reply_is_read_back_within_seconds() {
         "default: id {} after the lost reply",
         s(with)
     );
-    let recheck_off = ["--controller-rules-off", "patience"];
-    let read_back_alone = lost_reply(7007, "recheck off", &recheck_off, LostReply::Hang);
+    let patience_off = ["--controller-rules-off", "patience"];
+    let read_back_alone = lost_reply(7007, "patience off", &patience_off, LostReply::Hang);
     let without = lost_reply(
         7007,
-        "recheck and read-back off",
-        &[recheck_off[0], recheck_off[1], "--submit-read-back", "off"],
+        "patience and read-back off",
+        &[
+            patience_off[0],
+            patience_off[1],
+            "--submit-read-back",
+            "off",
+        ],
         LostReply::Hang,
     );
     assert!(
         read_back_alone <= secs(2),
-        "recheck off: id {} after the lost reply",
+        "patience off: id {} after the lost reply",
         s(read_back_alone)
     );
     assert!(
         without >= secs(5),
-        "recheck and read-back off: id {} after the lost reply, before the request bound",
+        "patience and read-back off: id {} after the lost reply, before the request bound",
         s(without)
     );
 }
@@ -885,11 +894,11 @@ struct ElectedWhileAvoided {
 /// replicas left elect again while the third one, still forwarding to the dead leader,
 /// refuses writes as UNAVAILABLE "tcp connect error" and answers Pings from its own state
 /// (wire.md). A second SpurJob is created right after the death.
-fn elected_while_avoided(seed: u64) -> ElectedWhileAvoided {
+fn elected_while_avoided(seed: u64, flags: &[&str]) -> ElectedWhileAvoided {
     let mut sim = Sim::new(seed);
     sim.add_nodes(1);
     sim.world.run_until(secs(10)).unwrap();
-    sim.start_operator("operator", &[]);
+    sim.start_operator("operator", flags);
     let up = run_until_true(&mut sim, secs(60), |sim| sim.registered_nodes().len() == 1);
     assert!(up.is_some(), "the node never registered");
     sim.world.run_until(secs(40)).unwrap();
@@ -935,23 +944,22 @@ fn elected_while_avoided(seed: u64) -> ElectedWhileAvoided {
     }
 }
 
-/// Seeds where the replica cut off (and avoided) is the one elected after the second
-/// leader's death: found by trying seeds 7040 to 7069. Before the refusal rule, the
-/// recheck's fallback and its four dials, they took 7.3 s and 6.9 s from that election to
-/// the id; 7054's follower answers "not the Raft leader" naming the dead leader, 7068's
-/// hangs once the cut replica leads. On the model with local Pings and 4.5 to 7 s
-/// elections both still elect the cut replica (spurctld-1, at 57.1 s and 58.9 s): 7054
-/// submitted 0.3 s after; 7068 30.5 s after while the stall memory was 30 s (a local Ping
-/// cannot say the avoided replica was elected), which is why it is now 2 s.
+/// Seeds where the replica cut off is the one elected after the second leader's death:
+/// found by trying seeds 7040 to 7069. 7054's follower answers "not the Raft leader"
+/// naming the dead leader, 7068's hangs once the cut replica leads. The policy of issue 18
+/// avoids a replica only within the patience round that replaces a channel to it, so
+/// nothing keeps the elected replica avoided: 7054 submitted 0.4 s after its election,
+/// 7068 0.5 s; with `--controller-rules-off abandon` 7054 took 6.1 s (its write waited
+/// out the request bound on the channel a round had replaced).
 const SEEDS_ELECTED_WHILE_AVOIDED: [u64; 2] = [7054, 7068];
 
-/// Issue 8: a replica avoided for a write that hung while it was cut off is used again
-/// once another replica refuses writes as UNAVAILABLE, and a recheck leaves a channel that
-/// answers no Ping for it, so the operator does not wait out the 30 s it is avoided.
+/// Issue 8: a replica that was cut off and is then elected serves the operator within
+/// 3 s of its election; without abandoning the calls stuck on a replaced channel, it
+/// does not.
 #[test]
 fn a_replica_avoided_while_cut_off_is_used_once_elected() {
     for seed in SEEDS_ELECTED_WHILE_AVOIDED {
-        let run = elected_while_avoided(seed);
+        let run = elected_while_avoided(seed, &[]);
         assert_eq!(
             run.new_leader.as_deref(),
             Some(run.cut.as_str()),
@@ -968,4 +976,14 @@ fn a_replica_avoided_while_cut_off_is_used_once_elected() {
             s(lag)
         );
     }
+    let run = elected_while_avoided(7054, &["--controller-rules-off", "abandon"]);
+    let lag = run
+        .submitted_at
+        .zip(run.elected_at)
+        .map(|(at, elected)| at.saturating_sub(elected));
+    assert!(
+        lag.is_none_or(|lag| lag > secs(3)),
+        "abandon off: seed 7054 submitted {:?} after the election",
+        lag.map(s)
+    );
 }
