@@ -143,8 +143,7 @@ pub const DEFAULT_CHANNEL_MAX_AGE: Duration = Duration::from_secs(10);
 pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
 /// Dials per round: with two of three replicas unable to serve (followers whose forwards
 /// hang), four dials through a Service that picks at random reach the third one 65 times
-/// in 81; a round that found none keeps the last channel, and the next call's patience
-/// starts another round a second later.
+/// in 81; when a round found none, its calls fail and are retried within a second.
 pub const DEFAULT_DIALS: usize = 4;
 
 impl Default for ChannelConfig {
@@ -298,8 +297,8 @@ pub struct ControllerArgs {
     pub controller_connect_probe: Bound,
 
     /// Channel rules to switch off, for experiments that measure what each one buys
-    /// (comma-separated: drop-on-failure, probe-redial, probe-fallback, hedge, patience,
-    /// avoid, abandon, rotate). Never for production.
+    /// (comma-separated: drop-on-failure, probe-redial, hedge, patience, avoid, abandon,
+    /// rotate). Never for production.
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_RULES_OFF",

@@ -52,7 +52,8 @@ struct State {
     waiting: BTreeMap<CallId, oneshot::Sender<Result<Channel, ControllerError>>>,
     /// Calls on a channel, told here when they are abandoned.
     running: BTreeMap<CallId, oneshot::Sender<()>>,
-    /// Why the last dial failed: what waiting calls fail with when no dial made a channel.
+    /// Why the last dial or probe failed: what waiting calls fail with when no dial of a
+    /// round made a channel that serves.
     last_dial_error: Option<ControllerError>,
     next_call: CallId,
     /// The replicas' names seen, numbered in the order first seen.
@@ -625,6 +626,9 @@ impl ControllerClient {
             Ok(()) => true,
             Err(why) => {
                 tracing::info!(addr = %self.inner.addr, %why, "a new controller channel's probe failed");
+                self.lock().last_dial_error = Some(self.connect_error(&format!(
+                    "the channel's probe (a forwarded read) failed: {why}"
+                )));
                 false
             }
         }

@@ -21,8 +21,9 @@
 //!    each one dialed is asked for a job that cannot exist (GetJobs of id `u32::MAX`) within
 //!    the probe's bound. A follower whose forwards hang (its leader frozen, gone, or cut off
 //!    from it) does not answer, and the Service is dialed again, up to `dials` times; when
-//!    every probe failed the last channel is shared anyway ([`Rule::ProbeFallback`]): a
-//!    wrong verdict costs a few dials, never the channel.
+//!    every probe failed, the calls waiting fail and their callers retry within a second
+//!    (sharing the last channel anyway, as an earlier version did, made no seed of 0..300
+//!    faster or slower, and its calls then hung on a replica known not to serve).
 //! 3. **Dials are hedged** ([`Rule::Hedge`]): while no dial of a round has a verdict, another
 //!    starts every quarter of the probe's bound. A SYN that a Service with no ready endpoint
 //!    dropped is retransmitted by the kernel only after 1 s, 3 s, ...; a dial made a moment
@@ -84,9 +85,8 @@ pub struct Rules {
     pub max_age: Option<Duration>,
     /// Dials per round at most (at least 1).
     pub dials: usize,
-    /// Rules 1, 2's fallback, 4's avoidance and abandonment, each on unless switched off.
+    /// Rule 1, and rule 4's avoidance and abandonment, each on unless switched off.
     pub drop_on_failure: bool,
-    pub fallback: bool,
     pub avoid: bool,
     pub abandon: bool,
 }
@@ -111,7 +111,6 @@ impl Rules {
                 1
             },
             drop_on_failure: !off(Rule::DropOnFailure),
-            fallback: !off(Rule::ProbeFallback),
             avoid: !off(Rule::Avoid),
             abandon: !off(Rule::Abandon),
         }
@@ -125,7 +124,6 @@ impl Rules {
 pub enum Rule {
     DropOnFailure,
     ProbeRedial,
-    ProbeFallback,
     Hedge,
     Patience,
     Avoid,
@@ -134,10 +132,9 @@ pub enum Rule {
 }
 
 impl Rule {
-    pub const ALL: [Rule; 8] = [
+    pub const ALL: [Rule; 7] = [
         Rule::DropOnFailure,
         Rule::ProbeRedial,
-        Rule::ProbeFallback,
         Rule::Hedge,
         Rule::Patience,
         Rule::Avoid,
@@ -149,7 +146,6 @@ impl Rule {
         match self {
             Rule::DropOnFailure => "drop-on-failure",
             Rule::ProbeRedial => "probe-redial",
-            Rule::ProbeFallback => "probe-fallback",
             Rule::Hedge => "hedge",
             Rule::Patience => "patience",
             Rule::Avoid => "avoid",
@@ -233,8 +229,8 @@ pub enum Command {
     Discard { dial: DialId },
     /// Stop waiting for call `call`'s answer: it fails, and its caller retries.
     Abandon { call: CallId },
-    /// Call `call`, waiting for a channel, fails: no dial made one (with the last dial's
-    /// error).
+    /// Call `call`, waiting for a channel, fails: no dial of the round made one that serves
+    /// (with the last dial's or probe's error).
     Fail { call: CallId },
 }
 
@@ -258,8 +254,6 @@ struct Round {
     pending: BTreeSet<DialId>,
     /// When the next hedged dial starts; `None` without a hedge.
     next_dial: Option<Instant>,
-    /// A dial whose probe failed, shared when no other is accepted (a Fill round only).
-    fallback: Option<DialId>,
     /// The shared channel a patience round replaces: a candidate that reaches the same
     /// replica is no replacement.
     replaces: Option<DialId>,
@@ -410,7 +404,6 @@ impl Policy {
             started: 1,
             pending: BTreeSet::from([dial]),
             next_dial: self.rules.hedge.map(|hedge| now + hedge),
-            fallback: None,
             replaces: None,
         }
     }
@@ -552,18 +545,11 @@ impl Policy {
         if same_replica {
             self.fired.push(Rule::Avoid);
         }
-        let fallback = self.rules.fallback;
         let Some(round) = self.round_mut() else {
             return;
         };
         round.pending.remove(&dial);
-        if round.purpose == Purpose::Fill && fallback {
-            if let Some(previous) = round.fallback.replace(dial) {
-                out.push(Command::Discard { dial: previous });
-            }
-        } else {
-            out.push(Command::Discard { dial });
-        }
+        out.push(Command::Discard { dial });
         if !self.dial_again(now, Rule::ProbeRedial, out) {
             self.round_over_if_done(now, out);
         }
@@ -590,9 +576,6 @@ impl Policy {
             Link::Open { .. } | Link::Closed => unreachable!("accept without a round"),
         };
         // The round's other dials report later and are discarded then.
-        if let Some(fallback) = round.fallback {
-            out.push(Command::Discard { dial: fallback });
-        }
         if let Some(old) = old {
             let rule = match round.purpose {
                 Purpose::Patience => Rule::Patience,
@@ -643,25 +626,19 @@ impl Policy {
             return;
         }
         match &mut self.link {
-            Link::Connecting(round) => match round.fallback.take() {
-                Some(fallback) => {
-                    self.fired.push(Rule::ProbeFallback);
-                    self.accept(now, fallback, out);
+            Link::Connecting(_) => {
+                self.link = Link::Closed;
+                let waiting: Vec<CallId> = self
+                    .calls
+                    .iter()
+                    .filter(|(_, call)| call.on.is_none())
+                    .map(|(id, _)| *id)
+                    .collect();
+                for call in waiting {
+                    self.calls.remove(&call);
+                    out.push(Command::Fail { call });
                 }
-                None => {
-                    self.link = Link::Closed;
-                    let waiting: Vec<CallId> = self
-                        .calls
-                        .iter()
-                        .filter(|(_, call)| call.on.is_none())
-                        .map(|(id, _)| *id)
-                        .collect();
-                    for call in waiting {
-                        self.calls.remove(&call);
-                        out.push(Command::Fail { call });
-                    }
-                }
-            },
+            }
             // A replacement that found nothing better keeps the shared channel; one for its
             // age keeps it for another maximum age.
             Link::Open {

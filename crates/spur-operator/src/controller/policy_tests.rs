@@ -16,7 +16,6 @@ fn rules() -> Rules {
         max_age: Some(10 * SECOND),
         dials: 4,
         drop_on_failure: true,
-        fallback: true,
         avoid: true,
         abandon: true,
     }
@@ -181,7 +180,7 @@ fn a_failure_on_a_channel_already_replaced_drops_nothing() {
 }
 
 #[test]
-fn a_channel_whose_probe_fails_is_dialed_again_and_the_last_kept_when_all_fail() {
+fn a_channel_whose_probe_fails_is_dialed_again_and_when_all_fail_the_calls_do() {
     let mut b = Bench::new(Rules {
         hedge: None,
         ..rules()
@@ -194,11 +193,7 @@ fn a_channel_whose_probe_fails_is_dialed_again_and_the_last_kept_when_all_fail()
                 dial,
                 answered: false
             }),
-            [Dial { dial: dial + 1 }]
-                .into_iter()
-                .chain(dial.checked_sub(1).map(|dial| Discard { dial }))
-                .rev()
-                .collect::<Vec<_>>()
+            [Discard { dial }, Dial { dial: dial + 1 }]
         );
     }
     b.on(Event::Dialed { dial: 3, ok: true });
@@ -207,21 +202,10 @@ fn a_channel_whose_probe_fails_is_dialed_again_and_the_last_kept_when_all_fail()
             dial: 3,
             answered: false
         }),
-        [
-            Discard { dial: 2 },
-            Share { dial: 3 },
-            Use { call: 1, dial: 3 }
-        ]
+        [Discard { dial: 3 }, Fail { call: 1 }]
     );
-    assert_eq!(
-        b.fired(),
-        [
-            Rule::ProbeRedial,
-            Rule::ProbeRedial,
-            Rule::ProbeRedial,
-            Rule::ProbeFallback
-        ]
-    );
+    assert_eq!(b.fired(), [Rule::ProbeRedial; 3]);
+    assert_eq!(b.policy.shared(), None);
 }
 
 #[test]

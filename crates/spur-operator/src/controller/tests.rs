@@ -331,12 +331,13 @@ async fn without_the_probe_the_first_channel_is_used_whatever_it_serves() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn when_every_probe_fails_the_last_channel_is_kept() {
+async fn when_every_probe_fails_the_call_fails_naming_the_probe() {
     let (stuck, _serving, network, client) = stuck_and_serving(ChannelConfig::default());
     stuck.set_read_delay(HOUR);
     network.redirect_next(&["stuck", "stuck", "stuck", "stuck"]);
     let started = Instant::now();
-    client.heartbeat(Default::default()).await.unwrap();
+    let err = client.heartbeat(Default::default()).await.unwrap_err();
+    assert!(err.to_string().contains("probe"), "{err}");
     // Four dials a quarter bound apart; the last probe's bound ends the round.
     let config = ChannelConfig::default();
     assert_eq!(
@@ -344,6 +345,11 @@ async fn when_every_probe_fails_the_last_channel_is_kept() {
         config.hedge().unwrap() * 3 + config.connect_probe.unwrap()
     );
     assert_eq!(network.dials(), 4);
+    assert_eq!(
+        calls(&stuck),
+        0,
+        "no heartbeat reached the replica that does not serve"
+    );
 }
 
 #[tokio::test(start_paused = true)]
