@@ -200,6 +200,7 @@ mod tests {
         metrics.observe_rpc("Ping", tonic::Code::Ok, std::time::Duration::from_millis(1));
         metrics.reconcile_error("node", "register");
         metrics.agent_auth("verified");
+        metrics.channel_rule("hedge");
         metrics
             .reconciles
             .get_or_create(&spur_operator::metrics::ReconcileLabels { kind: "node" })
