@@ -389,9 +389,11 @@ const SEED_B_FOLLOWER: u64 = 7026;
 /// follower forwards the SpurJob's writes to the dead leader with no bound (wire.md), and
 /// each hangs until the operator's own request bound unless the channel policy leaves it.
 /// The default must submit within 3 s of the election (issue 8's target). Measured with
-/// the policy of issue 18: 0.1 s; with `--controller-rules-off patience` (or `abandon`)
-/// 2.1 s: the write waits on the follower until its patience round finds a replica that
-/// serves, once the new leader is elected.
+/// the policy of issue 18: 2.1 s, and 2.1 s with `--controller-rules-off patience` too:
+/// the followers' probes hang until the election, so no round finds a replica to leave
+/// the write for before the retry would anyway (with the probe fallback, since deleted,
+/// the default took 0.1 s here). Patience is earned by the cut-leader scenario
+/// (`cut_replica.rs`) and the sweep (README: what each rule buys).
 #[test]
 fn a_silent_leader_kill_behind_a_follower() {
     let run = silent_kill(
@@ -406,21 +408,6 @@ fn a_silent_leader_kill_behind_a_follower() {
         .lag()
         .unwrap_or_else(|| panic!("default: {}", run.describe()));
     assert!(lag <= secs(3), "default: {} after the election", s(lag));
-    let patient = silent_kill(
-        SEED_B_FOLLOWER,
-        &["--controller-rules-off", "patience"],
-        false,
-        Duration::from_secs(3),
-        "patience off",
-    );
-    eprintln!("(b, follower) patience off: {}", patient.describe());
-    let without = patient.lag().expect("patience off: submitted");
-    assert!(
-        without >= lag + secs(1),
-        "patience off: {} after the election, default {}",
-        s(without),
-        s(lag)
-    );
 }
 
 // ---------------------------------------------------------------------------------------
