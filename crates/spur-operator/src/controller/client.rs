@@ -453,10 +453,7 @@ impl ControllerClient {
                 spawn(async move { client.dial(dial).await });
             }
             Command::Probe { dial, named } => {
-                let (Some(channel), Some(bound)) = (
-                    state.channels.get(&dial).cloned(),
-                    state.policy.rules().probe,
-                ) else {
+                let Some((channel, bound)) = probe_target(state, dial) else {
                     return;
                 };
                 let client = self.clone();
@@ -471,10 +468,7 @@ impl ControllerClient {
                 });
             }
             Command::Name { dial } => {
-                let (Some(channel), Some(bound)) = (
-                    state.channels.get(&dial).cloned(),
-                    state.policy.rules().probe,
-                ) else {
+                let Some((channel, bound)) = probe_target(state, dial) else {
                     return;
                 };
                 let client = self.clone();
@@ -640,6 +634,14 @@ impl ControllerClient {
             source: ConnectError::Other(why.to_owned()),
         }
     }
+}
+
+/// Dial `dial`'s channel and the probe's bound, for a probe or a Ping that names it.
+fn probe_target(state: &State, dial: DialId) -> Option<(Channel, std::time::Duration)> {
+    Some((
+        state.channels.get(&dial)?.clone(),
+        state.policy.rules().probe?,
+    ))
 }
 
 /// Spawns `task` on the current runtime; outside one (a call dropped while its runtime
