@@ -77,6 +77,14 @@ impl Bench {
         );
     }
 
+    fn probed(&mut self, dial: DialId, answered: bool) -> Vec<Command> {
+        self.on(Event::Probed { dial, answered })
+    }
+
+    fn ended(&mut self, call: CallId, ended: Ended) -> Vec<Command> {
+        self.on(Event::CallEnded { call, ended })
+    }
+
     fn fired(&mut self) -> Vec<Rule> {
         self.policy.take_fired()
     }
@@ -103,10 +111,7 @@ fn calls_waiting_for_a_dial_all_go_on_its_channel() {
     assert_eq!(b.on(Event::CallStarted { call: 2 }), []);
     b.on(Event::Dialed { dial: 0, ok: true });
     assert_eq!(
-        b.on(Event::Probed {
-            dial: 0,
-            answered: true
-        }),
+        b.probed(0, true),
         [
             Share { dial: 0 },
             Use { call: 1, dial: 0 },
@@ -120,10 +125,7 @@ fn a_failed_call_drops_its_channel_and_the_next_call_dials_afresh() {
     let mut b = Bench::new(rules());
     b.open(1);
     assert_eq!(
-        b.on(Event::CallEnded {
-            call: 1,
-            ended: Ended::Failed
-        }),
+        b.ended(1, Ended::Failed),
         [Drop {
             dial: 0,
             rule: Rule::DropOnFailure
@@ -137,21 +139,9 @@ fn a_failed_call_drops_its_channel_and_the_next_call_dials_afresh() {
 fn an_answer_or_a_caller_leaving_keeps_the_channel() {
     let mut b = Bench::new(rules());
     b.open(1);
-    assert_eq!(
-        b.on(Event::CallEnded {
-            call: 1,
-            ended: Ended::Answered
-        }),
-        []
-    );
+    assert_eq!(b.ended(1, Ended::Answered), []);
     b.on(Event::CallStarted { call: 2 });
-    assert_eq!(
-        b.on(Event::CallEnded {
-            call: 2,
-            ended: Ended::Left
-        }),
-        []
-    );
+    assert_eq!(b.ended(2, Ended::Left), []);
     assert_eq!(b.policy.shared(), Some(0));
 }
 
@@ -163,19 +153,10 @@ fn a_failure_on_a_channel_already_replaced_drops_nothing() {
     assert_eq!(b.tick_at(1000), [Name { dial: 0 }, Dial { dial: 1 }]);
     b.at(1100).on(Event::Dialed { dial: 1, ok: true });
     b.on(Event::CallStarted { call: 2 });
-    let shared = b.on(Event::Probed {
-        dial: 1,
-        answered: true,
-    });
+    let shared = b.probed(1, true);
     assert!(shared.contains(&Share { dial: 1 }), "{shared:?}");
     // ...call 2, started on the old one just before, may still fail there.
-    assert_eq!(
-        b.on(Event::CallEnded {
-            call: 2,
-            ended: Ended::Failed
-        }),
-        []
-    );
+    assert_eq!(b.ended(2, Ended::Failed), []);
     assert_eq!(b.policy.shared(), Some(1));
 }
 
@@ -189,21 +170,12 @@ fn a_channel_whose_probe_fails_is_dialed_again_and_when_all_fail_the_calls_do() 
     for dial in 0..3 {
         b.on(Event::Dialed { dial, ok: true });
         assert_eq!(
-            b.on(Event::Probed {
-                dial,
-                answered: false
-            }),
+            b.probed(dial, false),
             [Discard { dial }, Dial { dial: dial + 1 }]
         );
     }
     b.on(Event::Dialed { dial: 3, ok: true });
-    assert_eq!(
-        b.on(Event::Probed {
-            dial: 3,
-            answered: false
-        }),
-        [Discard { dial: 3 }, Fail { call: 1 }]
-    );
+    assert_eq!(b.probed(3, false), [Discard { dial: 3 }, Fail { call: 1 }]);
     assert_eq!(b.fired(), [Rule::ProbeRedial; 3]);
     assert_eq!(b.policy.shared(), None);
 }
@@ -243,23 +215,14 @@ fn while_no_dial_has_a_verdict_another_starts_every_quarter_bound_four_at_most()
     // The third dial answers first: shared; the others are discarded as they report.
     b.at(800).on(Event::Dialed { dial: 2, ok: true });
     assert_eq!(
-        b.on(Event::Probed {
-            dial: 2,
-            answered: true
-        }),
+        b.probed(2, true),
         [Share { dial: 2 }, Use { call: 1, dial: 2 }]
     );
     assert_eq!(
         b.on(Event::Dialed { dial: 0, ok: true }),
         [Discard { dial: 0 }]
     );
-    assert_eq!(
-        b.on(Event::Probed {
-            dial: 0,
-            answered: true
-        }),
-        [Discard { dial: 0 }]
-    );
+    assert_eq!(b.probed(0, true), [Discard { dial: 0 }]);
 }
 
 #[test]
@@ -288,10 +251,7 @@ fn a_call_past_its_patience_is_abandoned_once_a_new_channel_serves() {
     assert_eq!(b.fired(), [Rule::Patience]);
     b.at(1010).on(Event::Dialed { dial: 1, ok: true });
     assert_eq!(
-        b.on(Event::Probed {
-            dial: 1,
-            answered: true
-        }),
+        b.probed(1, true),
         [
             Share { dial: 1 },
             Drop {
@@ -318,10 +278,7 @@ fn a_slow_call_keeps_its_channel_while_no_other_serves_and_rounds_come_once_a_bo
     }
     for dial in 1..=4 {
         b.at(1900).on(Event::Dialed { dial, ok: true });
-        b.on(Event::Probed {
-            dial,
-            answered: false,
-        });
+        b.probed(dial, false);
     }
     assert_eq!(b.policy.shared(), Some(0), "nothing better: kept");
     // The next round one bound after the last started, not at once.
@@ -335,10 +292,7 @@ fn a_failure_during_a_replacement_makes_the_calls_wait_for_it() {
     b.tick_at(1000);
     b.at(1100).on(Event::CallStarted { call: 2 });
     assert_eq!(
-        b.on(Event::CallEnded {
-            call: 2,
-            ended: Ended::Failed
-        }),
+        b.ended(2, Ended::Failed),
         [Drop {
             dial: 0,
             rule: Rule::DropOnFailure
@@ -348,10 +302,7 @@ fn a_failure_during_a_replacement_makes_the_calls_wait_for_it() {
     assert_eq!(b.on(Event::CallStarted { call: 3 }), []);
     b.on(Event::Dialed { dial: 1, ok: true });
     assert_eq!(
-        b.on(Event::Probed {
-            dial: 1,
-            answered: true
-        }),
+        b.probed(1, true),
         [
             Share { dial: 1 },
             Use { call: 3, dial: 1 },
@@ -364,10 +315,7 @@ fn a_failure_during_a_replacement_makes_the_calls_wait_for_it() {
 fn a_channel_past_its_maximum_age_is_replaced_by_one_whose_probe_is_answered() {
     let mut b = Bench::new(rules());
     b.open(1);
-    b.on(Event::CallEnded {
-        call: 1,
-        ended: Ended::Answered,
-    });
+    b.ended(1, Ended::Answered);
     // At 10 s the next call still goes on the old channel, and a round starts.
     assert_eq!(
         b.at(10_000).on(Event::CallStarted { call: 2 }),
@@ -376,19 +324,10 @@ fn a_channel_past_its_maximum_age_is_replaced_by_one_whose_probe_is_answered() {
     assert_eq!(b.fired(), [Rule::Rotate]);
     b.on(Event::Dialed { dial: 1, ok: true });
     // A replacement whose probe fails is not taken.
-    assert_eq!(
-        b.on(Event::Probed {
-            dial: 1,
-            answered: false
-        }),
-        [Discard { dial: 1 }, Dial { dial: 2 }]
-    );
+    assert_eq!(b.probed(1, false), [Discard { dial: 1 }, Dial { dial: 2 }]);
     b.on(Event::Dialed { dial: 2, ok: true });
     assert_eq!(
-        b.on(Event::Probed {
-            dial: 2,
-            answered: true
-        }),
+        b.probed(2, true),
         [
             Share { dial: 2 },
             Drop {
@@ -435,13 +374,7 @@ fn a_patience_round_passes_over_a_channel_to_the_replica_the_calls_are_stuck_on(
         dial: 1,
         replica: 7,
     });
-    assert_eq!(
-        b.on(Event::Probed {
-            dial: 1,
-            answered: true
-        }),
-        [Discard { dial: 1 }, Dial { dial: 2 }]
-    );
+    assert_eq!(b.probed(1, true), [Discard { dial: 1 }, Dial { dial: 2 }]);
     assert_eq!(b.fired(), [Rule::Patience, Rule::Avoid, Rule::ProbeRedial]);
     b.on(Event::Dialed { dial: 2, ok: true });
     b.on(Event::Named {
@@ -449,10 +382,7 @@ fn a_patience_round_passes_over_a_channel_to_the_replica_the_calls_are_stuck_on(
         replica: 8,
     });
     assert_eq!(
-        b.on(Event::Probed {
-            dial: 2,
-            answered: true
-        }),
+        b.probed(2, true),
         [
             Share { dial: 2 },
             Drop {
