@@ -251,3 +251,67 @@ fn two_replicas_on_different_leases_are_caught_acting_together() {
     // had it read only the lease the deployment uses.
     assert_eq!(sim.leading_operators().len(), 2);
 }
+
+/// The fence on the agent's writes, in a world: the acting replica is stopped (SIGTERM)
+/// while LaunchJobs wait on a slow API server (each call 1.5 s, so a launch's Node read
+/// and pod create take 3 s). Its Lease is released only once the launches in flight are
+/// answered, no pod is created by a replica the Lease does not name at that moment, and
+/// every job still gets its pod, from the replica that takes over.
+#[test]
+fn a_sigterm_during_launches_on_a_slow_api_server_leaves_no_write_outside_the_lease() {
+    let mut sim = Sim::new(17);
+    sim.add_nodes(2);
+    sim.start_kubelet();
+    sim.start_operator("operator-a", FLAGS);
+    sim.start_operator("operator-b", FLAGS);
+    let mut check = ActingCheck::new(OPERATOR_LEASE, &["operator-a", "operator-b"]);
+    let violations = judge_acting(&mut sim, &mut check, 0, 10);
+    assert!(violations.is_empty(), "{violations:#?}");
+    let leader = sim.leases.holder(OPERATOR_LEASE).expect("a leader");
+    let other = if leader == "operator-a" {
+        "operator-b"
+    } else {
+        "operator-a"
+    };
+    sim.api.faults().set_latency(Duration::from_millis(1500));
+    submit_jobs(&sim, "slow", 3);
+    // Stop the leader once the first LaunchJob is answered: the next is under way (a call
+    // that started after the stop would be refused at once, not answered `ok`).
+    let mut at = secs(10);
+    while sim.world.trace().find("LaunchJob job").is_empty() {
+        at += Duration::from_millis(100);
+        assert!(at < secs(60), "no launch within 50 s");
+        sim.world.run_until(at).unwrap();
+        no_violations(&mut check, &mut sim);
+    }
+    let in_flight = sim.world.trace().find("LaunchJob job").len();
+    sim.operator_stop(&leader).expect("stop handle").stop();
+    let violations = judge_acting(&mut sim, &mut check, at.as_secs(), 90);
+    assert!(violations.is_empty(), "{violations:#?}");
+    // The launch in flight at the stop was answered (its pod made) before the Lease was
+    // released, and the other replica took over only after.
+    let launches = sim.world.trace().find("LaunchJob job");
+    let answered = launches
+        .get(in_flight)
+        .expect("the launch in flight was answered");
+    assert!(answered.event.ends_with(": ok"), "{answered}");
+    let terms = sim.leases.terms(OPERATOR_LEASE);
+    let released = terms
+        .iter()
+        .find(|t| t.at > at)
+        .expect("the Lease changed after the stop");
+    assert!(released.at >= answered.at, "{terms:?} vs {answered}");
+    assert_eq!(sim.leases.holder(OPERATOR_LEASE).as_deref(), Some(other));
+    // Every job still got its pod.
+    for i in 0..3 {
+        let name = format!("slow-{i}");
+        let job = sim.spurjob("default", &name).unwrap();
+        assert!(job["status"]["spurJobId"].is_u64(), "{name}: {job}");
+    }
+    assert_eq!(sim.pods("default").len(), 3);
+}
+
+fn no_violations(check: &mut ActingCheck, sim: &mut Sim) {
+    let violations: Vec<String> = check.sample(sim).iter().map(ToString::to_string).collect();
+    assert!(violations.is_empty(), "{violations:#?}");
+}

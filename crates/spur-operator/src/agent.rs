@@ -37,6 +37,8 @@ pub const DEFAULT_LAUNCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone)]
 pub struct Agent {
+    /// Fenced ([`crate::fence`]): each pod and Service create and delete is checked
+    /// against the Lease when it is sent, not when the call started.
     kube: kube::Client,
     /// The SpurJobs, while this replica leads; `None` on a standby.
     jobs: watch::Receiver<Option<Store<SpurJob>>>,
@@ -45,8 +47,8 @@ pub struct Agent {
     /// UNAVAILABLE: spurctld waits on it without a bound of its own.
     launch_timeout: Duration,
     /// Held (shared) by every call while it runs: [`Agent::drained`] takes it exclusively,
-    /// so a replica that stops acting waits for the calls in flight before it releases
-    /// the Lease.
+    /// so a replica shutting down lets the launches in flight finish (their writes still
+    /// pass the fence) before it closes the fence and releases the Lease.
     in_flight: std::sync::Arc<tokio::sync::RwLock<()>>,
 }
 
@@ -66,15 +68,9 @@ impl Agent {
     }
 
     /// Completes once no call is in flight. Calls that start after the replica stopped
-    /// acting (the SpurJob store gone) are refused, so after this no agent write comes.
+    /// acting (the SpurJob store gone) are refused at once.
     pub async fn drained(&self) {
         drop(self.in_flight.write().await);
-    }
-
-    /// The fence on every agent write: this replica must still act at the moment of the
-    /// write, not only when the call started (the Lease may have moved meanwhile).
-    fn fence(&self) -> Result<(), Status> {
-        self.store().map(|_| ())
     }
 
     /// Bounds each LaunchJob's Kubernetes work by `timeout`.
@@ -131,7 +127,6 @@ impl Agent {
             let pod = build_pod(job, launch, gpu_resource, generation)
                 .map_err(Status::invalid_argument)?;
             let name = pod.name_any();
-            self.fence()?;
             match pods.create(&PostParams::default(), &pod).await {
                 Ok(_) => {
                     tracing::info!(job_id = launch.job_id, node = %launch.target_node, pod = %name, "launched");
@@ -168,7 +163,6 @@ impl Agent {
         };
         if placement.nodes.len() > 1 {
             let services: Api<Service> = Api::namespaced(self.kube.clone(), &namespace);
-            self.fence()?;
             match services
                 .create(&PostParams::default(), &build_service(job, launch.job_id))
                 .await
@@ -270,7 +264,6 @@ impl pb::SlurmAgent for Agent {
         namespaces.sort();
         namespaces.dedup();
         for namespace in namespaces {
-            self.fence()?;
             delete_job_objects(&self.kube, &namespace, job_id)
                 .await
                 .map_err(|e| kube_status("deleting the job's pods", e))?;
@@ -298,4 +291,126 @@ pub async fn serve<L: Listener>(
         ))
         .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use kube::runtime::reflector::store::Writer;
+    use kube::runtime::watcher;
+    use pb::SlurmAgent as _;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::fence::Fence;
+    use crate::jobs::crd::SpurJobSpec;
+
+    /// How long the API server takes to answer the Node read a LaunchJob starts with.
+    const NODE_READ: Duration = Duration::from_secs(3);
+
+    /// An API server that answers reads NotFound after [`NODE_READ`] and every write at
+    /// once, recording `METHOD path`.
+    fn api_server(writes: Arc<Mutex<Vec<String>>>) -> kube::Client {
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let writes = writes.clone();
+            async move {
+                if request.method() == http::Method::GET {
+                    tokio::time::sleep(NODE_READ).await;
+                    let status = serde_json::json!({
+                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "NotFound", "code": 404, "message": "not found",
+                    });
+                    return Ok::<_, kube::Error>(
+                        http::Response::builder()
+                            .status(404)
+                            .body(kube::client::Body::from(status.to_string().into_bytes()))
+                            .expect("response"),
+                    );
+                }
+                writes.lock().expect("writes").push(format!(
+                    "{} {}",
+                    request.method(),
+                    request.uri().path()
+                ));
+                let created = request.into_body().collect_bytes().await?;
+                Ok(http::Response::builder()
+                    .status(201)
+                    .body(kube::client::Body::from(created))
+                    .expect("response"))
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    fn job_store() -> Store<SpurJob> {
+        let mut job = SpurJob::new(
+            "train",
+            SpurJobSpec {
+                image: "busybox".into(),
+                ..Default::default()
+            },
+        );
+        job.metadata.namespace = Some("ml".into());
+        job.metadata.uid = Some("uid-1".into());
+        let mut writer = Writer::default();
+        writer.apply_watcher_event(&watcher::Event::Apply(job));
+        writer.as_reader()
+    }
+
+    fn launch() -> pb::LaunchJobRequest {
+        pb::LaunchJobRequest {
+            job_id: 7,
+            spec: Some(pb::JobSpec {
+                num_nodes: 1,
+                num_tasks: 1,
+                comment: "spurjob-uid=uid-1".into(),
+                ..Default::default()
+            }),
+            target_node: "node-a".into(),
+            run_attempt: 1,
+            ..Default::default()
+        }
+    }
+
+    /// A LaunchJob that starts while this replica holds the Lease for 2 more seconds and
+    /// reaches its pod create after 3 (the Node read): what the agent answers and what
+    /// reached the API server. The SpurJob store stays, as it does until the operator's
+    /// main loop sees the hold has ended.
+    async fn launch_across_the_end_of_the_hold(fenced: bool) -> (Result<(), Status>, Vec<String>) {
+        let fence = Fence::new();
+        fence.hold_until(Instant::now() + Duration::from_secs(2));
+        let writes = Arc::default();
+        let raw = api_server(Arc::clone(&writes));
+        let kube = if fenced { fence.kube_client(raw) } else { raw };
+        let (_jobs_tx, jobs) = watch::channel(Some(job_store()));
+        let registered = Registered::default();
+        registered.insert("node-a", "token".into());
+        let agent = Agent::new(kube, jobs, registered);
+        let answer = agent.launch_job(Request::new(launch())).await;
+        let writes = writes.lock().expect("writes").clone();
+        (answer.map(|_| ()), writes)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn checked_when_the_call_started_a_pod_is_created_after_the_hold_ended() {
+        let (answer, writes) = launch_across_the_end_of_the_hold(false).await;
+        assert!(answer.is_ok(), "{answer:?}");
+        assert_eq!(writes, ["POST /api/v1/namespaces/ml/pods"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn checked_at_the_write_no_pod_is_created_after_the_hold_ended() {
+        let (answer, writes) = launch_across_the_end_of_the_hold(true).await;
+        let refused = answer.expect_err("the create must be refused");
+        assert_eq!(refused.code(), tonic::Code::Unavailable);
+        assert!(
+            refused
+                .message()
+                .contains("hold on the Lease ran out 1s ago"),
+            "{}",
+            refused.message()
+        );
+        assert!(writes.is_empty(), "{writes:?}");
+    }
 }

@@ -66,6 +66,8 @@ pub fn describe_failure(error: &ControllerError, settings: &ControllerSettings) 
             Code::Unavailable | Code::Unknown => "connection lost",
             _ => "controller answered",
         },
+        // check-controller's client has no fence; kept for completeness.
+        ControllerError::NotActing { .. } => "not sent",
     };
     let detail = match cause {
         "deadline" => format!(

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::clock::WallClock;
+use crate::fence::Fence;
 use crate::metrics::Metrics;
 
 #[derive(Clone, Debug)]
@@ -78,6 +79,8 @@ pub struct Elector {
     clock: WallClock,
     metrics: Metrics,
     leading: watch::Sender<bool>,
+    /// Held open until the renew deadline of each successful renewal.
+    fence: Fence,
 }
 
 impl Elector {
@@ -86,6 +89,7 @@ impl Elector {
         config: LeaseConfig,
         clock: WallClock,
         metrics: Metrics,
+        fence: Fence,
     ) -> (Elector, watch::Receiver<bool>) {
         let (leading, rx) = watch::channel(false);
         let api = Api::namespaced(client, &config.namespace);
@@ -96,6 +100,7 @@ impl Elector {
                 clock,
                 metrics,
                 leading,
+                fence,
             },
             rx,
         )
@@ -124,6 +129,9 @@ impl Elector {
                         tracing::info!(identity = %self.config.identity, lease = %self.config.name, "acquired the lease; acting as leader");
                     }
                     renewed_at = Some(attempt_started);
+                    // The hold ends on its own when this renewal's deadline passes.
+                    self.fence
+                        .hold_until(attempt_started + self.config.renew_deadline);
                     self.set_leading(true);
                 }
                 Some(Ok(false)) => {
@@ -166,6 +174,9 @@ impl Elector {
     }
 
     fn set_leading(&self, leading: bool) {
+        if !leading {
+            self.fence.end_hold();
+        }
         self.metrics.leader.set(i64::from(leading));
         self.leading.send_if_modified(|current| {
             let changed = *current != leading;

@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 pub mod controller;
 pub mod events;
+pub mod fence;
 pub mod health;
 pub mod hostlist;
 pub mod jobs;

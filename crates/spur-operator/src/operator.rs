@@ -23,6 +23,7 @@ use crate::clock::WallClock;
 use crate::config::OperatorConfig;
 use crate::controller::{ControllerClient, ControllerError};
 use crate::events::EventPublisher;
+use crate::fence::Fence;
 use crate::health::{Health, Probe, serve_http};
 use crate::jobs::reconcile::{JobsContext, error_policy, reconcile};
 use crate::jobs::reports::{ReportContext, reconcile_pod};
@@ -86,6 +87,11 @@ pub async fn run_with_handles<N: Network>(
 ) -> Result<(), RunError> {
     let metrics = Metrics::new();
     let entropy = Entropy::from_seed(world.seed);
+    // Every write made on behalf of leadership goes through the fence: the API writes by
+    // way of `acting_kube`, the controller's leader-only calls inside the client. Only the
+    // elector (the Lease itself) and the readiness probe use the unfenced client.
+    let fence = Fence::new();
+    let acting_kube = fence.kube_client(world.kube.clone());
     let settings = &config.controller;
     let controller = ControllerClient::new(
         settings.addr.clone(),
@@ -93,7 +99,8 @@ pub async fn run_with_handles<N: Network>(
         settings.token.as_deref(),
         world.network.clone(),
     )?
-    .with_metrics(metrics.clone());
+    .with_metrics(metrics.clone())
+    .with_fence(fence.clone());
 
     let (stopping_tx, stopping) = watch::channel(false);
     let health_listener = listen(&world.network, config.health_listen, "health").await?;
@@ -111,7 +118,7 @@ pub async fn run_with_handles<N: Network>(
     let (jobs_tx, jobs_rx) = watch::channel::<Option<Store<SpurJob>>>(None);
     let registered = Registered::default();
     let agent_listener = listen(&world.network, config.agent_listen, "the agent").await?;
-    let agent = Agent::new(world.kube.clone(), jobs_rx, registered.clone())
+    let agent = Agent::new(acting_kube.clone(), jobs_rx, registered.clone())
         .with_launch_timeout(config.agent_launch_timeout);
     let auth = &config.agent_auth;
     let agent_auth = AgentAuth::new(
@@ -134,11 +141,12 @@ pub async fn run_with_handles<N: Network>(
         config.lease.clone(),
         world.clock.clone(),
         metrics.clone(),
+        fence.clone(),
     );
     let (release_tx, release) = watch::channel(false);
     let elector_task = tokio::spawn(elector.run(wait_for(release)));
     let events = EventPublisher::new(
-        world.kube.clone(),
+        acting_kube.clone(),
         world.clock.clone(),
         config.lease.identity.clone(),
     );
@@ -157,6 +165,7 @@ pub async fn run_with_handles<N: Network>(
         }
         let (drain_tx, drain) = watch::channel(false);
         let parts = Parts {
+            kube: &acting_kube,
             controller: &controller,
             metrics: &metrics,
             entropy: &entropy,
@@ -189,7 +198,8 @@ pub async fn run_with_handles<N: Network>(
         while tasks.join_next().await.is_some() {}
         tracing::info!("stopped acting: no longer the leader");
     }
-    // The agent stops taking calls, and those in flight finish, before the Lease is
+    // The agent stops taking calls and lets those in flight finish while the hold lasts;
+    // then no write passes, and those in flight are answered, before the Lease is
     // released: a pod created after the release would be a write nobody leads.
     let _ = jobs_tx.send(None);
     if tokio::time::timeout(config.shutdown_grace, agent_calls.drained())
@@ -197,6 +207,13 @@ pub async fn run_with_handles<N: Network>(
         .is_err()
     {
         tracing::warn!("agent calls still in flight after the shutdown grace period");
+    }
+    fence.close();
+    if tokio::time::timeout(config.shutdown_grace, fence.drained())
+        .await
+        .is_err()
+    {
+        tracing::warn!("writes still in flight after the shutdown grace period");
     }
     let _ = release_tx.send(true);
     let _ = elector_task.await;
@@ -216,6 +233,8 @@ fn reconcile_limits(config: &OperatorConfig) -> kube::runtime::controller::Confi
 
 /// What the leader's tasks share with the rest of the operator.
 struct Parts<'a> {
+    /// The fenced client: every write checked against the Lease when it is sent.
+    kube: &'a kube::Client,
     controller: &'a ControllerClient,
     metrics: &'a Metrics,
     entropy: &'a Entropy,
@@ -231,6 +250,7 @@ fn start_leader_tasks<N: Network>(
     drain: watch::Receiver<bool>,
 ) -> JoinSet<()> {
     let Parts {
+        kube,
         controller,
         metrics,
         entropy,
@@ -239,7 +259,6 @@ fn start_leader_tasks<N: Network>(
         jobs_tx,
     } = *parts;
     let mut tasks = JoinSet::new();
-    let kube = &world.kube;
 
     // SpurJobs: submit, record, cancel on deletion; then mirror state by polling.
     let jobs = Controller::new(
@@ -327,7 +346,7 @@ fn start_leader_tasks<N: Network>(
     tasks.spawn(until_drained(drain.clone(), pods));
 
     let (forgotten_tx, forgotten_rx) = mpsc::unbounded_channel();
-    let nodes = Api::<Node>::all(world.kube.clone());
+    let nodes = Api::<Node>::all(kube.clone());
     let watch_backoff = config.node_sync.retry.start(entropy.clone());
     let events = watcher(
         nodes,

@@ -26,16 +26,9 @@ pub struct CallRecord {
 /// Calls not yet taken, in the order received.
 pub type CallLog = crate::record_log::RecordLog<CallRecord>;
 
-/// The write methods of `slurm.SlurmController`: what only an acting operator calls (a
-/// standby only Pings; GetJob and GetJobs are reads).
-pub const WRITE_METHODS: [&str; 6] = [
-    "RegisterAgent",
-    "Heartbeat",
-    "UpdateNode",
-    "SubmitJob",
-    "CancelJob",
-    "ReportJobStatus",
-];
+/// The write methods of `slurm.SlurmController`: what only an acting operator calls, as
+/// the operator's fence knows them.
+pub use spur_operator::controller::LEADER_WRITES as WRITE_METHODS;
 
 /// A tower layer for a replica's gRPC server that records each write call a client makes
 /// (not the forwards of other replicas) before the replica sees it: who called is read at

@@ -20,6 +20,7 @@ use super::connect::connect;
 use super::error::{ConnectError, ControllerError, FailureKind, classify, status_text};
 use super::policy::{CallId, Command, DialId, Ended, Event, Policy, ReplicaId, Rule, Rules};
 use crate::config::ChannelConfig;
+use crate::fence::{Fence, Permit, Refused};
 use crate::metrics::Metrics;
 use crate::net::Dialer;
 
@@ -41,7 +42,21 @@ struct Inner {
     leader_hint: Mutex<Option<String>>,
     stats: Counters,
     metrics: Option<Metrics>,
+    /// Checked by each leader-only call ([`LEADER_WRITES`]) once it has its channel, at the
+    /// moment it is sent; `None` for a client that acts for no Lease (`check-controller`).
+    fence: Option<Fence>,
 }
+
+/// The methods of `slurm.SlurmController` only the acting operator calls: writes. A
+/// standby Pings (readiness) and reads (GetJob, GetJobs) but never makes one of these.
+pub const LEADER_WRITES: [&str; 6] = [
+    "RegisterAgent",
+    "Heartbeat",
+    "UpdateNode",
+    "SubmitJob",
+    "CancelJob",
+    "ReportJobStatus",
+];
 
 /// Everything the policy's commands act on, under the client's one lock.
 struct State {
@@ -166,6 +181,7 @@ impl ControllerClient {
                 leader_hint: Mutex::new(None),
                 stats: Counters::default(),
                 metrics: None,
+                fence: None,
             }),
         })
     }
@@ -177,6 +193,23 @@ impl ControllerClient {
             .expect("with_metrics is called before the client is cloned")
             .metrics = Some(metrics);
         self
+    }
+
+    /// Fences the leader-only calls ([`LEADER_WRITES`]) with `fence`. Call before sharing
+    /// the client.
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        Arc::get_mut(&mut self.inner)
+            .expect("with_fence is called before the client is cloned")
+            .fence = Some(fence);
+        self
+    }
+
+    /// The fence's permit for `method` if it is a leader-only call of a fenced client.
+    fn fenced(&self, method: &'static str) -> Result<Option<Permit>, Refused> {
+        match &self.inner.fence {
+            Some(fence) if LEADER_WRITES.contains(&method) => fence.enter().map(Some),
+            _ => Ok(None),
+        }
     }
 
     pub fn addr(&self) -> &ControllerAddr {
@@ -366,6 +399,15 @@ impl ControllerClient {
             Err(_) => {
                 guard.end(Ended::Left);
                 return Err(self.connect_error("the client stopped waiting for a channel"));
+            }
+        };
+        // Checked now, not when the call started: the wait for a channel can outlast the
+        // hold on the Lease. Held until the answer, so a release waits for it.
+        let _permit = match self.fenced(method) {
+            Ok(permit) => permit,
+            Err(refused) => {
+                guard.end(Ended::Left);
+                return Err(ControllerError::NotActing { method, refused });
             }
         };
         let client = pb::SlurmControllerClient::new(channel)

@@ -149,23 +149,31 @@ pub enum ControllerError {
         /// The leader a follower named in `x-spur-leader`, if any.
         leader_hint: Option<String>,
     },
+    /// Not sent: the fence refused a leader-only call ([`crate::fence`]).
+    #[error("{method}: not sent: {refused}")]
+    NotActing {
+        method: &'static str,
+        refused: crate::fence::Refused,
+    },
 }
 
 impl ControllerError {
     /// The gRPC code the failure amounts to; a failed connect is UNAVAILABLE, as a gRPC
-    /// client reports it.
+    /// client reports it; a call the fence kept back is ABORTED (retried as an answer, by
+    /// whichever replica acts next).
     pub fn code(&self) -> Code {
         match self {
             ControllerError::Connect { .. } => Code::Unavailable,
             ControllerError::Status { code, .. } => *code,
+            ControllerError::NotActing { .. } => Code::Aborted,
         }
     }
 
-    /// The status message (empty for a failed connect).
+    /// The status message (empty for a failed connect or a call not sent).
     pub fn message(&self) -> &str {
         match self {
             ControllerError::Status { message, .. } => message,
-            ControllerError::Connect { .. } => "",
+            ControllerError::Connect { .. } | ControllerError::NotActing { .. } => "",
         }
     }
 
@@ -221,7 +229,7 @@ impl ControllerError {
     pub fn leader_hint(&self) -> Option<&str> {
         match self {
             ControllerError::Status { leader_hint, .. } => leader_hint.as_deref(),
-            ControllerError::Connect { .. } => None,
+            ControllerError::Connect { .. } | ControllerError::NotActing { .. } => None,
         }
     }
 }

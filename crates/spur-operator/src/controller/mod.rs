@@ -10,7 +10,7 @@ mod error;
 pub mod policy;
 
 pub use address::{AddressError, ControllerAddr, Scheme};
-pub use client::{ClientStats, ControllerClient};
+pub use client::{ClientStats, ControllerClient, LEADER_WRITES};
 pub use connect::connect;
 pub use error::{ConnectError, ControllerError, FailureKind, classify};
 pub use policy::Rule;

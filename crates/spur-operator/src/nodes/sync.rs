@@ -89,7 +89,7 @@ impl Registered {
         self.0.lock().expect("registered lock").contains_key(name)
     }
 
-    fn insert(&self, name: &str, token: String) -> usize {
+    pub(crate) fn insert(&self, name: &str, token: String) -> usize {
         let mut map = self.0.lock().expect("registered lock");
         map.insert(name.to_owned(), token);
         map.len()
