@@ -55,7 +55,7 @@ cargo build -p spur-operator --bin spur-operator --locked
 # conformance case, 150 s an end-to-end case); this catches anything else that hangs.
 timeout --kill-after=30s 3600s cargo test --workspace --locked
 
-step "lab"
+step "lab, beside the moving seed window"
 # The named scenarios (sim/src/lab/scenarios.rs) on real processes: real spurctld
 # replicas and the real operator binary, each scenario in a private network namespace of
 # its own, faults made by nftables and signals, four at a time; each beside its simulated
@@ -63,6 +63,13 @@ step "lab"
 # whole step is bounded too. Its namespace goes with its process. Needs root: CI's machine
 # runs as root; elsewhere it is said loudly. The long `unbounded` runs are by hand (README).
 cargo build -p spur-sim --bin spur-sim --locked
+# Beside the lab, at the lowest CPU priority (the lab's real processes keep the CPU they
+# need; the sweep takes what they leave): 500 seeds from a window this commit's hash
+# chooses (ci/moving-window.sh), past the fixed 0..2000 of the tests.
+window_log="$(mktemp)"
+nice -n 19 timeout --kill-after=30s 1800s bash ci/moving-window.sh target/debug/spur-sim 500 2 >"$window_log" 2>&1 &
+window_pid=$!
+trap 'kill "$window_pid" 2>/dev/null || true; pkill -f "/spur-real-" 2>/dev/null || true; pkill -f "spur-sim lab" 2>/dev/null || true' EXIT
 if [ "$(id -u)" -eq 0 ] && [ -x "$spurctld" ]; then
   timeout --kill-after=30s 900s target/debug/spur-sim lab --compare-sim --jobs 4
 elif [ "${CI:-}" = "true" ]; then
@@ -70,4 +77,14 @@ elif [ "${CI:-}" = "true" ]; then
   exit 1
 else
   echo "!!! The lab did NOT run (it needs root and the real spurctld): spur-sim lab --compare-sim"
+fi
+
+step "moving seed window"
+window_status=0
+wait "$window_pid" || window_status=$?
+cat "$window_log"
+rm -f "$window_log"
+if [ "$window_status" -ne 0 ]; then
+  echo "the moving seed window failed (status $window_status): replay each failing seed with the command printed above" >&2
+  exit "$window_status"
 fi

@@ -76,6 +76,38 @@ pub struct RunArgs {
     /// Scenarios run at once (one thread each).
     #[arg(long, default_value_t = 2)]
     pub jobs: usize,
+    #[command(flatten)]
+    pub intensity: IntensityArgs,
+}
+
+/// How hard each scenario is pressed; the defaults are what the deadlines are judged at.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct IntensityArgs {
+    /// Draw up to 3 × N faults per scenario instead of 3 (they overlap more as N grows).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub fault_density: u32,
+    /// The workload window faults and SpurJobs spread over (20 SpurJobs per 180 s).
+    #[arg(long, default_value = "180s", value_parser = parse_window)]
+    pub duration: std::time::Duration,
+}
+
+fn parse_window(text: &str) -> Result<std::time::Duration, String> {
+    let window = humantime::parse_duration(text).map_err(|e| format!("{text:?}: {e}"))?;
+    if window < std::time::Duration::from_secs(30)
+        || window > std::time::Duration::from_secs(86_400)
+    {
+        return Err(format!("{text:?}: the window must be between 30s and 24h"));
+    }
+    Ok(window)
+}
+
+impl IntensityArgs {
+    pub fn config(&self) -> ScenarioConfig {
+        ScenarioConfig::default().with_intensity(crate::scenario::Intensity {
+            fault_density: self.fault_density,
+            duration: self.duration,
+        })
+    }
 }
 
 #[derive(Args, Debug)]
@@ -84,6 +116,8 @@ pub struct ReplayArgs {
     pub seed: u64,
     #[arg(long, default_value = "default")]
     pub profile: Profile,
+    #[command(flatten)]
+    pub intensity: IntensityArgs,
     /// Print the whole trace.
     #[arg(long)]
     pub trace: bool,
@@ -110,9 +144,19 @@ pub fn run_seeds(
     seeds: &[u64],
     profile: Profile,
     jobs: usize,
+    progress: impl FnMut(&Outcome) + Send,
+) -> Vec<Outcome> {
+    run_seeds_with(seeds, profile, &ScenarioConfig::default(), jobs, progress)
+}
+
+/// [`run_seeds`] with `config` instead of the default scenario config.
+pub fn run_seeds_with(
+    seeds: &[u64],
+    profile: Profile,
+    config: &ScenarioConfig,
+    jobs: usize,
     mut progress: impl FnMut(&Outcome) + Send,
 ) -> Vec<Outcome> {
-    let config = ScenarioConfig::default();
     let next = AtomicU64::new(0);
     let results = Mutex::new(Vec::with_capacity(seeds.len()));
     let progress = Mutex::new(&mut progress);
@@ -122,7 +166,7 @@ pub fn run_seeds(
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed) as usize;
                     let Some(&seed) = seeds.get(i) else { break };
-                    let outcome = run_isolated(seed, profile, &config);
+                    let outcome = run_isolated(seed, profile, config);
                     (progress.lock().expect("progress lock"))(&outcome);
                     results.lock().expect("results lock").push(outcome);
                 }
@@ -167,12 +211,13 @@ fn progress_bar(total: usize, label: &str, hidden: bool) -> ProgressBar {
 fn run_with_progress(
     seeds: &[u64],
     profile: Profile,
+    config: &ScenarioConfig,
     jobs: usize,
     json: bool,
 ) -> Vec<ScenarioRecord> {
     let bar = progress_bar(seeds.len(), profile.name(), json);
     let mut failed = 0usize;
-    let outcomes = run_seeds(seeds, profile, jobs, |o| {
+    let outcomes = run_seeds_with(seeds, profile, config, jobs, |o| {
         if json {
             println!("{}", ScenarioRecord::from(o).to_line());
         }
@@ -199,7 +244,8 @@ fn print_failures(records: &[ScenarioRecord]) {
 pub fn run(args: RunArgs) -> anyhow::Result<bool> {
     let seeds = seeds_of(&args.seeds, args.shard);
     let started = Instant::now();
-    let records = run_with_progress(&seeds, args.profile, args.jobs, args.json);
+    let config = args.intensity.config();
+    let records = run_with_progress(&seeds, args.profile, &config, args.jobs, args.json);
     let summary = Summary::of(args.profile.name(), &records);
     if args.json {
         println!("{}", summary.to_json(Some(started.elapsed().as_millis())));
@@ -224,7 +270,7 @@ pub fn replay(args: ReplayArgs) -> anyhow::Result<bool> {
             .with_writer(std::io::stderr)
             .init();
     }
-    let outcome = run_isolated(args.seed, args.profile, &ScenarioConfig::default());
+    let outcome = run_isolated(args.seed, args.profile, &args.intensity.config());
     let record = ScenarioRecord::from(&outcome);
     println!("{}", serde_json::to_string_pretty(&record)?);
     Ok(record.passed)
@@ -240,7 +286,13 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<bool> {
     let summaries: Vec<Summary> = profiles
         .into_iter()
         .map(|profile| {
-            let records = run_with_progress(&seeds, profile, args.jobs, false);
+            let records = run_with_progress(
+                &seeds,
+                profile,
+                &ScenarioConfig::default(),
+                args.jobs,
+                false,
+            );
             Summary::of(profile.name(), &records)
         })
         .collect();

@@ -59,3 +59,42 @@ fn merged_shards_summarise_exactly_like_one_run() {
     assert_eq!(code, Some(2));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A denser run draws more faults than the default on the same seed and replays with the
+/// same flags; a knob out of range is refused with a message that names it.
+#[test]
+fn fault_density_and_duration_press_harder_and_replay_with_the_same_flags() {
+    let faults = |out: &str| -> usize {
+        let line: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+        line["faults"].as_array().map_or(0, Vec::len)
+    };
+    let (code, plain) = spur_sim(&["run", "--seeds=3..4", "--json", "--jobs=1"]);
+    assert_eq!(code, Some(0), "{plain}");
+    let dense_args = [
+        "run",
+        "--seeds=3..4",
+        "--json",
+        "--jobs=1",
+        "--fault-density=5",
+        "--duration=240s",
+    ];
+    let (_, dense) = spur_sim(&dense_args);
+    assert!(faults(&dense) > faults(&plain), "{plain}\n{dense}");
+    let line: Value = serde_json::from_str(dense.lines().next().unwrap()).unwrap();
+    let replay = line["replay"].as_str().unwrap();
+    assert!(
+        replay.ends_with("--fault-density 5 --duration 4m"),
+        "{replay}"
+    );
+
+    for bad in ["--fault-density=0", "--duration=5s", "--duration=soon"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_spur-sim"))
+            .args(["run", "--seeds=0..1", bad])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let flag = bad.split('=').next().unwrap();
+        assert!(stderr.contains(flag), "{bad}: {stderr}");
+    }
+}

@@ -302,6 +302,8 @@ mod tests {
     use pb::SlurmAgent as _;
     use tokio::time::Instant;
 
+    use proptest::prelude::*;
+
     use super::*;
     use crate::fence::Fence;
     use crate::jobs::crd::SpurJobSpec;
@@ -309,14 +311,17 @@ mod tests {
     /// How long the API server takes to answer the Node read a LaunchJob starts with.
     const NODE_READ: Duration = Duration::from_secs(3);
 
-    /// An API server that answers reads NotFound after [`NODE_READ`] and every write at
-    /// once, recording `METHOD path`.
-    fn api_server(writes: Arc<Mutex<Vec<String>>>) -> kube::Client {
+    /// What reached the API server: `METHOD path`, and each write's body.
+    type Writes = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
+
+    /// An API server that answers reads NotFound after `read_delay` and every write at
+    /// once (as created), recording it.
+    fn api_server(writes: Writes, read_delay: Duration) -> kube::Client {
         let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
             let writes = writes.clone();
             async move {
                 if request.method() == http::Method::GET {
-                    tokio::time::sleep(NODE_READ).await;
+                    tokio::time::sleep(read_delay).await;
                     let status = serde_json::json!({
                         "kind": "Status", "apiVersion": "v1", "status": "Failure",
                         "reason": "NotFound", "code": 404, "message": "not found",
@@ -328,12 +333,10 @@ mod tests {
                             .expect("response"),
                     );
                 }
-                writes.lock().expect("writes").push(format!(
-                    "{} {}",
-                    request.method(),
-                    request.uri().path()
-                ));
+                let what = format!("{} {}", request.method(), request.uri().path());
                 let created = request.into_body().collect_bytes().await?;
+                let body = serde_json::from_slice(&created).unwrap_or_default();
+                writes.lock().expect("writes").push((what, body));
                 Ok(http::Response::builder()
                     .status(201)
                     .body(kube::client::Body::from(created))
@@ -380,16 +383,25 @@ mod tests {
     async fn launch_across_the_end_of_the_hold(fenced: bool) -> (Result<(), Status>, Vec<String>) {
         let fence = Fence::new();
         fence.hold_until(Instant::now() + Duration::from_secs(2));
-        let writes = Arc::default();
-        let raw = api_server(Arc::clone(&writes));
+        let writes = Writes::default();
+        let raw = api_server(Arc::clone(&writes), NODE_READ);
         let kube = if fenced { fence.kube_client(raw) } else { raw };
-        let (_jobs_tx, jobs) = watch::channel(Some(job_store()));
+        let answer = agent(kube).launch_job(Request::new(launch())).await;
+        let writes = writes.lock().expect("writes");
+        (
+            answer.map(|_| ()),
+            writes.iter().map(|(w, _)| w.clone()).collect(),
+        )
+    }
+
+    /// An agent acting for the one SpurJob of [`job_store`], with `node-a` registered.
+    fn agent(kube: kube::Client) -> Agent {
+        let (jobs_tx, jobs) = watch::channel(Some(job_store()));
+        // The receiver keeps the last value once the sender is gone.
+        drop(jobs_tx);
         let registered = Registered::default();
         registered.insert("node-a", "token".into());
-        let agent = Agent::new(kube, jobs, registered);
-        let answer = agent.launch_job(Request::new(launch())).await;
-        let writes = writes.lock().expect("writes").clone();
-        (answer.map(|_| ()), writes)
+        Agent::new(kube, jobs, registered)
     }
 
     #[tokio::test(start_paused = true)]
@@ -412,5 +424,95 @@ mod tests {
             refused.message()
         );
         assert!(writes.is_empty(), "{writes:?}");
+    }
+
+    fn node() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => Just("node-a".to_owned()),
+            1 => Just("node-b".to_owned()),
+            1 => Just(String::new()),
+            1 => "\\PC{0,12}",
+        ]
+    }
+
+    fn comment() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => Just("spurjob-uid=uid-1".to_owned()),
+            1 => Just("spurjob-uid=uid-2".to_owned()),
+            1 => Just("spurjob-uid=".to_owned()),
+            1 => "\\PC{0,30}",
+        ]
+    }
+
+    /// Mostly the counts a real launch carries, sometimes anything.
+    fn small_or_any() -> impl Strategy<Value = u32> {
+        prop_oneof![3 => 0u32..3, 1 => any::<u32>()]
+    }
+
+    prop_compose! {
+        fn any_launch()(
+            job_id in any::<u32>(),
+            target_node in node(),
+            comment in comment(),
+            num_nodes in small_or_any(),
+            num_tasks in small_or_any(),
+            tasks_per_node in small_or_any(),
+            task_offset in small_or_any(),
+            nodelist in prop::collection::vec(node(), 0..3),
+            gres in prop::collection::vec("(gpu(:[a-z0-9]{0,6})?:[0-9]{0,4}|\\PC{0,10})", 0..3),
+            run_attempt in any::<u32>(),
+        ) -> pb::LaunchJobRequest {
+            pb::LaunchJobRequest {
+                job_id,
+                spec: Some(pb::JobSpec {
+                    num_nodes,
+                    num_tasks,
+                    tasks_per_node,
+                    nodelist: nodelist.join(","),
+                    gres,
+                    comment,
+                    ..Default::default()
+                }),
+                target_node,
+                task_offset,
+                run_attempt,
+                ..Default::default()
+            }
+        }
+    }
+
+    proptest! {
+        /// Whatever spurctld sends, the agent answers (never panics), and it creates a pod
+        /// only for a registered node and a SpurJob it acts for, pinned to that node; a
+        /// refusal says why.
+        #[test]
+        fn any_launch_is_a_pinned_pod_for_a_known_job_or_a_named_refusal(launch in any_launch()) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .expect("runtime");
+            let writes = Writes::default();
+            let answer = runtime.block_on(async {
+                let agent = agent(api_server(Arc::clone(&writes), Duration::ZERO));
+                agent.launch_job(Request::new(launch.clone())).await
+            });
+            let writes = writes.lock().expect("writes");
+            let pods: Vec<_> = writes.iter().filter(|(w, _)| w.ends_with("/pods")).collect();
+            let uid = launch.spec.as_ref().and_then(|s| uid_in_comment(&s.comment));
+            match &answer {
+                Ok(_) => prop_assert_eq!(pods.len(), 1, "answered without one pod: {:?}", writes),
+                Err(status) => {
+                    prop_assert!(pods.is_empty(), "refused ({}) yet made {:?}", status.message(), pods);
+                    prop_assert!(!status.message().is_empty());
+                }
+            }
+            for (what, pod) in &pods {
+                prop_assert_eq!(launch.target_node.as_str(), "node-a", "{}", what);
+                prop_assert_eq!(uid, Some("uid-1"));
+                prop_assert_eq!(pod["spec"]["nodeName"].as_str(), Some("node-a"));
+                prop_assert_eq!(what.as_str(), "POST /api/v1/namespaces/ml/pods");
+            }
+        }
     }
 }

@@ -393,6 +393,7 @@ fn failed_record(
         failover_submission_lags: Vec::new(),
         duplicates: 0,
         rpcs: 0,
+        replay_args: String::new(),
         acting_writes: Default::default(),
     });
     record.replay = replay(name, profile, quiet, None);

@@ -133,6 +133,7 @@ pub async fn run_plan(
         duplicates,
         rpcs: lab.controller_calls() as usize,
         acting_writes: BTreeMap::new(),
+        replay_args: String::new(),
     })
 }
 

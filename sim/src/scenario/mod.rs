@@ -22,7 +22,7 @@ use crate::operator::KUBE_API_HOST;
 use crate::profiles::Profile;
 use crate::world::{KillMode, World, WorldConfig};
 pub use checks::{Deadlines, Violation};
-pub use plan::{Fault, LeaderChange, Plan, ScenarioConfig, plan};
+pub use plan::{Fault, Intensity, LeaderChange, Plan, ScenarioConfig, plan};
 use readiness::ReadinessJudge;
 
 /// The operator's host in every scenario.
@@ -84,6 +84,8 @@ pub struct Outcome {
     pub rpcs: usize,
     /// Leader-only writes applied from each operator replica.
     pub acting_writes: BTreeMap<String, usize>,
+    /// The flags beyond seed and profile that replay it (a non-default intensity).
+    pub replay_args: String,
 }
 
 impl Outcome {
@@ -93,8 +95,8 @@ impl Outcome {
 
     pub fn replay_command(&self) -> String {
         format!(
-            "cargo run --release -p spur-sim -- replay --seed {} --profile {}",
-            self.seed, self.profile
+            "cargo run --release -p spur-sim -- replay --seed {} --profile {}{}",
+            self.seed, self.profile, self.replay_args
         )
     }
 }
@@ -104,6 +106,7 @@ impl Outcome {
 /// the same trace whether it runs first in a process or thousandth.
 pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
     let config = config.clone();
+    let replay_args = config.intensity.args();
     std::thread::Builder::new()
         .name(format!("seed-{seed}"))
         .stack_size(32 << 20)
@@ -136,6 +139,7 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
                 duplicates: 0,
                 rpcs: 0,
                 acting_writes: BTreeMap::new(),
+                replay_args,
             }
         })
 }
@@ -319,6 +323,7 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
         duplicates,
         rpcs,
         acting_writes: monitor.acting_writes().clone(),
+        replay_args: config.intensity.args(),
     }
 }
 

@@ -46,17 +46,76 @@ pub struct ScenarioConfig {
     /// Flags added to the second replica's (after the profile's): empty in every sweep;
     /// tests break that replica with them to show the checks catch it.
     pub operator_b_flags: Vec<String>,
+    /// What [`ScenarioConfig::with_intensity`] set; a replay needs the same.
+    pub intensity: Intensity,
+}
+
+/// How hard a sweep presses each scenario beyond the defaults the deadlines are judged
+/// at (`spur-sim run --fault-density N --duration D`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Intensity {
+    /// Multiplies the faults drawn per scenario (up to `3 × N`); they overlap more as
+    /// their count grows, since each strikes anywhere in the workload window.
+    pub fault_density: u32,
+    /// The workload window: faults and SpurJobs (20 per 180 s) spread over it.
+    pub duration: Duration,
+}
+
+/// The workload window of sim.md, the one the deadlines are judged at.
+const WORKLOAD_WINDOW: Duration = Duration::from_secs(180);
+/// SpurJobs created over [`WORKLOAD_WINDOW`].
+const JOBS_PER_WINDOW: usize = 20;
+/// Faults drawn at most per scenario at density 1.
+const MAX_FAULTS: usize = 3;
+
+impl Default for Intensity {
+    fn default() -> Self {
+        Intensity {
+            fault_density: 1,
+            duration: WORKLOAD_WINDOW,
+        }
+    }
+}
+
+impl Intensity {
+    /// The flags that give this intensity, empty for the default (for replay commands).
+    pub fn args(&self) -> String {
+        let mut args = String::new();
+        if self.fault_density != 1 {
+            args.push_str(&format!(" --fault-density {}", self.fault_density));
+        }
+        if self.duration != WORKLOAD_WINDOW {
+            args.push_str(&format!(
+                " --duration {}",
+                humantime::format_duration(self.duration)
+            ));
+        }
+        args
+    }
+}
+
+impl ScenarioConfig {
+    /// This config with `intensity`'s fault count and workload window (and as many
+    /// SpurJobs per second of it as the default has).
+    pub fn with_intensity(mut self, intensity: Intensity) -> Self {
+        self.max_faults = MAX_FAULTS * intensity.fault_density.max(1) as usize;
+        self.workload_window = intensity.duration;
+        let scale = intensity.duration.as_secs_f64() / WORKLOAD_WINDOW.as_secs_f64();
+        self.jobs = ((JOBS_PER_WINDOW as f64 * scale).round() as usize).max(1);
+        self.intensity = intensity;
+        self
+    }
 }
 
 impl Default for ScenarioConfig {
     fn default() -> Self {
         Self {
             nodes: 4,
-            jobs: 20,
-            workload_window: Duration::from_secs(180),
+            jobs: JOBS_PER_WINDOW,
+            workload_window: WORKLOAD_WINDOW,
             delete_fraction: 0.1,
             max_controller_delay: Duration::from_secs(60),
-            max_faults: 3,
+            max_faults: MAX_FAULTS,
             quiet_period: Duration::from_secs(120),
             pod_run_time: (Duration::from_secs(5), Duration::from_secs(60)),
             pod_failure_fraction: 0.1,
@@ -64,6 +123,7 @@ impl Default for ScenarioConfig {
             two_replica_fraction: 0.25,
             leader_change_down: (Duration::from_secs(30), Duration::from_secs(90)),
             operator_b_flags: Vec::new(),
+            intensity: Intensity::default(),
         }
     }
 }
@@ -366,6 +426,62 @@ pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_intensity_plans_exactly_the_default_scenarios() {
+        let plain = ScenarioConfig::default();
+        let pressed = ScenarioConfig::default().with_intensity(Intensity::default());
+        for seed in 0..50 {
+            assert_eq!(
+                format!("{:?}", plan(seed, &plain)),
+                format!("{:?}", plan(seed, &pressed))
+            );
+        }
+        assert_eq!(Intensity::default().args(), "");
+    }
+
+    #[test]
+    fn a_denser_longer_intensity_draws_more_faults_and_jobs_and_says_how_to_replay() {
+        let intensity = Intensity {
+            fault_density: 4,
+            duration: Duration::from_secs(600),
+        };
+        let config = ScenarioConfig::default().with_intensity(intensity);
+        let count = |config: &ScenarioConfig| -> usize {
+            (0..200)
+                .map(|seed| {
+                    plan(seed, config)
+                        .faults
+                        .iter()
+                        .filter(|f| !matches!(f.fault, Fault::OperatorLeaderChange { .. }))
+                        .count()
+                })
+                .sum()
+        };
+        let (dense, plain) = (count(&config), count(&ScenarioConfig::default()));
+        assert!(
+            dense > 3 * plain,
+            "{dense} faults at density 4, {plain} at 1"
+        );
+        for seed in 0..200 {
+            let plan = plan(seed, &config);
+            assert!(
+                plan.faults.len() <= 12 + 1,
+                "seed {seed}: {:?}",
+                plan.faults
+            );
+            assert_eq!(
+                plan.jobs
+                    .iter()
+                    .filter(|j| j.name.starts_with("job-"))
+                    .count(),
+                67
+            );
+            let window_end = plan.controllers_at + Duration::from_secs(10 + 600);
+            assert!(plan.faults.iter().all(|f| f.at < window_end));
+        }
+        assert_eq!(intensity.args(), " --fault-density 4 --duration 10m");
+    }
 
     #[test]
     fn the_same_seed_plans_the_same_scenario() {
