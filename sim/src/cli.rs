@@ -297,8 +297,19 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<bool> {
         })
         .collect();
     print!("{}", Table(&summaries));
-    // Comparing is the point: the older profiles are expected to fail.
-    Ok(true)
+    // The older profiles are expected to fail (that is the comparison); `default` is the
+    // operator as it ships, so a failure of it fails the command, each seed with its replay.
+    let mut default_passed = true;
+    for summary in summaries
+        .iter()
+        .filter(|s| s.profile == Profile::Default.name())
+    {
+        for (seed, replay) in &summary.failed {
+            default_passed = false;
+            println!("seed {seed} (default) failed; replay: {replay}");
+        }
+    }
+    Ok(default_passed)
 }
 
 /// `spur-sim merge`: joins the JSON lines of shards into one summary a profile.

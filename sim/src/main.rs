@@ -19,7 +19,8 @@ enum Command {
     Run(spur_sim::cli::RunArgs),
     /// Run one seed again, exactly: its result, its trace hash, and with `--trace` its trace.
     Replay(spur_sim::cli::ReplayArgs),
-    /// Run the same seeds under several profiles and print one table.
+    /// Run the same seeds under several profiles and print one table; exits 1 when
+    /// `default` fails a seed (the older profiles are expected to).
     Compare(spur_sim::cli::CompareArgs),
     /// Join the `run --json` output of sweep shards into one summary a profile.
     Merge(spur_sim::cli::MergeArgs),

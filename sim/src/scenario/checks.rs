@@ -328,6 +328,17 @@ impl Monitor {
                     now,
                     format!("status.spurJobId went from {old} to {new}"),
                 ),
+                // A recorded id that disappears is as lost as one that changes: the job
+                // it named is no longer tied to its SpurJob.
+                (Some(old), None) => {
+                    self.violate(
+                        "spurjob-id-changed",
+                        &format!("spurjob/{name}"),
+                        now,
+                        format!("status.spurJobId {old} was cleared"),
+                    );
+                    self.jobs.get_mut(name).expect("tracked").id = None;
+                }
                 (None, Some(new)) => {
                     if let Some(from) = self.waiting_from(created_at) {
                         self.lags.submission.push(ms(now.saturating_sub(from)));
@@ -573,5 +584,54 @@ fn observe_sim(sim: &Sim, now: Duration, operators: &[String]) -> Observation {
             .collect(),
         pod_job_ids: index.pods.values().filter_map(|p| p.job_id).collect(),
         managed_nodes: index.managed_nodes.keys().cloned().collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::SpurJobView;
+
+    fn seen_with(id: Option<u32>) -> Observation {
+        Observation {
+            spurjobs: [(
+                "job-000".to_owned(),
+                SpurJobView {
+                    uid: "uid-0".into(),
+                    spur_job_id: id,
+                    state: "Pending".into(),
+                },
+            )]
+            .into(),
+            holder: Some("operator".into()),
+            acting_operator: Some("operator".into()),
+            endpoint_reachable: true,
+            leader: Some("spurctld-0".into()),
+            controller: Some(ControllerView::default()),
+            ..Default::default()
+        }
+    }
+
+    fn fired(ids: &[Option<u32>]) -> Vec<String> {
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        for (i, id) in ids.iter().enumerate() {
+            monitor.observe(&seen_with(*id), Duration::from_secs(i as u64), true);
+        }
+        monitor
+            .violations
+            .iter()
+            .filter(|v| v.check == "spurjob-id-changed")
+            .map(|v| v.detail.clone())
+            .collect()
+    }
+
+    #[test]
+    fn spurjob_id_changed_fires_on_a_new_id_and_on_a_cleared_one_never_on_the_first() {
+        assert!(fired(&[None, Some(5), Some(5)]).is_empty());
+        assert_eq!(
+            fired(&[None, Some(5), Some(6)]),
+            ["status.spurJobId went from 5 to 6"]
+        );
+        assert_eq!(fired(&[Some(5), None]), ["status.spurJobId 5 was cleared"]);
     }
 }
