@@ -232,6 +232,18 @@ fn a_nodes_state_is_updated() {
                 })
                 .await
                 .unwrap();
+            // Read back: the update took, and nothing else answered for it.
+            let nodes = client
+                .get_nodes(pb::GetNodesRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .nodes;
+            let node = nodes
+                .iter()
+                .find(|n| n.name == "conf-node-c")
+                .unwrap_or_else(|| panic!("{}: conf-node-c not listed: {nodes:?}", target.name));
+            assert_eq!(node.state(), state, "{}: {node:?}", target.name);
         }
     });
 }
