@@ -94,7 +94,9 @@ impl Fence {
 
     /// Whether a write may go now; the permit must be held until the write is answered.
     pub fn enter(&self) -> Result<Permit, Refused> {
-        self.check()?;
+        // The permit first, then the check: a close that comes after the check finds this
+        // write in flight and waits for it; one that came before fails the check. (Checked
+        // first, a close and a whole drain could pass between the check and the permit.)
         // A drain waiting for the writes in flight refuses new ones.
         let in_flight = self
             .inner
@@ -102,6 +104,7 @@ impl Fence {
             .clone()
             .try_read_owned()
             .map_err(|_| Refused::Closed)?;
+        self.check()?;
         Ok(Permit {
             _in_flight: in_flight,
         })
