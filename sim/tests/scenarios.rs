@@ -139,3 +139,28 @@ fn a_broken_second_replica_fails_the_checks() {
         "{checks:?}"
     );
 }
+
+/// A fault aimed at the controller leader that strikes before any leader exists does
+/// nothing, so it is not reported as one of the scenario's faults (it used to be listed,
+/// making a sweep look harsher than it was).
+#[test]
+fn a_leader_kill_with_no_leader_is_not_counted_as_a_fault() {
+    use spur_sim::scenario::plan::PlannedFault;
+    let config = ScenarioConfig::default();
+    let mut planned = plan(3, &config);
+    planned.controllers_at = Duration::from_secs(30);
+    planned.operators.truncate(1);
+    planned.faults = vec![
+        PlannedFault {
+            at: Duration::from_secs(5),
+            fault: spur_sim::scenario::Fault::LeaderKillSilent,
+        },
+        PlannedFault {
+            at: Duration::from_secs(60),
+            fault: spur_sim::scenario::Fault::WatchCut,
+        },
+    ];
+    let outcome = spur_sim::scenario::run_plan(&planned, Profile::Default, &config);
+    assert_eq!(outcome.faults, ["watch-cut@60.0s"], "{outcome:?}");
+    assert!(outcome.passed(), "{:?}", outcome.violations);
+}

@@ -7,8 +7,8 @@ pub mod checks;
 pub mod plan;
 pub mod readiness;
 
-use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -238,14 +238,23 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
             }));
         });
     }
-    let mut faults = Vec::new();
-    for planned in &plan.faults {
-        faults.push(format!(
-            "{}@{:.1}s",
-            planned.fault.name(),
-            planned.at.as_secs_f64()
-        ));
-        schedule_fault(&mut sim, planned.at, planned.fault.clone(), api_up.clone());
+    // Faults that found nothing to strike (a leader kill with no leader), by index: traced
+    // when they happen and left out of the scenario's faults.
+    let skipped: Rc<RefCell<BTreeSet<usize>>> = Rc::default();
+    for (index, planned) in plan.faults.iter().enumerate() {
+        let skip = {
+            let skipped = skipped.clone();
+            move || {
+                skipped.borrow_mut().insert(index);
+            }
+        };
+        schedule_fault(
+            &mut sim,
+            planned.at,
+            planned.fault.clone(),
+            api_up.clone(),
+            skip,
+        );
     }
 
     let mut monitor = checks::Monitor::new(Deadlines::default(), &plan.operators);
@@ -286,6 +295,14 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
         }
     }
     let duplicates = monitor.finish(&sim, now);
+    let skipped = skipped.borrow();
+    let faults: Vec<String> = plan
+        .faults
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| !skipped.contains(index))
+        .map(|(_, planned)| format!("{}@{:.1}s", planned.fault.name(), planned.at.as_secs_f64()))
+        .collect();
     let mut violations = std::mem::take(&mut monitor.violations);
     // Every scenario ends with a quiet period longer than the readiness deadline: a check
     // that never judged would pass silently, so that is a failure of its own.
@@ -353,7 +370,25 @@ fn controller_calls(sim: &Sim) -> usize {
         .count()
 }
 
-fn schedule_fault(sim: &mut Sim, at: Duration, fault: Fault, api_up: Rc<Cell<bool>>) {
+/// A fault aimed at the leader, when there is none: in the trace, and not one of the
+/// scenario's faults.
+fn skipped_for_no_leader(w: &World, fault: &Fault, skip: impl FnOnce()) {
+    w.trace().record_here(
+        "harness",
+        format!("{} skipped: no controller leader to strike", fault.name()),
+    );
+    skip();
+}
+
+/// Schedules `fault` at `at`; one that finds nothing to strike when it comes (no leader to
+/// kill, freeze or cut off) is traced as skipped and reported through `skip`.
+fn schedule_fault(
+    sim: &mut Sim,
+    at: Duration,
+    fault: Fault,
+    api_up: Rc<Cell<bool>>,
+    skip: impl FnOnce() + 'static,
+) {
     let api = sim.api.clone();
     let leases = sim.leases.clone();
     let stops: BTreeMap<String, OperatorStop> = sim
@@ -377,12 +412,16 @@ fn schedule_fault(sim: &mut Sim, at: Duration, fault: Fault, api_up: Rc<Cell<boo
                     w.at(now + REPLACE_AFTER, move |w| {
                         w.replace_replica(slot);
                     });
+                } else {
+                    skipped_for_no_leader(w, &fault, skip);
                 }
             }
             Fault::LeaderFreeze { thaw_after } => {
                 if let Some(leader) = w.leader() {
                     w.freeze(&leader);
                     w.at(now + thaw_after, move |w| w.thaw(&leader));
+                } else {
+                    skipped_for_no_leader(w, &fault, skip);
                 }
             }
             Fault::LeaderCutOff { heal_after } => {
@@ -401,6 +440,8 @@ fn schedule_fault(sim: &mut Sim, at: Duration, fault: Fault, api_up: Rc<Cell<boo
                             w.repair(&leader, other);
                         }
                     });
+                } else {
+                    skipped_for_no_leader(w, &fault, skip);
                 }
             }
             Fault::FollowerKill => {
