@@ -44,11 +44,32 @@ fn every_seed_meets_every_check_with_the_default_profile() {
         seeds.len(),
         failed.join("\n")
     );
-    // The scenarios did something: every one registered nodes and submitted jobs.
+    // The scenarios did something, and the checks judged it: every one registered nodes,
+    // submitted jobs, mirrored the end of some, and made leader-only writes the acting
+    // check weighed against the Lease.
+    let idle: Vec<String> = outcomes
+        .iter()
+        .filter(|o| {
+            o.registration_lags.is_empty()
+                || o.submission_lags.is_empty()
+                || o.status_lags.is_empty()
+                || o.acting_writes.values().sum::<usize>() == 0
+        })
+        .map(|o| {
+            format!(
+                "seed {}: {} registrations, {} submissions, {} statuses, acting writes {:?}",
+                o.seed,
+                o.registration_lags.len(),
+                o.submission_lags.len(),
+                o.status_lags.len(),
+                o.acting_writes
+            )
+        })
+        .collect();
     assert!(
-        outcomes
-            .iter()
-            .all(|o| !o.registration_lags.is_empty() && !o.submission_lags.is_empty())
+        idle.is_empty(),
+        "seeds that judged nothing:\n{}",
+        idle.join("\n")
     );
 }
 
@@ -163,4 +184,53 @@ fn a_leader_kill_with_no_leader_is_not_counted_as_a_fault() {
     let outcome = spur_sim::scenario::run_plan(&planned, Profile::Default, &config);
     assert_eq!(outcome.faults, ["watch-cut@60.0s"], "{outcome:?}");
     assert!(outcome.passed(), "{:?}", outcome.violations);
+}
+
+/// Seeds outside 0..2000 that once failed (found by `spur-sim run --seeds ...` and the moving
+/// window of `ci/test.sh`), each with what broke; they run with every `cargo test`.
+const PINNED: &[(u64, &str)] = &[
+    // Status 15.3 s late: after partition-replica the operator read from a replica
+    // answering from its stale copy (a leader cut off from its peers, or a follower that
+    // forgot its leader), picked by a rotation right after the job's end was reported
+    // elsewhere; fixed by rule 6 of `controller::policy` (read-your-writes).
+    (
+        102027,
+        "status after partition-replica: a cut-off leader's stale reads",
+    ),
+    (
+        105313,
+        "status after partition-replica: a cut-off leader's stale reads",
+    ),
+    (
+        106392,
+        "status after partition-replica: a cut-off leader's stale reads",
+    ),
+    (
+        106877,
+        "status after partition-replica: a follower that forgot its leader",
+    ),
+];
+
+#[test]
+fn the_pinned_regressions_pass() {
+    let seeds: Vec<u64> = PINNED.iter().map(|(seed, _)| *seed).collect();
+    let outcomes = run_seeds(&seeds, Profile::Default, threads(), |_| {});
+    assert_eq!(outcomes.len(), PINNED.len());
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|o| !o.passed())
+        .map(|o| {
+            let why = PINNED
+                .iter()
+                .find(|(seed, _)| *seed == o.seed)
+                .map_or("", |p| p.1);
+            format!(
+                "seed {} (once: {why}): {:?}\n    replay: {}",
+                o.seed,
+                o.violations,
+                o.replay_command()
+            )
+        })
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }

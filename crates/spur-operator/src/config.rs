@@ -128,6 +128,9 @@ pub struct ChannelConfig {
     pub connect_probe: Option<Duration>,
     /// Dials per round while probes fail (rule 2). Not a flag: see [`DEFAULT_DIALS`].
     pub dials: usize,
+    /// How long after a replica acknowledged a job's end a read that still shows it running
+    /// means the replica reached is behind (rule 6 of `controller::policy`); `None`: off.
+    pub stale_read_grace: Option<Duration>,
     /// Channel rules switched off, for experiments that show what each one buys
     /// (`--controller-rules-off`, hidden).
     pub rules_off: BTreeSet<Rule>,
@@ -141,6 +144,7 @@ pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_MESSAGE_MIB: usize = 32;
 pub const DEFAULT_CHANNEL_MAX_AGE: Duration = Duration::from_secs(10);
 pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
+pub const DEFAULT_STALE_READ_GRACE: Duration = Duration::from_secs(2);
 /// Dials per round: with two of three replicas unable to serve (followers whose forwards
 /// hang), four dials through a Service that picks at random reach the third one 65 times
 /// in 81; when a round found none, its calls fail and are retried within a second.
@@ -160,6 +164,7 @@ impl Default for ChannelConfig {
             max_age: Some(DEFAULT_CHANNEL_MAX_AGE),
             connect_probe: Some(DEFAULT_CONNECT_PROBE),
             dials: DEFAULT_DIALS,
+            stale_read_grace: Some(DEFAULT_STALE_READ_GRACE),
             rules_off: BTreeSet::new(),
             tls: None,
         }
@@ -176,6 +181,7 @@ impl ChannelConfig {
             request_timeout: None,
             max_age: None,
             connect_probe: None,
+            stale_read_grace: None,
             ..ChannelConfig::default()
         }
     }
@@ -298,7 +304,7 @@ pub struct ControllerArgs {
 
     /// Channel rules to switch off, for experiments that measure what each one buys
     /// (comma-separated: drop-on-failure, probe-redial, hedge, patience, avoid, abandon,
-    /// rotate). Never for production.
+    /// rotate, read-your-writes). Never for production.
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_RULES_OFF",
@@ -306,6 +312,20 @@ pub struct ControllerArgs {
         hide = true
     )]
     pub controller_rules_off: Vec<Rule>,
+
+    /// How long after a replica acknowledged a job's end a read that still shows the job
+    /// running means the replica answering is behind, or `off`: its channel is replaced by
+    /// one to another replica (rule 6 of `controller::policy`). A replica that forwards
+    /// reads answers from the leader's state; one that applies the leader's commits lags a
+    /// Raft heartbeat (500 ms), so 2 s is four of them. Only a replica answering from a
+    /// stale copy (a leader cut off from its peers, a follower that forgot its leader) is
+    /// this late.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_CONTROLLER_STALE_READ_GRACE",
+        default_value = "2s"
+    )]
+    pub controller_stale_read_grace: Bound,
 
     /// Largest message sent or received, in MiB. GetJobs over 10,000 active jobs is about
     /// 2 MiB; 32 leaves room for large clusters without allowing unbounded memory.
@@ -369,6 +389,7 @@ impl ControllerArgs {
             max_age: self.controller_channel_max_age.0,
             connect_probe: self.controller_connect_probe.0,
             dials: DEFAULT_DIALS,
+            stale_read_grace: self.controller_stale_read_grace.0,
             rules_off: self.controller_rules_off.iter().copied().collect(),
             tls: self.tls(addr.scheme)?,
         };

@@ -19,6 +19,7 @@ use super::address::ControllerAddr;
 use super::connect::connect;
 use super::error::{ConnectError, ControllerError, FailureKind, classify, status_text};
 use super::policy::{CallId, Command, DialId, Ended, Event, Policy, ReplicaId, Rule, Rules};
+use super::session::Session;
 use crate::config::ChannelConfig;
 use crate::fence::{Fence, Permit, Refused};
 use crate::metrics::Metrics;
@@ -77,7 +78,34 @@ struct State {
     ticking: bool,
     /// Bumped whenever a tick may be due earlier than the ticker sleeps for.
     wake: Arc<tokio::sync::Notify>,
+    /// The jobs whose end a replica acknowledged, for rule 6.
+    session: Session,
 }
+
+/// The jobs an answer shows, judged by rule 6 (reads that show none are not judged).
+trait Answer {
+    fn jobs(&self) -> &[pb::JobInfo] {
+        &[]
+    }
+}
+
+impl Answer for pb::GetJobsResponse {
+    fn jobs(&self) -> &[pb::JobInfo] {
+        &self.jobs
+    }
+}
+
+impl Answer for pb::JobInfo {
+    fn jobs(&self) -> &[pb::JobInfo] {
+        std::slice::from_ref(self)
+    }
+}
+
+impl Answer for () {}
+impl Answer for pb::PingResponse {}
+impl Answer for pb::RegisterAgentResponse {}
+impl Answer for pb::HeartbeatResponse {}
+impl Answer for pb::SubmitJobResponse {}
 
 /// The probe of a new channel: a job that cannot exist. A follower forwards it to the leader
 /// (and answers it only if that forward does), so an answer within the bound says the
@@ -177,6 +205,7 @@ impl ControllerClient {
                     replicas: BTreeMap::new(),
                     ticking: false,
                     wake: Arc::new(tokio::sync::Notify::new()),
+                    session: Session::default(),
                 }),
                 leader_hint: Mutex::new(None),
                 stats: Counters::default(),
@@ -331,14 +360,25 @@ impl ControllerClient {
         .await
     }
 
+    /// Reports a job's end on one node; once acknowledged, a read that still shows the job
+    /// running a grace later is from a replica that is behind (rule 6).
     pub async fn report_job_status(
         &self,
         request: pb::ReportJobStatusRequest,
     ) -> Result<(), ControllerError> {
-        self.call("ReportJobStatus", request, |mut c, r| async move {
-            c.report_job_status(r).await
-        })
-        .await
+        let (job_id, named) = (request.job_id, !request.reporting_node.is_empty());
+        let answer = self
+            .call("ReportJobStatus", request, |mut c, r| async move {
+                c.report_job_status(r).await
+            })
+            .await;
+        // A report that names no node is an accepted no-op (fidelity.md row 7).
+        if answer.is_ok() && named {
+            self.lock()
+                .session
+                .acknowledged(job_id, tokio::time::Instant::now());
+        }
+        answer
     }
 
     /// Runs one RPC on the channel the policy gives it and reports how it ended.
@@ -351,6 +391,7 @@ impl ControllerClient {
     where
         F: FnOnce(pb::SlurmControllerClient<Channel>, Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<Resp>, Status>>,
+        Resp: Answer,
     {
         let started = tokio::time::Instant::now();
         let result = self.call_once(method, message, rpc).await;
@@ -373,6 +414,7 @@ impl ControllerClient {
     where
         F: FnOnce(pb::SlurmControllerClient<Channel>, Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<Resp>, Status>>,
+        Resp: Answer,
     {
         let (call, channel, abandoned) = {
             let mut state = self.lock();
@@ -435,8 +477,19 @@ impl ControllerClient {
         };
         match answer {
             Ok(response) => {
+                let response = response.into_inner();
+                if let Some(behind) = self.behind(response.jobs(), started) {
+                    tracing::warn!(addr = %self.inner.addr, %behind, "leaving the controller replica reached: its reads are behind");
+                    guard.end(Ended::Behind);
+                    return Err(ControllerError::Status {
+                        method,
+                        code: Code::Unavailable,
+                        message: behind.to_string(),
+                        leader_hint: None,
+                    });
+                }
                 guard.end(Ended::Answered);
-                Ok(response.into_inner())
+                Ok(response)
             }
             Err(status) => {
                 let leader_hint = leader_hint(status.metadata());
@@ -461,6 +514,20 @@ impl ControllerClient {
                 Err(error)
             }
         }
+    }
+
+    /// Rule 6: whether `jobs`, read by a call sent at `sent`, contradict an acknowledged end.
+    fn behind(
+        &self,
+        jobs: &[pb::JobInfo],
+        sent: tokio::time::Instant,
+    ) -> Option<super::session::Behind> {
+        if jobs.is_empty() {
+            return None;
+        }
+        let mut state = self.lock();
+        let grace = state.policy.rules().read_your_writes?;
+        state.session.check(jobs, sent, grace)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -8,6 +8,7 @@ mod client;
 mod connect;
 mod error;
 pub mod policy;
+mod session;
 
 pub use address::{AddressError, ControllerAddr, Scheme};
 pub use client::{ClientStats, ControllerClient, LEADER_WRITES};

@@ -49,6 +49,14 @@
 //!    answered, else kept: a leader cut off from its peers keeps a healthy connection and
 //!    answers reads and heartbeats from a stale state, which neither keepalive nor a bound
 //!    notices; rotation bounds how long the operator stays on it.
+//! 6. **A replica that contradicts an acknowledged write is left** ([`Rule::ReadYourWrites`]):
+//!    the client remembers each job whose end its agent reported and a replica acknowledged
+//!    ([`super::session`]); a read sent a grace (2 s: four Raft heartbeats) after that
+//!    which still shows the job pending or running came from a replica answering from a
+//!    stale copy (a leader cut off from its peers, or a follower that forgot its leader),
+//!    often one that rotation or a fresh dial just picked. Its channel is dropped, the read
+//!    fails for its caller to retry, and the next round passes over that replica as rule 4
+//!    does. Seeds 102027, 105313, 106392 and 106877 read such a replica for 15 s and more.
 //!
 //! Bounds outside this module: the connect timeout (a dropped SYN costs it, not the
 //! kernel's ~127 s), HTTP/2 keepalive (a connection whose peer vanished is found dead) and
@@ -85,6 +93,9 @@ pub struct Rules {
     pub max_age: Option<Duration>,
     /// Dials per round at most (at least 1).
     pub dials: usize,
+    /// Rule 6: how long after an acknowledged end a read that contradicts it means the
+    /// replica is behind; `None`: rule 6 off.
+    pub read_your_writes: Option<Duration>,
     /// Rule 1, and rule 4's avoidance and abandonment, each on unless switched off.
     pub drop_on_failure: bool,
     pub avoid: bool,
@@ -104,6 +115,9 @@ impl Rules {
                 .filter(|_| !off(Rule::Hedge)),
             patience: config.connect_probe.filter(|_| !off(Rule::Patience)),
             max_age: config.max_age.filter(|_| !off(Rule::Rotate)),
+            read_your_writes: config
+                .stale_read_grace
+                .filter(|_| !off(Rule::ReadYourWrites)),
             // Without a probe a dial's only verdict is its connect, which has its own bound.
             dials: if probe.is_some() {
                 config.dials.max(1)
@@ -129,10 +143,11 @@ pub enum Rule {
     Avoid,
     Abandon,
     Rotate,
+    ReadYourWrites,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 7] = [
+    pub const ALL: [Rule; 8] = [
         Rule::DropOnFailure,
         Rule::ProbeRedial,
         Rule::Hedge,
@@ -140,6 +155,7 @@ impl Rule {
         Rule::Avoid,
         Rule::Abandon,
         Rule::Rotate,
+        Rule::ReadYourWrites,
     ];
 
     pub fn name(self) -> &'static str {
@@ -151,6 +167,7 @@ impl Rule {
             Rule::Avoid => "avoid",
             Rule::Abandon => "abandon",
             Rule::Rotate => "rotate",
+            Rule::ReadYourWrites => "read-your-writes",
         }
     }
 }
@@ -178,6 +195,9 @@ pub enum Ended {
     Failed,
     /// The caller stopped waiting (its own timeout): nothing learnt about the channel.
     Left,
+    /// Answered from a copy behind a write another answer acknowledged (rule 6): the
+    /// channel goes, and the next round avoids its replica.
+    Behind,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,8 +274,8 @@ struct Round {
     pending: BTreeSet<DialId>,
     /// When the next hedged dial starts; `None` without a hedge.
     next_dial: Option<Instant>,
-    /// The shared channel a patience round replaces: a candidate that reaches the same
-    /// replica is no replacement.
+    /// The channel a patience round replaces, or the one a round after rule 6 left: a
+    /// candidate that reaches the same replica is no replacement.
     replaces: Option<DialId>,
 }
 
@@ -331,7 +351,7 @@ impl Policy {
         let mut out = Vec::new();
         match event {
             Event::CallStarted { call } => self.call_started(now, call, &mut out),
-            Event::CallEnded { call, ended } => self.call_ended(call, ended, &mut out),
+            Event::CallEnded { call, ended } => self.call_ended(now, call, ended, &mut out),
             Event::Dialed { dial, ok } => self.dialed(now, dial, ok, &mut out),
             Event::Probed { dial, answered } => self.probed(now, dial, answered, &mut out),
             Event::Named { dial, replica } => {
@@ -339,10 +359,15 @@ impl Policy {
             }
             Event::Tick => self.tick(now, &mut out),
         }
-        for command in &out {
-            if let Command::Discard { dial } | Command::Drop { dial, .. } = command {
-                self.names.remove(dial);
-            }
+        // Names matter for the shared channel, a round's candidates and what it replaces.
+        let round = self.round();
+        let live = |dial: &DialId| {
+            self.shared() == Some(*dial)
+                || round.is_some_and(|r| r.pending.contains(dial) || r.replaces == Some(*dial))
+        };
+        let dead: Vec<DialId> = self.names.keys().copied().filter(|d| !live(d)).collect();
+        for dial in dead {
+            self.names.remove(&dial);
         }
         out
     }
@@ -466,10 +491,14 @@ impl Policy {
         self.calls.insert(call, Call { on, started: now });
     }
 
-    fn call_ended(&mut self, call: CallId, ended: Ended, out: &mut Vec<Command>) {
+    fn call_ended(&mut self, now: Instant, call: CallId, ended: Ended, out: &mut Vec<Command>) {
         let Some(call) = self.calls.remove(&call) else {
             return; // abandoned or failed already
         };
+        if ended == Ended::Behind {
+            self.leave_behind(now, call, out);
+            return;
+        }
         if ended != Ended::Failed || !self.rules.drop_on_failure {
             return;
         }
@@ -496,6 +525,39 @@ impl Policy {
             }
             None => Link::Closed,
         };
+    }
+
+    /// Rule 6: `call` read from a replica behind an acknowledged write. Its channel, if
+    /// still shared, is dropped, and a round that passes over its replica starts at once
+    /// (a replacement under way is told to pass over it too).
+    fn leave_behind(&mut self, now: Instant, call: Call, out: &mut Vec<Command>) {
+        let Some(on) = call.on else {
+            return;
+        };
+        if self.rules.read_your_writes.is_none() || self.shared() != Some(on) {
+            return; // switched off, or an older channel, already replaced
+        }
+        self.fired.push(Rule::ReadYourWrites);
+        if !self.names.contains_key(&on) {
+            out.push(Command::Name { dial: on });
+        }
+        out.push(Command::Drop {
+            dial: on,
+            rule: Rule::ReadYourWrites,
+        });
+        let replacing = match &mut self.link {
+            Link::Open { replacing, .. } => replacing.take(),
+            _ => None,
+        };
+        let mut round = match replacing {
+            Some(mut round) => {
+                round.purpose = Purpose::Fill;
+                round
+            }
+            None => self.start_round(now, Purpose::Fill, out),
+        };
+        round.replaces = Some(on);
+        self.link = Link::Connecting(round);
     }
 
     fn dialed(&mut self, now: Instant, dial: DialId, ok: bool, out: &mut Vec<Command>) {
@@ -531,9 +593,10 @@ impl Policy {
             out.push(Command::Discard { dial });
             return;
         };
-        // A patience round wants another replica than the one the calls are stuck on: a
-        // leader cut off from its peers serves reads from its own state, and the Service
-        // may pick it again and again.
+        // A patience round wants another replica than the one the calls are stuck on, and a
+        // round after rule 6 another than the one that was behind: a leader cut off from
+        // its peers serves reads from its own state, and the Service may pick it again and
+        // again.
         let same_replica = self.rules.avoid
             && replaces.is_some_and(|old| {
             matches!((self.names.get(&old), self.names.get(&dial)), (Some(a), Some(b)) if a == b)

@@ -14,6 +14,7 @@ fn rules() -> Rules {
         hedge: Some(SECOND / 4),
         patience: Some(SECOND),
         max_age: Some(10 * SECOND),
+        read_your_writes: Some(2 * SECOND),
         dials: 4,
         drop_on_failure: true,
         avoid: true,
@@ -392,6 +393,81 @@ fn a_patience_round_passes_over_a_channel_to_the_replica_the_calls_are_stuck_on(
             Abandon { call: 1 }
         ]
     );
+}
+
+#[test]
+fn a_read_behind_an_acknowledged_write_leaves_its_replica_for_another() {
+    let mut b = Bench::new(Rules {
+        hedge: None,
+        ..rules()
+    });
+    b.open(1);
+    // The channel was never named: it is Pinged as it goes, and a round starts at once.
+    assert_eq!(
+        b.at(300).ended(1, Ended::Behind),
+        [
+            Name { dial: 0 },
+            Drop {
+                dial: 0,
+                rule: Rule::ReadYourWrites
+            },
+            Dial { dial: 1 }
+        ]
+    );
+    assert_eq!(b.fired(), [Rule::ReadYourWrites]);
+    assert_eq!(b.policy.shared(), None);
+    // The Ping of the dropped channel answers; the next call waits for the round.
+    b.on(Event::Named {
+        dial: 0,
+        replica: 7,
+    });
+    assert_eq!(b.on(Event::CallStarted { call: 2 }), []);
+    // The Service picks the same replica: passed over, though its probe is answered.
+    assert_eq!(
+        b.on(Event::Dialed { dial: 1, ok: true }),
+        [Probe {
+            dial: 1,
+            named: true
+        }]
+    );
+    b.on(Event::Named {
+        dial: 1,
+        replica: 7,
+    });
+    assert_eq!(b.probed(1, true), [Discard { dial: 1 }, Dial { dial: 2 }]);
+    assert_eq!(b.fired(), [Rule::Avoid, Rule::ProbeRedial]);
+    b.on(Event::Dialed { dial: 2, ok: true });
+    b.on(Event::Named {
+        dial: 2,
+        replica: 8,
+    });
+    assert_eq!(
+        b.probed(2, true),
+        [Share { dial: 2 }, Use { call: 2, dial: 2 }]
+    );
+}
+
+#[test]
+fn a_read_behind_on_a_channel_already_replaced_or_with_the_rule_off_changes_nothing() {
+    let mut off = Bench::new(Rules {
+        read_your_writes: None,
+        ..rules()
+    });
+    off.open(1);
+    assert_eq!(off.ended(1, Ended::Behind), []);
+    assert_eq!(off.policy.shared(), Some(0));
+
+    let mut b = Bench::new(rules());
+    b.open(1);
+    b.on(Event::CallStarted { call: 2 });
+    b.ended(2, Ended::Failed);
+    b.on(Event::CallStarted { call: 3 });
+    b.on(Event::Dialed { dial: 1, ok: true });
+    b.probed(1, true);
+    assert_eq!(b.fired(), [Rule::DropOnFailure]);
+    // Call 1 answered late on the dropped channel 0.
+    assert_eq!(b.ended(1, Ended::Behind), []);
+    assert_eq!(b.policy.shared(), Some(1));
 }
 
 #[test]

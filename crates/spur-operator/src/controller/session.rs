@@ -1,0 +1,219 @@
+//! Read-your-writes across channels: the client remembers which jobs a controller has
+//! acknowledged as ended, and a read that still shows one of them pending or running well
+//! after that came from a replica that is behind (rule 6 of [`super::policy`]).
+//!
+//! Two replicas of spurctld answer reads from their own copy (fidelity.md rows 8, 10, 11):
+//! a leader cut off from its majority, and a follower that forgot its leader. Neither says
+//! so, both answer Pings and the probe's read at once, and the Service may pick either on
+//! any dial (rotation included). What the operator can see is that such a replica
+//! contradicts what it was told: its agent reported a job's end, a replica acknowledged
+//! it, and the job still reads as running. Pure: no I/O, no clock of its own.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use spur_proto as pb;
+use tokio::time::Instant;
+
+/// How long an acknowledgement is remembered when no read ever looks at its job (the
+/// status mirror reads every job it follows every few seconds, so this is ample).
+pub const ACK_MEMORY: Duration = Duration::from_secs(300);
+/// Acknowledgements remembered at most; the oldest go first.
+pub const MAX_ACKS: usize = 10_000;
+
+/// A read that contradicts an acknowledged write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Behind {
+    pub job_id: u32,
+    pub shown: pb::JobState,
+    /// How long after the acknowledgement the read was sent.
+    pub after: Duration,
+}
+
+impl std::fmt::Display for Behind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the replica is behind: it shows job {} {} {:?} after a report of its end was acknowledged",
+            self.job_id,
+            self.shown.as_str_name(),
+            self.after
+        )
+    }
+}
+
+/// The acknowledged ends of jobs, by job id.
+#[derive(Debug, Default)]
+pub struct Session {
+    acked: BTreeMap<u32, Instant>,
+}
+
+impl Session {
+    /// A report that job `job_id` ended on one of its nodes was acknowledged at `at`: the
+    /// job is COMPLETING or has ended (fidelity.md row 7), unless the report was for an
+    /// older attempt (then it was ignored; see [`Session::check`]).
+    pub fn acknowledged(&mut self, job_id: u32, at: Instant) {
+        self.acked.insert(job_id, at);
+        self.acked
+            .retain(|_, acked| at.duration_since(*acked) <= ACK_MEMORY);
+        while self.acked.len() > MAX_ACKS {
+            let oldest = self
+                .acked
+                .iter()
+                .min_by_key(|(id, acked)| (**acked, **id))
+                .map(|(id, _)| *id);
+            match oldest {
+                Some(id) => self.acked.remove(&id),
+                None => break,
+            };
+        }
+    }
+
+    /// Checks the jobs a read sent at `sent` answered with against the acknowledgements
+    /// older than `grace` (a replica that forwards reads to the leader answers from the
+    /// leader's state; one that applies the leader's commits lags by a heartbeat, 500 ms).
+    /// An acknowledgement is settled by the first read that agrees with it, and by the
+    /// first that contradicts it: a report for an attempt the controller had already
+    /// replaced is acknowledged and ignored, so a contradiction that survives one change
+    /// of replica is taken as the truth.
+    pub fn check(
+        &mut self,
+        jobs: &[pb::JobInfo],
+        sent: Instant,
+        grace: Duration,
+    ) -> Option<Behind> {
+        let mut behind = None;
+        for job in jobs {
+            let Some(&acked) = self.acked.get(&job.job_id) else {
+                continue;
+            };
+            let still_running = matches!(
+                job.state(),
+                pb::JobState::JobPending | pb::JobState::JobRunning
+            );
+            if !still_running {
+                self.acked.remove(&job.job_id);
+                continue;
+            }
+            let Some(after) = sent.checked_duration_since(acked) else {
+                continue; // sent before the acknowledgement: may rightly not know of it
+            };
+            if after < grace {
+                continue;
+            }
+            self.acked.remove(&job.job_id);
+            behind.get_or_insert(Behind {
+                job_id: job.job_id,
+                shown: job.state(),
+                after,
+            });
+        }
+        behind
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.acked.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GRACE: Duration = Duration::from_secs(2);
+
+    fn job(job_id: u32, state: pb::JobState) -> pb::JobInfo {
+        pb::JobInfo {
+            job_id,
+            state: state.into(),
+            ..Default::default()
+        }
+    }
+
+    fn secs(start: Instant, s: f64) -> Instant {
+        start + Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn a_read_that_still_shows_an_acknowledged_end_running_is_behind() {
+        let t0 = Instant::now();
+        let mut session = Session::default();
+        session.acknowledged(7, t0);
+        let running = [
+            job(3, pb::JobState::JobRunning),
+            job(7, pb::JobState::JobRunning),
+        ];
+        assert_eq!(
+            session.check(&running, secs(t0, 2.5), GRACE),
+            Some(Behind {
+                job_id: 7,
+                shown: pb::JobState::JobRunning,
+                after: Duration::from_millis(2500),
+            })
+        );
+        // Settled by the contradiction: the next replica's word is taken.
+        assert_eq!(session.check(&running, secs(t0, 4.5), GRACE), None);
+        assert_eq!(session.len(), 0);
+    }
+
+    #[test]
+    fn a_read_within_the_grace_or_sent_before_the_acknowledgement_is_not_judged() {
+        let t0 = secs(Instant::now(), 10.0);
+        let mut session = Session::default();
+        session.acknowledged(7, t0);
+        let running = [job(7, pb::JobState::JobPending)];
+        assert_eq!(
+            session.check(&running, t0 - Duration::from_secs(1), GRACE),
+            None
+        );
+        assert_eq!(session.check(&running, secs(t0, 1.9), GRACE), None);
+        assert_eq!(session.len(), 1, "still waiting for a read that can judge");
+        assert!(session.check(&running, secs(t0, 2.0), GRACE).is_some());
+    }
+
+    #[test]
+    fn a_read_that_agrees_settles_the_acknowledgement() {
+        let t0 = Instant::now();
+        let mut session = Session::default();
+        session.acknowledged(7, t0);
+        session.acknowledged(8, t0);
+        let read = [
+            job(7, pb::JobState::JobCompleting),
+            job(8, pb::JobState::JobFailed),
+        ];
+        assert_eq!(session.check(&read, secs(t0, 0.1), GRACE), None);
+        assert_eq!(session.len(), 0);
+        let later = [job(7, pb::JobState::JobRunning)];
+        assert_eq!(
+            session.check(&later, secs(t0, 5.0), GRACE),
+            None,
+            "requeued: a new run"
+        );
+    }
+
+    #[test]
+    fn acknowledgements_are_bounded_in_age_and_number() {
+        let t0 = Instant::now();
+        let mut session = Session::default();
+        session.acknowledged(1, t0);
+        session.acknowledged(2, t0 + ACK_MEMORY + Duration::from_secs(1));
+        assert_eq!(session.len(), 1, "the first is older than the memory");
+        let later = t0 + ACK_MEMORY * 2;
+        for id in 0..(MAX_ACKS as u32 + 5) {
+            session.acknowledged(100 + id, later + Duration::from_millis(u64::from(id)));
+        }
+        assert_eq!(session.len(), MAX_ACKS);
+        let running = [
+            job(100, pb::JobState::JobRunning),
+            job(104, pb::JobState::JobRunning),
+        ];
+        assert_eq!(
+            session.check(&running, later + ACK_MEMORY, GRACE),
+            None,
+            "the oldest were dropped"
+        );
+        let newest = [job(100 + MAX_ACKS as u32 + 4, pb::JobState::JobRunning)];
+        assert!(session.check(&newest, later + ACK_MEMORY, GRACE).is_some());
+    }
+}
