@@ -38,6 +38,17 @@ pub enum Refused {
     Closed,
 }
 
+impl Refused {
+    /// The reason's label on `spur_operator_fence_refusals_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refused::NotHolding => "not_holding",
+            Refused::Expired(_) => "expired",
+            Refused::Closed => "closed",
+        }
+    }
+}
+
 /// Shared by the elector (which opens and ends the hold) and every writer; cheap to clone.
 #[derive(Clone, Default)]
 pub struct Fence {
@@ -50,6 +61,8 @@ struct Inner {
     /// Read-held by each write while it is in flight; [`Fence::drained`] takes it
     /// exclusively.
     in_flight: Arc<RwLock<()>>,
+    /// Counts the writes refused, by reason.
+    metrics: Option<crate::metrics::Metrics>,
 }
 
 #[derive(Default)]
@@ -69,6 +82,16 @@ pub struct Permit {
 impl Fence {
     pub fn new() -> Fence {
         Fence::default()
+    }
+
+    /// A fence that counts the writes it refuses in `metrics`.
+    pub fn with_metrics(metrics: crate::metrics::Metrics) -> Fence {
+        Fence {
+            inner: Arc::new(Inner {
+                metrics: Some(metrics),
+                ..Inner::default()
+            }),
+        }
     }
 
     /// Lets writes pass until `until` (the renew deadline of the renewal that just
@@ -94,6 +117,14 @@ impl Fence {
 
     /// Whether a write may go now; the permit must be held until the write is answered.
     pub fn enter(&self) -> Result<Permit, Refused> {
+        let entered = self.try_enter();
+        if let (Err(refused), Some(metrics)) = (&entered, &self.inner.metrics) {
+            metrics.fence_refused(refused.reason());
+        }
+        entered
+    }
+
+    fn try_enter(&self) -> Result<Permit, Refused> {
         // The permit first, then the check: a close that comes after the check finds this
         // write in flight and waits for it; one that came before fails the check. (Checked
         // first, a close and a whole drain could pass between the check and the permit.)
@@ -111,7 +142,7 @@ impl Fence {
     }
 
     /// Whether a write may go now, without taking a permit.
-    pub fn check(&self) -> Result<(), Refused> {
+    fn check(&self) -> Result<(), Refused> {
         let hold = self.lock();
         if hold.closed {
             return Err(Refused::Closed);
@@ -212,6 +243,28 @@ mod tests {
         fence.hold_until(Instant::now() + Duration::from_secs(10));
         fence.end_hold();
         assert_eq!(fence.check(), Err(Refused::NotHolding));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_refused_write_is_counted_by_its_reason() {
+        let metrics = crate::metrics::Metrics::new();
+        let fence = Fence::with_metrics(metrics.clone());
+        assert!(fence.enter().is_err());
+        fence.hold_until(Instant::now() + Duration::from_secs(1));
+        drop(fence.enter().expect("held"));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(fence.enter().is_err());
+        fence.close();
+        assert!(fence.enter().is_err());
+        assert!(fence.enter().is_err());
+        let text = metrics.encode();
+        for line in [
+            "spur_operator_fence_refusals_total{reason=\"not_holding\"} 1",
+            "spur_operator_fence_refusals_total{reason=\"expired\"} 1",
+            "spur_operator_fence_refusals_total{reason=\"closed\"} 2",
+        ] {
+            assert!(text.contains(line), "{line} in:\n{text}");
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -201,6 +201,7 @@ mod tests {
         metrics.reconcile_error("node", "register");
         metrics.agent_auth("verified");
         metrics.channel_rule("hedge");
+        metrics.fence_refused("closed");
         metrics
             .reconciles
             .get_or_create(&spur_operator::metrics::ReconcileLabels { kind: "node" })

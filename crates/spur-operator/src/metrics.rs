@@ -28,6 +28,12 @@ pub struct RuleLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FenceLabels {
+    /// `not_holding`, `expired` or `closed` (`fence::Refused`).
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AgentCallLabels {
     /// The token check's result: `verified`, `without_token`, `unchecked`, `refused`.
     pub result: &'static str,
@@ -72,6 +78,7 @@ pub struct Metrics {
     pub reconciles: Family<ReconcileLabels, Counter>,
     pub reconcile_errors: Family<ReconcileErrorLabels, Counter>,
     pub leader: Gauge,
+    pub fence_refusals: Family<FenceLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -174,6 +181,12 @@ impl Metrics {
             "1 while this replica holds the operator's lease and acts",
             leader.clone(),
         );
+        let fence_refusals = Family::<FenceLabels, Counter>::default();
+        registry.register(
+            "fence_refusals",
+            "Writes on behalf of leadership refused because this replica's hold on the Lease had ended, ran out, or was closed for shutdown",
+            fence_refusals.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             rpcs,
@@ -191,7 +204,15 @@ impl Metrics {
             reconciles,
             reconcile_errors,
             leader,
+            fence_refusals,
         }
+    }
+
+    /// Counts one write the fence refused, for `reason`.
+    pub fn fence_refused(&self, reason: &'static str) {
+        self.fence_refusals
+            .get_or_create(&FenceLabels { reason })
+            .inc();
     }
 
     /// Records one controller call.

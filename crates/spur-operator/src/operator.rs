@@ -90,7 +90,7 @@ pub async fn run_with_handles<N: Network>(
     // Every write made on behalf of leadership goes through the fence: the API writes by
     // way of `acting_kube`, the controller's leader-only calls inside the client. Only the
     // elector (the Lease itself) and the readiness probe use the unfenced client.
-    let fence = Fence::new();
+    let fence = Fence::with_metrics(metrics.clone());
     let acting_kube = fence.kube_client(world.kube.clone());
     let settings = &config.controller;
     let controller = ControllerClient::new(
@@ -217,7 +217,6 @@ pub async fn run_with_handles<N: Network>(
     }
     let _ = release_tx.send(true);
     let _ = elector_task.await;
-    let _ = jobs_tx.send(None);
     let _ = stopping_tx.send(true);
     let _ = health_task.await;
     if let Ok(Err(e)) = agent_task.await {
