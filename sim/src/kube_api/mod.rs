@@ -44,7 +44,7 @@ mod watch;
 pub mod writes;
 
 pub use client::{ClientOptions, client_over, client_over_with};
-pub use error::ApiError;
+pub use error::{ApiError, ApiResult};
 pub use faults::{CutKind, Faults, OutageMode};
 pub use server::{ApiServer, ApiServerConfig};
 pub use writes::{WriteMethod, WriteRecord};

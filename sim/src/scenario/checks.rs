@@ -625,6 +625,141 @@ mod tests {
             .collect()
     }
 
+    const SECOND: Duration = Duration::from_secs(1);
+
+    /// The checks named `check` that fired on `samples` (one a second from 0 s), with the
+    /// API server up throughout.
+    fn fired_on(check: &str, monitor: &mut Monitor, samples: &[Observation]) -> Vec<String> {
+        for (i, seen) in samples.iter().enumerate() {
+            monitor.observe(seen, SECOND * i as u32, true);
+        }
+        monitor
+            .violations
+            .iter()
+            .filter(|v| v.check == check)
+            .map(|v| v.to_string())
+            .collect()
+    }
+
+    /// Job 5 of job-000 ended COMPLETED on the controller; the SpurJob's status says `state`.
+    fn ended_with_status(state: &str) -> Observation {
+        let mut seen = seen_with(Some(5));
+        seen.spurjobs.get_mut("job-000").expect("job-000").state = state.into();
+        seen.controller = Some(ControllerView {
+            jobs: [(5, ("COMPLETED", 0))].into(),
+            ..Default::default()
+        });
+        seen
+    }
+
+    #[test]
+    fn status_fires_when_an_end_has_not_reached_the_spurjob_within_its_deadline() {
+        // RUNNING for 16 samples (15 s after the end was first seen): too late.
+        let late: Vec<Observation> = (0..17).map(|_| ended_with_status("RUNNING")).collect();
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        assert_eq!(
+            fired_on("status", &mut monitor, &late),
+            [
+                "status spurjob/job-000 at 16.0s: controller says COMPLETED since 0.0s; status says \"RUNNING\""
+            ]
+        );
+        // The end reaches it at 15 s: in time, and its lag is measured.
+        let mut in_time: Vec<Observation> = (0..15).map(|_| ended_with_status("RUNNING")).collect();
+        in_time.extend((0..5).map(|_| ended_with_status("COMPLETED")));
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        assert!(fired_on("status", &mut monitor, &in_time).is_empty());
+        assert_eq!(monitor.lags.status, [15_000]);
+    }
+
+    #[test]
+    fn deletion_fires_until_the_object_its_job_and_its_pods_are_all_gone() {
+        let deadline = Deadlines::default().deletion.as_secs() as usize;
+        let running = {
+            let mut seen = seen_with(Some(5));
+            seen.controller = Some(ControllerView {
+                jobs: [(5, ("RUNNING", 0))].into(),
+                ..Default::default()
+            });
+            seen.pod_job_ids = [5].into();
+            seen
+        };
+        // The object is gone, but its job still runs and its pod is still there.
+        let mut lingering = running.clone();
+        lingering.spurjobs.clear();
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        monitor.observe(&running, Duration::ZERO, true);
+        monitor.deleted("job-000", Duration::ZERO);
+        let samples = vec![lingering.clone(); deadline + 2];
+        assert_eq!(
+            fired_on("deletion", &mut monitor, &samples),
+            [
+                "deletion spurjob/job-000 at 21.0s: object gone: true, job cancelled: false, pods gone: false"
+            ]
+        );
+        // Cancelled and its pods removed within the deadline: nothing fires.
+        let mut done = lingering;
+        done.controller = Some(ControllerView {
+            jobs: [(5, ("CANCELLED", 0))].into(),
+            ..Default::default()
+        });
+        done.pod_job_ids.clear();
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        monitor.observe(&running, Duration::ZERO, true);
+        monitor.deleted("job-000", Duration::ZERO);
+        assert!(fired_on("deletion", &mut monitor, &vec![done; deadline + 2]).is_empty());
+    }
+
+    #[test]
+    fn lease_takeover_fires_when_no_live_replica_holds_the_lease_with_the_api_server_up() {
+        let takeover = Deadlines::default().takeover.as_secs() as usize;
+        let mut unheld = seen_with(None);
+        unheld.holder = Some("operator".into());
+        unheld.acting_operator = None; // its holder is down
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        assert_eq!(
+            fired_on(
+                "lease-takeover",
+                &mut monitor,
+                &vec![unheld.clone(); takeover + 2]
+            ),
+            [
+                "lease-takeover lease/spur-system/spur-operator at 26.0s: no live operator replica has held the lease since 0.0s (it names operator, which is down or cut off from the API server)"
+            ]
+        );
+        // With the API server down nobody can take it over: not judged.
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        for i in 0..takeover + 2 {
+            monitor.observe(&unheld, SECOND * i as u32, false);
+        }
+        assert!(monitor.violations.is_empty());
+    }
+
+    #[test]
+    fn duplicate_submission_and_job_ids_increase_fire_on_the_controllers_log() {
+        let tagged = |uid: &str| format!("k8s {}{uid}", spur_operator::jobs::convert::UID_TAG);
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        assert_eq!(
+            monitor.finish_with(&[(1, tagged("a")), (2, tagged("b"))], SECOND),
+            0
+        );
+        assert!(monitor.violations.is_empty());
+        assert_eq!(
+            monitor.finish_with(
+                &[(1, tagged("a")), (3, tagged("b")), (2, tagged("a"))],
+                SECOND
+            ),
+            1
+        );
+        let fired: Vec<String> = monitor.violations.iter().map(|v| v.to_string()).collect();
+        assert_eq!(
+            fired,
+            [
+                "job-ids-increase job/2 at 1.0s: job id 2 after 3 in the log",
+                "duplicate-submission spurjob-uid/a at 1.0s: controller jobs [1, 2] carry the same SpurJob",
+            ]
+        );
+    }
+
     #[test]
     fn spurjob_id_changed_fires_on_a_new_id_and_on_a_cleared_one_never_on_the_first() {
         assert!(fired(&[None, Some(5), Some(5)]).is_empty());

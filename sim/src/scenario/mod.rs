@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::controller::LostReply;
 use crate::harness::{OPERATOR_LEASE, OperatorStop, Sim};
-use crate::kube_api::OutageMode;
+use crate::kube_api::{ApiResult, OutageMode};
 use crate::leases::LeaseHistory;
 use crate::operator::KUBE_API_HOST;
 use crate::profiles::Profile;
@@ -232,10 +232,11 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
                 "command": ["sh", "-c", "true"],
                 "env": {"SIM_RUN_SECONDS": run_secs.to_string(), "SIM_EXIT_CODE": exit_code.to_string()},
             });
-            let _ = api.create(json!({
+            let created = api.create(json!({
                 "apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob",
                 "metadata": {"name": name, "namespace": "default"}, "spec": spec,
             }));
+            landed(&format!("create SpurJob {name}"), created, Missing::Fails);
         });
     }
     // Faults that found nothing to strike (a leader kill with no leader), by index: traced
@@ -277,9 +278,10 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
             if *at > now {
                 break;
             }
-            let _ = sim
+            let deleted = sim
                 .api
                 .delete("spur.amd.com/v1alpha1", "SpurJob", Some("default"), name);
+            landed(&format!("delete SpurJob {name}"), deleted, Missing::Fails);
             monitor.deleted(name, *at);
             next_deletion += 1;
         }
@@ -499,17 +501,20 @@ fn schedule_fault(
                 let name = format!("node-{node}");
                 let taint = json!({"spec": {"taints": [
                     {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]}});
-                let _ = api.merge_patch("v1", "Node", None, &name, &taint, false);
+                let tainted = api.merge_patch("v1", "Node", None, &name, &taint, false);
+                landed(&format!("taint Node {name}"), tainted, Missing::Expected);
                 let api = api.clone();
                 w.at(now + down_for, move |_| {
                     let clear = json!({"spec": {"taints": null}});
-                    let _ = api.merge_patch("v1", "Node", None, &name, &clear, false);
+                    let cleared = api.merge_patch("v1", "Node", None, &name, &clear, false);
+                    landed(&format!("untaint Node {name}"), cleared, Missing::Expected);
                 });
             }
             Fault::NodeResourcesChanged { node } => {
                 let name = format!("node-{node}");
                 let change = json!({"status": {"allocatable": {"cpu": "48"}}});
-                let _ = api.merge_patch("v1", "Node", None, &name, &change, true);
+                let changed = api.merge_patch("v1", "Node", None, &name, &change, true);
+                landed(&format!("change Node {name}"), changed, Missing::Expected);
             }
             Fault::ReplyLost { hang } => {
                 let how = if hang {
@@ -534,7 +539,9 @@ fn schedule_fault(
                 });
             }
             Fault::NodeDeleted { node } => {
-                let _ = api.delete("v1", "Node", None, &format!("node-{node}"));
+                let name = format!("node-{node}");
+                let deleted = api.delete("v1", "Node", None, &name);
+                landed(&format!("delete Node {name}"), deleted, Missing::Expected);
             }
             Fault::OperatorLeaderChange { how, down_for } => {
                 let leader = acting_operator(&leases, &stops);
@@ -562,4 +569,26 @@ fn schedule_fault(
             }
         }
     });
+}
+
+/// Whether the object of a harness write may already be gone.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Missing {
+    /// A node a node-deleted fault removed earlier: a later fault on it strikes nothing.
+    Expected,
+    Fails,
+}
+
+/// The harness's own writes to the API server must land: one that failed unseen would
+/// shrink the workload or drop a fault, and the seed would pass for less. A failure ends
+/// the seed (the scenario's thread panics, and the seed fails with this message).
+fn landed<T>(what: &str, result: ApiResult<T>, missing: Missing) {
+    match result {
+        Ok(_) => {}
+        Err(e) if missing == Missing::Expected && e.code == 404 => {}
+        Err(e) => panic!(
+            "the harness could not {what}: {} {} {}",
+            e.code, e.reason, e.message
+        ),
+    }
 }
