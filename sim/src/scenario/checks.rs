@@ -355,7 +355,22 @@ impl Monitor {
                     }
                     self.jobs.get_mut(name).expect("tracked").id = Some(new);
                 }
-                (None, None) if !deleted && state != "Invalid" => {
+                // Every SpurJob a scenario creates is valid: one the operator marks Invalid
+                // (a spec it or the controller refused) will never be submitted. Exempting
+                // it from the deadline, as this check once did, could only hide that bug.
+                (None, None) if !deleted && state == "Invalid" => {
+                    if !self.jobs[name].submission_flagged {
+                        self.violate(
+                            "submission",
+                            &format!("spurjob/{name}"),
+                            now,
+                            "marked Invalid, though every SpurJob of the workload is valid"
+                                .to_owned(),
+                        );
+                        self.jobs.get_mut(name).expect("tracked").submission_flagged = true;
+                    }
+                }
+                (None, None) if !deleted => {
                     let flagged = self.jobs[name].submission_flagged;
                     if let Some(from) = self.waiting_from(created_at)
                         && !flagged
@@ -758,6 +773,36 @@ mod tests {
                 "duplicate-submission spurjob-uid/a at 1.0s: controller jobs [1, 2] carry the same SpurJob",
             ]
         );
+    }
+
+    #[test]
+    fn submission_fires_at_once_on_a_spurjob_marked_invalid_and_at_its_deadline_otherwise() {
+        let with_state = |state: &str| {
+            let mut seen = seen_with(None);
+            seen.spurjobs.get_mut("job-000").expect("job-000").state = state.into();
+            seen
+        };
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        let invalid = vec![with_state("Invalid"); 3];
+        assert_eq!(
+            fired_on("submission", &mut monitor, &invalid),
+            [
+                "submission spurjob/job-000 at 0.0s: marked Invalid, though every SpurJob of the workload is valid"
+            ]
+        );
+        let deadline = Deadlines::default().submission.as_secs() as usize;
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        let waiting = vec![with_state("Pending"); deadline + 2];
+        assert_eq!(
+            fired_on("submission", &mut monitor, &waiting),
+            [
+                "submission spurjob/job-000 at 21.0s: no spurJobId 21.0s after it could have been submitted"
+            ]
+        );
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        let mut in_time = vec![with_state("Pending"); deadline];
+        in_time.push(seen_with(Some(5)));
+        assert!(fired_on("submission", &mut monitor, &in_time).is_empty());
     }
 
     #[test]
