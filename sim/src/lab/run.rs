@@ -165,15 +165,20 @@ async fn carry_out(
                 "env": {"SIM_RUN_SECONDS": job.run_secs.to_string(),
                         "SIM_EXIT_CODE": job.exit_code.to_string()},
             });
-            let _ = lab.api.create(json!({
-                "apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob",
-                "metadata": {"name": job.name, "namespace": "default"}, "spec": spec,
-            }));
+            // The lab's own writes must land, or the run would judge less than it claims.
+            lab.api
+                .create(json!({
+                    "apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob",
+                    "metadata": {"name": job.name, "namespace": "default"}, "spec": spec,
+                }))
+                .map_err(|e| {
+                    anyhow::anyhow!("the lab could not create SpurJob {}: {e}", job.name)
+                })?;
         }
         Event::Delete(name) => {
-            let _ = lab
-                .api
-                .delete("spur.amd.com/v1alpha1", "SpurJob", Some("default"), &name);
+            lab.api
+                .delete("spur.amd.com/v1alpha1", "SpurJob", Some("default"), &name)
+                .map_err(|e| anyhow::anyhow!("the lab could not delete SpurJob {name}: {e}"))?;
             monitor.deleted(&name, now);
         }
         Event::ReplaceReplica(slot) => lab.replace_replica(slot)?,
