@@ -358,17 +358,16 @@ impl Monitor {
                 // Every SpurJob a scenario creates is valid: one the operator marks Invalid
                 // (a spec it or the controller refused) will never be submitted. Exempting
                 // it from the deadline, as this check once did, could only hide that bug.
-                (None, None) if !deleted && state == "Invalid" => {
-                    if !self.jobs[name].submission_flagged {
-                        self.violate(
-                            "submission",
-                            &format!("spurjob/{name}"),
-                            now,
-                            "marked Invalid, though every SpurJob of the workload is valid"
-                                .to_owned(),
-                        );
-                        self.jobs.get_mut(name).expect("tracked").submission_flagged = true;
-                    }
+                (None, None)
+                    if !deleted && state == "Invalid" && !self.jobs[name].submission_flagged =>
+                {
+                    self.violate(
+                        "submission",
+                        &format!("spurjob/{name}"),
+                        now,
+                        "marked Invalid, though every SpurJob of the workload is valid".to_owned(),
+                    );
+                    self.jobs.get_mut(name).expect("tracked").submission_flagged = true;
                 }
                 (None, None) if !deleted => {
                     let flagged = self.jobs[name].submission_flagged;
