@@ -193,22 +193,10 @@ const PINNED: &[(u64, &str)] = &[
     // answering from its stale copy (a leader cut off from its peers, or a follower that
     // forgot its leader), picked by a rotation right after the job's end was reported
     // elsewhere; fixed by rule 6 of `controller::policy` (read-your-writes).
-    (
-        102027,
-        "status after partition-replica: a cut-off leader's stale reads",
-    ),
-    (
-        105313,
-        "status after partition-replica: a cut-off leader's stale reads",
-    ),
-    (
-        106392,
-        "status after partition-replica: a cut-off leader's stale reads",
-    ),
-    (
-        106877,
-        "status after partition-replica: a follower that forgot its leader",
-    ),
+    (102027, "a follower that forgot its leader"),
+    (105313, "a follower that forgot its leader"),
+    (106392, "a leader cut off from its peers"),
+    (106877, "a follower that forgot its leader"),
 ];
 
 #[test]
