@@ -245,20 +245,18 @@ impl RealCluster {
         std::fs::read_to_string(path).unwrap_or_default()
     }
 
-    /// The leader, from the replicas' logs: the node of the highest committed Raft vote any
-    /// of them logged (a killed replica's log counts: it names the term its leader held),
-    /// while that replica runs. A survivor's old `become leader` line from a contested
-    /// first election is no evidence: it named a survivor 0.0 s after its leader's kill.
+    /// The leader, from the replicas' logs ([`RaftLogs`]; a killed replica's log counts: it
+    /// names the term its leader held), while that replica runs. A survivor's old `become
+    /// leader` line from a contested first election is no evidence: it named a survivor
+    /// 0.0 s after its leader's kill.
     pub fn leader(&self) -> Option<usize> {
-        let (_, node) = (0..self.replicas())
-            .flat_map(|slot| {
-                self.log(slot)
-                    .lines()
-                    .filter_map(committed_vote)
-                    .collect::<Vec<_>>()
-            })
-            .max()?;
-        let slot = node.checked_sub(1)?;
+        let mut logs = RaftLogs::default();
+        for slot in 0..self.replicas() {
+            for line in self.log(slot).lines() {
+                logs.read(slot, line);
+            }
+        }
+        let slot = logs.leader_slot()?;
         (slot < self.replicas() && self.is_up(slot)).then_some(slot)
     }
 
@@ -374,14 +372,152 @@ pub async fn serve_service(
     }
 }
 
-/// `T<term>-N<node>` from an openraft line `vote is changing from … to T<term>-N<node>:committed`
-/// (node ids are slots + 1).
-pub fn committed_vote(line: &str) -> Option<(u64, usize)> {
+/// A Raft vote as openraft logs it: `T<term>-N<node>:committed` or `…:uncommitted` (node
+/// ids are slots + 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Vote {
+    pub term: u64,
+    pub node: usize,
+    pub committed: bool,
+}
+
+impl Vote {
+    fn key(self) -> (u64, usize) {
+        (self.term, self.node)
+    }
+}
+
+/// The vote a replica moves to, from an openraft line `vote is changing from … to
+/// T<term>-N<node>:<committed|uncommitted>`.
+pub fn vote_change(line: &str) -> Option<Vote> {
     let (_, to) = line
         .split_once("vote is changing from ")?
         .1
         .split_once(" to ")?;
-    let vote = to.split_whitespace().next()?.strip_suffix(":committed")?;
+    let to = to.split_whitespace().next()?;
+    let (vote, committed) = match to.rsplit_once(':')? {
+        (vote, "committed") => (vote, true),
+        (vote, "uncommitted") => (vote, false),
+        _ => return None,
+    };
     let (term, node) = vote.strip_prefix('T')?.split_once("-N")?;
-    Some((term.parse().ok()?, node.parse().ok()?))
+    Some(Vote {
+        term: term.parse().ok()?,
+        node: node.parse().ok()?,
+        committed,
+    })
+}
+
+/// `T<term>-N<node>` from an openraft line that commits a vote.
+pub fn committed_vote(line: &str) -> Option<(u64, usize)> {
+    vote_change(line)
+        .filter(|vote| vote.committed)
+        .map(Vote::key)
+}
+
+/// Who leads, as the replicas' own logs tell it: the node of the highest committed vote
+/// any replica logged, unless that node has since moved its own vote past it. The second
+/// part matters on a fresh cluster: every replica initialises Raft, and one that starts
+/// after the first term's leader was elected holds a vote of the same term for a higher
+/// node id; the leader adopts it and quits (openraft's `HigherVote`), and writes are
+/// refused `"not the Raft leader"` until the next term's leader commits its vote, about
+/// 3 s later. Judged from the first vote alone, those seconds counted as a healthy
+/// leader (the lab's start-up registrations of 2.2–3.2 s).
+#[derive(Clone, Debug, Default)]
+pub struct RaftLogs {
+    highest: Option<(u64, usize)>,
+    /// Each replica's own latest vote, by node id - 1.
+    own: Vec<Option<Vote>>,
+}
+
+impl RaftLogs {
+    /// Takes one log line of replica `slot` (lines of one replica in order).
+    pub fn read(&mut self, slot: usize, line: &str) {
+        let Some(vote) = vote_change(line) else {
+            return;
+        };
+        if self.own.len() <= slot {
+            self.own.resize(slot + 1, None);
+        }
+        self.own[slot] = Some(vote);
+        if vote.committed {
+            self.highest = self.highest.max(Some(vote.key()));
+        }
+    }
+
+    /// The leader's slot by the logs alone (whether its process still runs and reaches a
+    /// majority is for the caller to judge).
+    pub fn leader_slot(&self) -> Option<usize> {
+        let (term, node) = self.highest?;
+        let slot = node.checked_sub(1)?;
+        let quit = self
+            .own
+            .get(slot)
+            .copied()
+            .flatten()
+            .is_some_and(|own| own.key() > (term, node));
+        (!quit).then_some(slot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_committed_vote_names_the_term_and_the_leader() {
+        let line = "2026-12-01T13:02:28.597378Z  INFO openraft::engine::handler::vote_handler: \
+                    vote is changing from T2-N3:uncommitted to T2-N3:committed";
+        assert_eq!(committed_vote(line), Some((2, 3)));
+        let uncommitted = "vote is changing from T1-N3:uncommitted to T2-N3:uncommitted";
+        assert_eq!(committed_vote(uncommitted), None);
+        assert_eq!(
+            vote_change(uncommitted),
+            Some(Vote {
+                term: 2,
+                node: 3,
+                committed: false
+            })
+        );
+        assert_eq!(committed_vote("become leader id=3"), None);
+    }
+
+    fn change(from: &str, to: &str) -> String {
+        format!(
+            "INFO openraft::engine::handler::vote_handler: vote is changing from {from} to {to}"
+        )
+    }
+
+    #[test]
+    fn a_leader_that_adopts_a_higher_vote_has_quit_until_the_next_term_commits() {
+        let mut logs = RaftLogs::default();
+        // Term 1: node 2 wins, node 1 follows.
+        logs.read(1, &change("T1-N2:uncommitted", "T1-N2:committed"));
+        logs.read(0, &change("T1-N1:uncommitted", "T1-N2:committed"));
+        assert_eq!(logs.leader_slot(), Some(1));
+        // Node 3 started late and initialised on its own: its vote T1-N3 deposes node 2.
+        logs.read(2, &change("T0-N0:uncommitted", "T1-N3:uncommitted"));
+        assert_eq!(
+            logs.leader_slot(),
+            Some(1),
+            "another replica's vote alone proves nothing"
+        );
+        logs.read(1, &change("T1-N2:committed", "T1-N3:uncommitted"));
+        assert_eq!(logs.leader_slot(), None, "the leader quit");
+        // Term 2: node 2 wins again.
+        logs.read(1, &change("T1-N3:uncommitted", "T2-N2:uncommitted"));
+        assert_eq!(logs.leader_slot(), None);
+        logs.read(1, &change("T2-N2:uncommitted", "T2-N2:committed"));
+        assert_eq!(logs.leader_slot(), Some(1));
+    }
+
+    #[test]
+    fn a_leaders_log_read_behind_its_followers_does_not_depose_it() {
+        let mut logs = RaftLogs::default();
+        logs.read(0, &change("T3-N1:uncommitted", "T3-N1:committed"));
+        logs.read(1, &change("T3-N2:uncommitted", "T4-N2:uncommitted"));
+        logs.read(1, &change("T4-N2:uncommitted", "T4-N2:committed"));
+        // Node 1's own log still shows T3: older than the highest committed, not past it.
+        assert_eq!(logs.leader_slot(), Some(1));
+    }
 }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use kube::CustomResourceExt;
 use serde_json::json;
 use spur_operator::jobs::SpurJob;
+use spur_operator::jobs::convert::uid_in_comment;
 use spur_operator::jobs::status::state_name;
 use spur_proto as pb;
 use spur_proto::SlurmControllerClient;
@@ -26,7 +27,7 @@ use crate::index::ObjectIndex;
 use crate::kube_api::cli::write_kubeconfig;
 use crate::kube_api::{ApiServer, ApiServerConfig, OutageMode};
 use crate::kubelet::{self, KubeletConfig};
-use crate::real_peer::{CLIENT_PORT, RAFT_PORT, committed_vote};
+use crate::real_peer::{CLIENT_PORT, RAFT_PORT, RaftLogs};
 use crate::scenario::checks::{ControllerView, Observation};
 
 /// The Service's ClusterIP.
@@ -85,8 +86,8 @@ pub struct Lab {
     pub index: ObjectIndex,
     /// Endpoint changes not yet published: (when, slot, ready).
     endpoint_changes: Vec<(Duration, usize, bool)>,
-    /// The highest committed Raft vote any replica logged: (term, node id).
-    vote: Option<(u64, usize)>,
+    /// The Raft votes the replicas logged, which name the leader.
+    raft: RaftLogs,
     clients: Vec<Option<SlurmControllerClient<Channel>>>,
     kubeconfig: PathBuf,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -189,7 +190,7 @@ impl Lab {
             api,
             index,
             endpoint_changes: Vec::new(),
-            vote: None,
+            raft: RaftLogs::default(),
             clients: vec![None, None, None],
             kubeconfig,
             tasks,
@@ -447,8 +448,8 @@ impl Lab {
         Ok(())
     }
 
-    /// Reads the replicas' new log lines for openraft's committed votes (`vote is changing
-    /// from … to T<term>-N<node>:committed`): the highest names the latest leader.
+    /// Reads the replicas' new log lines for openraft's votes (`vote is changing from … to
+    /// T<term>-N<node>:committed`), which name the leader ([`RaftLogs`]).
     fn read_votes(&mut self) {
         for slot in 0..self.replicas.len() {
             let path = self.replica_file(slot, "log");
@@ -465,19 +466,16 @@ impl Lab {
             };
             let chunk = String::from_utf8_lossy(&text[from..from + end]);
             for line in chunk.lines() {
-                if let Some(vote) = committed_vote(line) {
-                    self.vote = self.vote.max(Some(vote));
-                }
+                self.raft.read(slot, line);
             }
             self.replicas[slot].log_read = (from + end + 1) as u64;
         }
     }
 
-    /// The leader with a quorum, as ground truth: the node of the highest committed vote,
-    /// while its process runs unfrozen and reaches a majority.
+    /// The leader with a quorum, as ground truth: the leader by the Raft logs, while its
+    /// process runs unfrozen and reaches a majority.
     pub fn leader_slot(&self) -> Option<usize> {
-        let (_, node) = self.vote?;
-        let slot = node.checked_sub(1)?;
+        let slot = self.raft.leader_slot()?;
         let up = |s: usize| {
             let r = &self.replicas[s];
             r.child.is_some() && !r.frozen && !self.firewall.black_holed.contains(&r.pod.ip)
@@ -600,6 +598,12 @@ impl Lab {
                 // spurctld does not tell which agent address a node has: after a takeover
                 // a node counts as registered as soon as it is known at all.
                 registered,
+                owners: jobs
+                    .iter()
+                    .filter_map(|(id, _, _, comment)| {
+                        Some((*id, uid_in_comment(comment)?.to_owned()))
+                    })
+                    .collect(),
                 jobs: jobs
                     .into_iter()
                     .map(|(id, state, exit, _)| (id, (state, exit)))
@@ -755,19 +759,4 @@ async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
     let mut body = Vec::new();
     stream.read_to_end(&mut body).await?;
     Ok(String::from_utf8_lossy(&body).into_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_committed_vote_names_the_term_and_the_leader() {
-        let line = "2026-12-01T13:02:28.597378Z  INFO openraft::engine::handler::vote_handler: \
-                    vote is changing from T2-N3:uncommitted to T2-N3:committed";
-        assert_eq!(committed_vote(line), Some((2, 3)));
-        let uncommitted = "vote is changing from T1-N3:uncommitted to T2-N3:uncommitted";
-        assert_eq!(committed_vote(uncommitted), None);
-        assert_eq!(committed_vote("become leader id=3"), None);
-    }
 }
