@@ -77,6 +77,8 @@ struct NodeWatch {
 struct JobWatch {
     created_at: Duration,
     id: Option<u32>,
+    /// When the SpurJob's id was first seen, until the controller showed that job.
+    id_unconfirmed_since: Option<Duration>,
     submission_flagged: bool,
     terminal: Option<(Duration, &'static str)>,
     status_done: bool,
@@ -207,6 +209,7 @@ impl Monitor {
         };
         self.check_nodes(seen, now, &controller.registered);
         self.check_jobs(seen, now, &controller.jobs);
+        self.check_owners(seen, now, controller);
     }
 
     /// Leader-only writes judged, per operator replica.
@@ -353,7 +356,9 @@ impl Monitor {
                             .failover_submission
                             .push(ms(now.saturating_sub(from)));
                     }
-                    self.jobs.get_mut(name).expect("tracked").id = Some(new);
+                    let watch = self.jobs.get_mut(name).expect("tracked");
+                    watch.id = Some(new);
+                    watch.id_unconfirmed_since = Some(now);
                 }
                 // Every SpurJob a scenario creates is valid: one the operator marks Invalid
                 // (a spec it or the controller refused) will never be submitted. Exempting
@@ -463,6 +468,57 @@ impl Monitor {
         }
     }
 
+    /// A SpurJob's `spurJobId` names the controller job submitted for it: one whose comment
+    /// carries the SpurJob's UID (fidelity row 14: what the operator must guarantee, where
+    /// job-ids-increase judges only the controller). Judged once per id, when the leader
+    /// first shows that job; an id the leader has not shown for the submission deadline
+    /// of healthy time names no job at all. (The workload submits no arrays, whose parent
+    /// id has no job record of its own.)
+    fn check_owners(&mut self, seen: &Observation, now: Duration, controller: &ControllerView) {
+        for (name, view) in &seen.spurjobs {
+            let Some(watch) = self.jobs.get(name) else {
+                continue;
+            };
+            let (Some(id), Some(since)) = (watch.id, watch.id_unconfirmed_since) else {
+                continue;
+            };
+            let detail = if controller.jobs.contains_key(&id) {
+                match controller.owners.get(&id) {
+                    Some(owner) if *owner == view.uid => None,
+                    Some(owner) => Some(format!(
+                        "status.spurJobId {id} names the controller job of SpurJob {owner}, not {}",
+                        view.uid
+                    )),
+                    None => Some(format!(
+                        "status.spurJobId {id} names a controller job whose comment carries no SpurJob UID"
+                    )),
+                }
+            } else {
+                match self.waiting_from(since) {
+                    Some(from) if now.saturating_sub(from) > self.deadlines.submission => {
+                        Some(format!(
+                            "status.spurJobId {id} names no job the controller leader has shown in {:.1}s",
+                            now.saturating_sub(from).as_secs_f64()
+                        ))
+                    }
+                    _ => continue,
+                }
+            };
+            self.jobs
+                .get_mut(name)
+                .expect("tracked")
+                .id_unconfirmed_since = None;
+            if let Some(detail) = detail {
+                self.violate(
+                    "spurjob-id-names-its-job",
+                    &format!("spurjob/{name}"),
+                    now,
+                    detail,
+                );
+            }
+        }
+    }
+
     /// The checks on the whole run, on the simulation's replicated log.
     pub fn finish(&mut self, sim: &Sim, now: Duration) -> usize {
         let submitted: Vec<(u32, String)> = sim
@@ -547,6 +603,9 @@ pub struct ControllerView {
     pub registered: BTreeSet<String>,
     /// Every job: its state's name and exit code.
     pub jobs: BTreeMap<u32, (&'static str, i32)>,
+    /// The SpurJob UID each job's comment carries (jobs whose comment carries none are
+    /// absent).
+    pub owners: BTreeMap<u32, String>,
 }
 
 /// The simulated world's ground truth at `now`.
@@ -581,6 +640,11 @@ fn observe_sim(sim: &Sim, now: Duration, operators: &[String]) -> Observation {
                 .jobs
                 .iter()
                 .map(|(id, j)| (*id, (state_name(j.state), j.exit_code)))
+                .collect(),
+            owners: state
+                .jobs
+                .iter()
+                .filter_map(|(id, j)| Some((*id, uid_in_comment(&j.spec.comment)?.to_owned())))
                 .collect(),
         })
     });
@@ -812,5 +876,63 @@ mod tests {
             ["status.spurJobId went from 5 to 6"]
         );
         assert_eq!(fired(&[Some(5), None]), ["status.spurJobId 5 was cleared"]);
+    }
+
+    /// job-000 (uid-0) names job 5, which the controller shows owned by `owner` (absent:
+    /// the controller does not show job 5 at all).
+    fn naming_job_of(owner: Option<Option<&str>>) -> Observation {
+        let mut seen = seen_with(Some(5));
+        let controller = seen.controller.as_mut().expect("a controller");
+        if let Some(owner) = owner {
+            controller.jobs.insert(5, ("PENDING", 0));
+            if let Some(owner) = owner {
+                controller.owners.insert(5, owner.to_owned());
+            }
+        }
+        seen
+    }
+
+    #[test]
+    fn spurjob_id_names_its_job_fires_on_another_owner_no_owner_and_no_job() {
+        let check = "spurjob-id-names-its-job";
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        let own = [seen_with(None), naming_job_of(Some(Some("uid-0")))];
+        assert!(fired_on(check, &mut monitor, &own).is_empty());
+
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        let other = [seen_with(None), naming_job_of(Some(Some("uid-9")))];
+        assert_eq!(
+            fired_on(check, &mut monitor, &other),
+            [
+                "spurjob-id-names-its-job spurjob/job-000 at 1.0s: status.spurJobId 5 names the controller job of SpurJob uid-9, not uid-0"
+            ]
+        );
+
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        let untagged = [seen_with(None), naming_job_of(Some(None))];
+        assert_eq!(
+            fired_on(check, &mut monitor, &untagged),
+            [
+                "spurjob-id-names-its-job spurjob/job-000 at 1.0s: status.spurJobId 5 names a controller job whose comment carries no SpurJob UID"
+            ]
+        );
+
+        // Not shown yet is no verdict until the submission deadline has passed; judged
+        // once, not at every sample after it.
+        let deadline = Deadlines::default().submission.as_secs() as usize;
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        let mut missing = vec![seen_with(None)];
+        missing.extend(vec![naming_job_of(None); deadline + 3]);
+        assert_eq!(
+            fired_on(check, &mut monitor, &missing),
+            [
+                "spurjob-id-names-its-job spurjob/job-000 at 22.0s: status.spurJobId 5 names no job the controller leader has shown in 21.0s"
+            ]
+        );
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        let mut late = vec![seen_with(None)];
+        late.extend(vec![naming_job_of(None); deadline]);
+        late.push(naming_job_of(Some(Some("uid-0"))));
+        assert!(fired_on(check, &mut monitor, &late).is_empty());
     }
 }
