@@ -45,10 +45,17 @@
 //!    most one round per bound, however many calls wait. An abandoned write may still have
 //!    applied, as when the request bound fires: SubmitJob looks for its SpurJob's UID before
 //!    submitting again.
-//! 5. **A channel is replaced at its maximum age** ([`Rule::Rotate`]), by one whose probe is
-//!    answered, else kept: a leader cut off from its peers keeps a healthy connection and
-//!    answers reads and heartbeats from a stale state, which neither keepalive nor a bound
-//!    notices; rotation bounds how long the operator stays on it.
+//! 5. **A channel is replaced at its maximum age** ([`Rule::Rotate`]), by one to another
+//!    replica whose probe is answered (named and passed over as in rule 4), else kept: a
+//!    leader cut off from its peers keeps a healthy connection and answers reads and
+//!    heartbeats from a stale state, which neither keepalive nor a bound notices, while the
+//!    new leader hears no heartbeat and marks the nodes DOWN after its timeout (90 s),
+//!    failing their jobs. An idle operator calls about once a heartbeat interval (30 s),
+//!    and each such round rotates; since a rotation never lands on the replica it left, no
+//!    two rounds in a row reach the cut leader, and the new leader hears every node at
+//!    least every other round. Rotating to whatever the Service picked, as an earlier
+//!    version did, stayed on the cut leader one time in three, and three misses in a row
+//!    were enough (`sim/tests/cut_replica.rs`).
 //! 6. **A replica that contradicts an acknowledged write is left** ([`Rule::ReadYourWrites`]):
 //!    the client remembers each job whose end its agent reported and a replica acknowledged
 //!    ([`super::session`]); a read sent a grace (2 s: four Raft heartbeats) after that
@@ -479,7 +486,13 @@ impl Policy {
                 );
                 if expired && replacing.is_none() {
                     self.fired.push(Rule::Rotate);
-                    let round = self.start_round(now, Purpose::Rotate, out);
+                    // A rotation that lands on the replica it left would bound nothing: it
+                    // wants another replica, as a patience round does.
+                    if self.rules.avoid && !self.names.contains_key(&dial) {
+                        out.push(Command::Name { dial });
+                    }
+                    let mut round = self.start_round(now, Purpose::Rotate, out);
+                    round.replaces = Some(dial).filter(|_| self.rules.avoid);
                     if let Link::Open { replacing, .. } = &mut self.link {
                         *replacing = Some(round);
                     }

@@ -313,24 +313,113 @@ fn a_failure_during_a_replacement_makes_the_calls_wait_for_it() {
 }
 
 #[test]
-fn a_channel_past_its_maximum_age_is_replaced_by_one_whose_probe_is_answered() {
+fn a_channel_past_its_maximum_age_is_replaced_by_one_to_another_replica_whose_probe_is_answered() {
     let mut b = Bench::new(rules());
     b.open(1);
     b.ended(1, Ended::Answered);
-    // At 10 s the next call still goes on the old channel, and a round starts.
+    // At 10 s the next call still goes on the old channel, which is named, and a round
+    // starts.
+    assert_eq!(
+        b.at(10_000).on(Event::CallStarted { call: 2 }),
+        [Name { dial: 0 }, Dial { dial: 1 }, Use { call: 2, dial: 0 }]
+    );
+    assert_eq!(b.fired(), [Rule::Rotate]);
+    b.on(Event::Named {
+        dial: 0,
+        replica: 7,
+    });
+    assert_eq!(
+        b.on(Event::Dialed { dial: 1, ok: true }),
+        [Probe {
+            dial: 1,
+            named: true
+        }]
+    );
+    // A replacement whose probe fails is not taken.
+    assert_eq!(b.probed(1, false), [Discard { dial: 1 }, Dial { dial: 2 }]);
+    // Nor one to the replica the channel already reaches, though its probe is answered (a
+    // leader cut off from its peers serves the probe's read from its own state).
+    b.on(Event::Dialed { dial: 2, ok: true });
+    b.on(Event::Named {
+        dial: 2,
+        replica: 7,
+    });
+    assert_eq!(b.probed(2, true), [Discard { dial: 2 }, Dial { dial: 3 }]);
+    b.on(Event::Dialed { dial: 3, ok: true });
+    b.on(Event::Named {
+        dial: 3,
+        replica: 8,
+    });
+    assert_eq!(
+        b.probed(3, true),
+        [
+            Share { dial: 3 },
+            Drop {
+                dial: 0,
+                rule: Rule::Rotate
+            }
+        ]
+    );
+    assert_eq!(
+        b.fired(),
+        [Rule::ProbeRedial, Rule::Avoid, Rule::ProbeRedial]
+    );
+}
+
+#[test]
+fn a_rotation_that_finds_no_other_replica_keeps_the_channel_for_another_maximum_age() {
+    let mut b = Bench::new(Rules {
+        hedge: None,
+        dials: 2,
+        ..rules()
+    });
+    b.open(1);
+    b.ended(1, Ended::Answered);
+    b.at(10_000).on(Event::CallStarted { call: 2 });
+    b.on(Event::Named {
+        dial: 0,
+        replica: 7,
+    });
+    for dial in 1..=2 {
+        b.on(Event::Dialed { dial, ok: true });
+        b.on(Event::Named { dial, replica: 7 });
+        assert_eq!(b.probed(dial, true)[0], Discard { dial });
+    }
+    assert_eq!(b.policy.shared(), Some(0));
+    // Kept, and aged afresh: no new round until another 10 s have passed.
+    assert_eq!(
+        b.at(19_000).on(Event::CallStarted { call: 3 }),
+        [Use { call: 3, dial: 0 }]
+    );
+    assert_eq!(
+        b.at(20_000).on(Event::CallStarted { call: 4 }),
+        [Dial { dial: 3 }, Use { call: 4, dial: 0 }]
+    );
+}
+
+#[test]
+fn with_avoid_off_a_rotation_takes_any_replica_whose_probe_is_answered() {
+    let mut b = Bench::new(Rules {
+        avoid: false,
+        ..rules()
+    });
+    b.open(1);
+    b.ended(1, Ended::Answered);
     assert_eq!(
         b.at(10_000).on(Event::CallStarted { call: 2 }),
         [Dial { dial: 1 }, Use { call: 2, dial: 0 }]
     );
-    assert_eq!(b.fired(), [Rule::Rotate]);
-    b.on(Event::Dialed { dial: 1, ok: true });
-    // A replacement whose probe fails is not taken.
-    assert_eq!(b.probed(1, false), [Discard { dial: 1 }, Dial { dial: 2 }]);
-    b.on(Event::Dialed { dial: 2, ok: true });
     assert_eq!(
-        b.probed(2, true),
+        b.on(Event::Dialed { dial: 1, ok: true }),
+        [Probe {
+            dial: 1,
+            named: false
+        }]
+    );
+    assert_eq!(
+        b.probed(1, true),
         [
-            Share { dial: 2 },
+            Share { dial: 1 },
             Drop {
                 dial: 0,
                 rule: Rule::Rotate
