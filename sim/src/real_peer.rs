@@ -488,27 +488,28 @@ mod tests {
         )
     }
 
+    /// The lines of a real fresh start (spurctld 4cc3da8, replicas 1 and 2 started together,
+    /// replica 3 three seconds later), in the order they were logged.
     #[test]
     fn a_leader_that_adopts_a_higher_vote_has_quit_until_the_next_term_commits() {
         let mut logs = RaftLogs::default();
-        // Term 1: node 2 wins, node 1 follows.
-        logs.read(1, &change("T1-N2:uncommitted", "T1-N2:committed"));
-        logs.read(0, &change("T1-N1:uncommitted", "T1-N2:committed"));
-        assert_eq!(logs.leader_slot(), Some(1));
-        // Node 3 started late and initialised on its own: its vote T1-N3 deposes node 2.
-        logs.read(2, &change("T0-N0:uncommitted", "T1-N3:uncommitted"));
-        assert_eq!(
-            logs.leader_slot(),
-            Some(1),
-            "another replica's vote alone proves nothing"
-        );
-        logs.read(1, &change("T1-N2:committed", "T1-N3:uncommitted"));
-        assert_eq!(logs.leader_slot(), None, "the leader quit");
-        // Term 2: node 2 wins again.
-        logs.read(1, &change("T1-N3:uncommitted", "T2-N2:uncommitted"));
-        assert_eq!(logs.leader_slot(), None);
-        logs.read(1, &change("T2-N2:uncommitted", "T2-N2:committed"));
-        assert_eq!(logs.leader_slot(), Some(1));
+        let mut read = |slot: usize, from: &str, to: &str| {
+            logs.read(slot, &change(from, to));
+            logs.leader_slot()
+        };
+        assert_eq!(read(0, "T0-N0:uncommitted", "T1-N1:uncommitted"), None);
+        assert_eq!(read(1, "T0-N0:uncommitted", "T1-N2:uncommitted"), None);
+        assert_eq!(read(0, "T1-N1:uncommitted", "T1-N2:uncommitted"), None);
+        assert_eq!(read(1, "T1-N2:uncommitted", "T1-N2:committed"), Some(1));
+        assert_eq!(read(0, "T1-N2:uncommitted", "T1-N2:committed"), Some(1));
+        // Replica 3 starts and initialises on its own: another replica's vote alone
+        // proves nothing.
+        assert_eq!(read(2, "T0-N0:uncommitted", "T1-N3:uncommitted"), Some(1));
+        // The leader adopts it ("quit leader"): 3.0 s without a leader followed.
+        assert_eq!(read(1, "T1-N2:committed", "T1-N3:uncommitted"), None);
+        assert_eq!(read(1, "T1-N3:uncommitted", "T2-N2:uncommitted"), None);
+        assert_eq!(read(2, "T1-N3:uncommitted", "T2-N2:uncommitted"), None);
+        assert_eq!(read(1, "T2-N2:uncommitted", "T2-N2:committed"), Some(1));
     }
 
     #[test]
