@@ -51,8 +51,8 @@
 //!    heartbeats from a stale state, which neither keepalive nor a bound notices, while the
 //!    new leader hears no heartbeat and marks the nodes DOWN after its timeout (90 s),
 //!    failing their jobs. An idle operator calls about once a heartbeat interval (30 s),
-//!    and each such round rotates; since a rotation never lands on the replica it left, no
-//!    two rounds in a row reach the cut leader, and the new leader hears every node at
+//!    and each such round rotates (the maximum age, 20 s, is under it); since a rotation
+//!    never lands on the replica it left, no two rounds in a row reach the cut leader, and the new leader hears every node at
 //!    least every other round. Rotating to whatever the Service picked, as an earlier
 //!    version did, stayed on the cut leader one time in three, and three misses in a row
 //!    were enough (`sim/tests/cut_replica.rs`).
