@@ -388,12 +388,12 @@ const SEED_IDLE_ON_CUT_LEADER_UNROTATED: u64 = 0;
 
 /// Rule 5 of `controller::policy`: each round of heartbeats (every 30 s) rotates the
 /// channel to another replica, so no two rounds in a row reach the cut leader and the new
-/// leader hears every node at least every 60 s: no node goes DOWN. Rotating to whichever
-/// replica answered the probe first (avoid off, the rotation of earlier versions) stayed
-/// on the cut leader, whose probe its own state answers, for all 215 s on this seed (and
-/// on 3 of the 18 seeds of 0..60 that meet the precondition), and with rotation off every
-/// heartbeat stays there: the new leader marks the nodes DOWN 150 s after the cut, which
-/// would fail every job running on them.
+/// leader hears every node at least every 60 s: no node goes DOWN. Rotating to the first
+/// candidate whose probe was answered (avoid off, the rotation of earlier versions) stayed
+/// on the cut leader for all 215 s on this seed (why the Service's other picks never won
+/// was not traced), and the nodes went DOWN on 3 of the 18 seeds of 0..60 that meet the
+/// precondition; with rotation off every heartbeat stays there and the new leader marks
+/// the nodes DOWN 105 s after the cut, which would fail every job running on them.
 #[test]
 fn rotation_takes_an_idle_operators_heartbeats_off_a_cut_leader() {
     let until = |run: &IdleOnCutLeader| run.cut_at + LONG_CUT - secs(5);
