@@ -408,13 +408,6 @@ pub fn vote_change(line: &str) -> Option<Vote> {
     })
 }
 
-/// `T<term>-N<node>` from an openraft line that commits a vote.
-pub fn committed_vote(line: &str) -> Option<(u64, usize)> {
-    vote_change(line)
-        .filter(|vote| vote.committed)
-        .map(Vote::key)
-}
-
 /// Who leads, as the replicas' own logs tell it: the node of the highest committed vote
 /// any replica logged, unless that node has since moved its own vote past it. The second
 /// part matters on a fresh cluster: every replica initialises Raft, and one that starts
@@ -465,21 +458,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_committed_vote_names_the_term_and_the_leader() {
+    fn a_vote_change_names_the_term_the_node_and_whether_it_is_committed() {
         let line = "2026-12-01T13:02:28.597378Z  INFO openraft::engine::handler::vote_handler: \
                     vote is changing from T2-N3:uncommitted to T2-N3:committed";
-        assert_eq!(committed_vote(line), Some((2, 3)));
-        let uncommitted = "vote is changing from T1-N3:uncommitted to T2-N3:uncommitted";
-        assert_eq!(committed_vote(uncommitted), None);
-        assert_eq!(
-            vote_change(uncommitted),
+        let vote = |term, node, committed| {
             Some(Vote {
-                term: 2,
-                node: 3,
-                committed: false
+                term,
+                node,
+                committed,
             })
-        );
-        assert_eq!(committed_vote("become leader id=3"), None);
+        };
+        assert_eq!(vote_change(line), vote(2, 3, true));
+        let uncommitted = "vote is changing from T1-N3:uncommitted to T2-N3:uncommitted";
+        assert_eq!(vote_change(uncommitted), vote(2, 3, false));
+        assert_eq!(vote_change("become leader id=3"), None);
     }
 
     fn change(from: &str, to: &str) -> String {

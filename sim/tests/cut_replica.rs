@@ -277,6 +277,8 @@ const LONG_CUT: Duration = Duration::from_secs(220);
 struct IdleOnCutLeader {
     cut: String,
     cut_at: Duration,
+    /// Until when the run was watched.
+    until: Duration,
     new_leader: String,
     /// When the new leader first held one of the nodes DOWN.
     down_at: Option<Duration>,
@@ -286,8 +288,8 @@ struct IdleOnCutLeader {
 }
 
 impl IdleOnCutLeader {
-    /// The longest the new leader went without a heartbeat, from its election on.
-    fn longest_silence_at_new_leader(&self, until: Duration) -> Duration {
+    /// The longest the new leader went without a heartbeat, from the cut on.
+    fn longest_silence_at_new_leader(&self) -> Duration {
         let mut last = self.cut_at;
         let mut longest = Duration::ZERO;
         for (at, host) in &self.heartbeats {
@@ -296,7 +298,7 @@ impl IdleOnCutLeader {
                 last = *at;
             }
         }
-        longest.max(until.saturating_sub(last))
+        longest.max(self.until.saturating_sub(last))
     }
 
     fn describe(&self) -> String {
@@ -358,11 +360,8 @@ fn idle_on_cut_leader(seed: u64, flags: &[&str]) -> Option<IdleOnCutLeader> {
     })
     .expect("the majority elects a new leader");
     let new_leader = sim.world.cluster().leader_with_quorum().expect("elected");
-    let down_at = run_until_true(
-        &mut sim,
-        cut_at + LONG_CUT - secs(5),
-        a_node_is_down_at_the_leader,
-    );
+    let until = cut_at + LONG_CUT - secs(5);
+    let down_at = run_until_true(&mut sim, until, a_node_is_down_at_the_leader);
     let heartbeats = sim
         .world
         .trace()
@@ -374,6 +373,7 @@ fn idle_on_cut_leader(seed: u64, flags: &[&str]) -> Option<IdleOnCutLeader> {
     Some(IdleOnCutLeader {
         cut: leader,
         cut_at,
+        until,
         new_leader,
         down_at,
         heartbeats,
@@ -394,14 +394,28 @@ const SEED_IDLE_ON_CUT_LEADER_UNROTATED: u64 = 0;
 /// was not traced), and the nodes went DOWN on 3 of the 18 seeds of 0..60 that meet the
 /// precondition; with rotation off every heartbeat stays there and the new leader marks
 /// the nodes DOWN 105 s after the cut, which would fail every job running on them.
+/// One arm of the rotation scenario, which must meet its precondition, printed.
+fn idle_arm(label: &str, seed: u64, flags: &[&str]) -> IdleOnCutLeader {
+    let run = idle_on_cut_leader(seed, flags).unwrap_or_else(|| {
+        panic!("{label}: precondition: the operator is on the leader when it is cut off")
+    });
+    eprintln!("{label}: {}", run.describe());
+    run
+}
+
+fn assert_marked_down(label: &str, run: &IdleOnCutLeader) {
+    assert!(
+        run.down_at.is_some(),
+        "{label}: {}; expected the new leader to mark the nodes DOWN",
+        run.describe()
+    );
+}
+
 #[test]
 fn rotation_takes_an_idle_operators_heartbeats_off_a_cut_leader() {
-    let until = |run: &IdleOnCutLeader| run.cut_at + LONG_CUT - secs(5);
-    let precondition = "precondition: the operator is on the leader when it is cut off";
-    let shipped = idle_on_cut_leader(SEED_IDLE_ON_CUT_LEADER, &[]).expect(precondition);
-    eprintln!("default: {}", shipped.describe());
+    let shipped = idle_arm("default", SEED_IDLE_ON_CUT_LEADER, &[]);
     assert_eq!(shipped.down_at, None, "default: {}", shipped.describe());
-    let silence = shipped.longest_silence_at_new_leader(until(&shipped));
+    let silence = shipped.longest_silence_at_new_leader();
     assert!(
         silence <= secs(65),
         "default: the new leader went {} without a heartbeat: {}",
@@ -409,24 +423,18 @@ fn rotation_takes_an_idle_operators_heartbeats_off_a_cut_leader() {
         shipped.describe()
     );
 
-    let unavoided = idle_on_cut_leader(
+    let unavoided = idle_arm(
+        "no avoid",
         SEED_IDLE_ON_CUT_LEADER,
         &["--controller-rules-off", "avoid"],
-    )
-    .expect(precondition);
-    eprintln!("no avoid: {}", unavoided.describe());
-    assert!(
-        unavoided.down_at.is_some(),
-        "no avoid: {}; expected the new leader to mark the nodes DOWN",
-        unavoided.describe()
     );
+    assert_marked_down("no avoid", &unavoided);
 
-    let unrotated = idle_on_cut_leader(
+    let unrotated = idle_arm(
+        "no rotation",
         SEED_IDLE_ON_CUT_LEADER_UNROTATED,
         &["--controller-rules-off", "rotate"],
-    )
-    .expect(precondition);
-    eprintln!("no rotation: {}", unrotated.describe());
+    );
     assert!(
         unrotated
             .heartbeats
@@ -435,9 +443,5 @@ fn rotation_takes_an_idle_operators_heartbeats_off_a_cut_leader() {
         "precondition: without rotation every heartbeat stays on the cut leader: {}",
         unrotated.describe()
     );
-    assert!(
-        unrotated.down_at.is_some(),
-        "no rotation: {}; expected the new leader to mark the nodes DOWN",
-        unrotated.describe()
-    );
+    assert_marked_down("no rotation", &unrotated);
 }
