@@ -46,7 +46,7 @@ pub fn main(args: LabBenchArgs) -> anyhow::Result<bool> {
     if let Some(why) = super::kernel::missing_tools() {
         anyhow::bail!("the lab cannot run here: {why}");
     }
-    let (spurctld, operator) = super::binaries()?;
+    let (spurctld, operator) = super::binaries(None)?;
     super::kernel::enter_private_network()?;
     let dir = std::env::temp_dir().join(format!("spur-lab-bench-{}", std::process::id()));
     let setup = LabSetup {
@@ -55,6 +55,7 @@ pub fn main(args: LabBenchArgs) -> anyhow::Result<bool> {
         dir: dir.clone(),
         operator_flags: Vec::new(),
         no_endpoint: super::kernel::NoEndpoint::Drop,
+        operator_root: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

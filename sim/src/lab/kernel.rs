@@ -15,6 +15,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::Ipv4Addr;
 use std::os::unix::process::CommandExt as _;
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 /// Moves this process (and every process it starts from now on) into a network namespace
@@ -99,27 +100,160 @@ impl Pod {
     /// and killed when the lab dies (PR_SET_PDEATHSIG), so no pod outlives a lab that
     /// crashed. The lab starts pods from its main thread only: the death signal follows
     /// the thread that forked.
-    pub fn command(&self, mut command: Command) -> Command {
+    pub fn command(&self, command: Command) -> Command {
+        self.command_in(command, None)
+    }
+
+    /// As [`Pod::command`], and with `image` the program runs from an image's root
+    /// filesystem as a container runtime would run it (see [`ImageRoot`]); the command's
+    /// program is then a path inside that root.
+    pub fn command_in(&self, mut command: Command, image: Option<&ImageRoot>) -> Command {
         let name = self.name.clone().into_bytes();
         let uid = self.uid;
-        // SAFETY: between fork and exec only async-signal-safe calls run (prctl, unshare,
-        // sethostname, setgroups, setgid, setuid), on memory allocated before the fork.
+        let image = image.cloned();
+        // SAFETY: between fork and exec only async-signal-safe calls run (unshare,
+        // sethostname, mount, mkdir, chroot, chdir, setgroups, setgid, setuid, prctl), on
+        // memory allocated before the fork.
         unsafe {
             command.pre_exec(move || {
-                let fail = || Err(std::io::Error::last_os_error());
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
-                    || libc::unshare(libc::CLONE_NEWUTS) != 0
-                    || libc::sethostname(name.as_ptr().cast(), name.len()) != 0
-                    || libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(uid) != 0
-                    || libc::setuid(uid) != 0
-                {
-                    return fail();
+                let check = |status: libc::c_int| {
+                    if status == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                };
+                let namespaces = if image.is_some() {
+                    libc::CLONE_NEWUTS | libc::CLONE_NEWNS
+                } else {
+                    libc::CLONE_NEWUTS
+                };
+                check(libc::unshare(namespaces))?;
+                check(libc::sethostname(name.as_ptr().cast(), name.len()))?;
+                if let Some(image) = &image {
+                    image.enter()?;
                 }
+                check(libc::setgroups(0, std::ptr::null()))?;
+                check(libc::setgid(uid))?;
+                check(libc::setuid(uid))?;
+                // After the change of user: the kernel clears the death signal when the
+                // credentials change.
+                check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
                 Ok(())
             });
         }
         command
+    }
+}
+
+/// An image's root filesystem (ci/image.sh unpacks the operator's), entered the way
+/// ci/image-run.sh enters it for the image's smoke runs: in a mount namespace of the pod's
+/// own, the root bind-mounted read-only, a fresh tmpfs on its /tmp, and one host directory
+/// under /tmp (the scenario's files: the kubeconfig) bound at the same path inside, which is
+/// also the working directory. Every path is made into a C string here, before any fork.
+#[derive(Clone, Debug)]
+pub struct ImageRoot {
+    root: std::ffi::CString,
+    tmp: std::ffi::CString,
+    /// The directories to make inside the tmpfs down to the bind target, outermost first.
+    mkdirs: Vec<std::ffi::CString>,
+    bind_source: std::ffi::CString,
+    bind_target: std::ffi::CString,
+    workdir: std::ffi::CString,
+}
+
+impl ImageRoot {
+    pub fn new(root: &Path, bind: &Path) -> anyhow::Result<Self> {
+        use std::os::unix::ffi::OsStrExt as _;
+        let c = |p: &Path| {
+            std::ffi::CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| anyhow::anyhow!("{} has a NUL byte", p.display()))
+        };
+        let root = std::fs::canonicalize(root)
+            .map_err(|e| anyhow::anyhow!("image root {}: {e}", root.display()))?;
+        if !root.join("tmp").is_dir() {
+            anyhow::bail!(
+                "{} has no /tmp: not an image root of ci/image.sh",
+                root.display()
+            );
+        }
+        let below_tmp = bind.strip_prefix("/tmp").map_err(|_| {
+            anyhow::anyhow!(
+                "{} must be under /tmp to appear inside the image root (its /tmp is a tmpfs)",
+                bind.display()
+            )
+        })?;
+        let mut mkdirs = Vec::new();
+        let mut inside = root.join("tmp");
+        for part in below_tmp.components() {
+            inside.push(part);
+            mkdirs.push(c(&inside)?);
+        }
+        Ok(Self {
+            tmp: c(&root.join("tmp"))?,
+            bind_target: c(&inside)?,
+            root: c(&root)?,
+            mkdirs,
+            bind_source: c(bind)?,
+            workdir: c(bind)?,
+        })
+    }
+
+    /// In the child, between fork and exec: async-signal-safe system calls only.
+    fn enter(&self) -> std::io::Result<()> {
+        let check = |status: libc::c_int| {
+            if status == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        };
+        let none = std::ptr::null::<libc::c_char>();
+        // SAFETY: every pointer is a NUL-terminated string owned by `self` or null.
+        unsafe {
+            // Nothing mounted here propagates back to the host's namespace.
+            check(libc::mount(
+                none,
+                c"/".as_ptr(),
+                none,
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            check(libc::mount(
+                self.root.as_ptr(),
+                self.root.as_ptr(),
+                none,
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            ))?;
+            check(libc::mount(
+                none,
+                self.root.as_ptr(),
+                none,
+                libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY,
+                std::ptr::null(),
+            ))?;
+            check(libc::mount(
+                c"tmpfs".as_ptr(),
+                self.tmp.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                c"mode=1777,size=64m".as_ptr().cast(),
+            ))?;
+            for dir in &self.mkdirs {
+                check(libc::mkdir(dir.as_ptr(), 0o755))?;
+            }
+            check(libc::mount(
+                self.bind_source.as_ptr(),
+                self.bind_target.as_ptr(),
+                none,
+                libc::MS_BIND,
+                std::ptr::null(),
+            ))?;
+            check(libc::chroot(self.root.as_ptr()))?;
+            check(libc::chdir(self.workdir.as_ptr()))?;
+        }
+        Ok(())
     }
 }
 
@@ -222,6 +356,38 @@ impl Firewall {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_root_binds_a_directory_under_tmp_at_the_same_path() {
+        let root = std::env::temp_dir().join(format!("spur-image-root-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("tmp")).unwrap();
+        let image = ImageRoot::new(&root, Path::new("/tmp/spur-lab-x/pods")).unwrap();
+        let root = std::fs::canonicalize(&root).unwrap();
+        let made: Vec<String> = image
+            .mkdirs
+            .iter()
+            .map(|d| d.to_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            made,
+            [
+                format!("{}/tmp/spur-lab-x", root.display()),
+                format!("{}/tmp/spur-lab-x/pods", root.display()),
+            ]
+        );
+        assert_eq!(image.bind_target.to_str().unwrap(), made[1]);
+        assert_eq!(image.workdir.to_str().unwrap(), "/tmp/spur-lab-x/pods");
+
+        let elsewhere = ImageRoot::new(&root, Path::new("/work/keep/pods")).unwrap_err();
+        assert!(
+            elsewhere.to_string().contains("must be under /tmp"),
+            "{elsewhere}"
+        );
+        std::fs::remove_dir(root.join("tmp")).unwrap();
+        let bare = ImageRoot::new(&root, Path::new("/tmp/x")).unwrap_err();
+        assert!(bare.to_string().contains("has no /tmp"), "{bare}");
+        std::fs::remove_dir(&root).unwrap();
+    }
 
     fn firewall() -> Firewall {
         Firewall {

@@ -20,7 +20,7 @@ pub mod world;
 
 use std::fmt::Write as _;
 use std::io::Read as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -72,6 +72,12 @@ pub struct LabArgs {
     /// Keep each scenario's directory (logs, state) under this path.
     #[arg(long)]
     pub keep: Option<PathBuf>,
+    /// Run each operator replica from this image root filesystem (what `ci/image.sh`
+    /// unpacks to target/image/rootfs), read-only, as the image runs in a pod, so the lab
+    /// measures the shipped artefact; by default the host's `spur-operator` beside spur-sim
+    /// (or SPUR_OPERATOR_BIN).
+    #[arg(long, env = "SPUR_LAB_OPERATOR_ROOT")]
+    pub operator_root: Option<PathBuf>,
     /// Run exactly one scenario and profile here, inside a namespace of this process's
     /// own, printing its record (what the parent runs in each child).
     #[arg(long, hide = true)]
@@ -86,25 +92,32 @@ fn parse_no_endpoint(s: &str) -> Result<NoEndpoint, String> {
     }
 }
 
-/// Where the real binaries are.
-pub(crate) fn binaries() -> anyhow::Result<(PathBuf, PathBuf)> {
+/// Where the real binaries are: spurctld, and the operator (inside `operator_root`, when
+/// the lab runs it from the image).
+pub(crate) fn binaries(operator_root: Option<&Path>) -> anyhow::Result<(PathBuf, PathBuf)> {
     let spurctld = crate::real_peer::binary().ok_or_else(|| {
         anyhow::anyhow!(
             "spurctld not found: set SPURCTLD, or put it at ../shared/peers/spurctld/spurctld"
         )
     })?;
-    let operator = match std::env::var_os("SPUR_OPERATOR_BIN") {
-        Some(path) => PathBuf::from(path),
-        None => std::env::current_exe()?
-            .parent()
-            .map(|dir| dir.join("spur-operator"))
-            .unwrap_or_default(),
+    let (operator, hint) = match operator_root {
+        Some(root) => (
+            root.join(world::IMAGE_OPERATOR.trim_start_matches('/')),
+            "build the image with ci/image.sh",
+        ),
+        None => (
+            match std::env::var_os("SPUR_OPERATOR_BIN") {
+                Some(path) => PathBuf::from(path),
+                None => std::env::current_exe()?
+                    .parent()
+                    .map(|dir| dir.join("spur-operator"))
+                    .unwrap_or_default(),
+            },
+            "cargo build -p spur-operator, or set SPUR_OPERATOR_BIN",
+        ),
     };
     if !operator.is_file() {
-        anyhow::bail!(
-            "spur-operator not found at {} (cargo build -p spur-operator, or set SPUR_OPERATOR_BIN)",
-            operator.display()
-        );
+        anyhow::bail!("spur-operator not found at {} ({hint})", operator.display());
     }
     Ok((spurctld, operator))
 }
@@ -151,7 +164,16 @@ pub fn main(args: LabArgs) -> anyhow::Result<bool> {
         if let Some(why) = kernel::missing_tools() {
             anyhow::bail!("the lab cannot run here: {why}");
         }
-        binaries()?;
+        let (_, operator) = binaries(args.operator_root.as_deref())?;
+        eprintln!(
+            "lab: the operator is {}{}",
+            operator.display(),
+            if args.operator_root.is_some() {
+                " (from the image's root, read-only)"
+            } else {
+                ""
+            }
+        );
         run_children(&args, &runs)?.into_iter().map(Some).collect()
     };
     let mut passed = true;
@@ -274,6 +296,9 @@ fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Ve
                 });
             if let Some(keep) = &args.keep {
                 command.arg("--keep").arg(keep);
+            }
+            if let Some(root) = &args.operator_root {
+                command.arg("--operator-root").arg(root);
             }
             // Its stderr (the pods' log tails when it fails) goes to a file: a pipe nobody
             // reads until the child exits would stall a child that writes more than the
@@ -402,7 +427,7 @@ fn failed_record(
 
 /// In the child: a namespace of its own, then the scenario, then its record on stdout.
 fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> {
-    let (spurctld, operator) = binaries()?;
+    let (spurctld, operator) = binaries(args.operator_root.as_deref())?;
     let plan = scenarios::plan(name, args.quiet).expect("checked");
     // Before any thread: the namespace is the calling thread's and its children's.
     kernel::enter_private_network()?;
@@ -414,6 +439,7 @@ fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> 
         dir: dir.clone(),
         operator_flags: profile.flags().iter().map(|f| (*f).to_owned()).collect(),
         no_endpoint: args.no_endpoint,
+        operator_root: args.operator_root.clone(),
     };
     // One thread: every pod is forked from it, so each pod's death signal (sent when the
     // thread that forked it exits) fires exactly when the lab does.

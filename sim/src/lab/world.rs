@@ -21,7 +21,7 @@ use spur_proto::SlurmControllerClient;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
-use super::kernel::{Firewall, NoEndpoint, Pod};
+use super::kernel::{Firewall, ImageRoot, NoEndpoint, Pod};
 use crate::controller::Clock;
 use crate::index::ObjectIndex;
 use crate::kube_api::cli::write_kubeconfig;
@@ -38,6 +38,9 @@ const API_PORT: u16 = 6443;
 /// A killed pod leaves the Service's endpoints this long after it died, and a started one
 /// joins this long after it listens: the simulation's `endpoint_propagation`.
 const ENDPOINT_PROPAGATION: Duration = Duration::from_secs(1);
+/// The operator's path inside its image (the Dockerfile's ENTRYPOINT).
+pub const IMAGE_OPERATOR: &str = "/usr/local/bin/spur-operator";
+
 /// How long the lab waits for one ground-truth read of a replica.
 const READ_BOUND: Duration = Duration::from_secs(1);
 
@@ -52,6 +55,9 @@ pub struct LabSetup {
     pub operator_flags: Vec<String>,
     /// What the Service does while it has no ready endpoint.
     pub no_endpoint: NoEndpoint,
+    /// Run each operator from this image root filesystem (ci/image.sh's `rootfs/`), as
+    /// the image runs, instead of `operator` from the host.
+    pub operator_root: Option<PathBuf>,
 }
 
 struct Replica {
@@ -332,7 +338,14 @@ impl Lab {
         let i = self.operator_index(name)?;
         let pod = self.operators[i].pod.clone();
         let log = open_log(&self.setup.dir.join(format!("{name}.log")))?;
-        let mut command = Command::new(&self.setup.operator);
+        let image = match &self.setup.operator_root {
+            Some(root) => Some(ImageRoot::new(root, &self.setup.dir)?),
+            None => None,
+        };
+        let mut command = match image {
+            Some(_) => Command::new(IMAGE_OPERATOR),
+            None => Command::new(&self.setup.operator),
+        };
         command
             .arg("run")
             .arg("--kubeconfig")
@@ -357,7 +370,7 @@ impl Lab {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        let child = pod.command(command).spawn()?;
+        let child = pod.command_in(command, image.as_ref()).spawn()?;
         let operator = &mut self.operators[i];
         operator.child = Some(child);
         Ok(())
