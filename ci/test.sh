@@ -44,22 +44,60 @@ else
   echo "!!! and set SPURCTLD=/path/to/spurctld."
 fi
 # Real processes the tests start are stopped by the tests, even when one panics; this
-# catches what a killed test run leaves (their command lines name the tests' temp dirs).
-trap 'pkill -f "/spur-real-" 2>/dev/null || true; pkill -f "spur-sim lab" 2>/dev/null || true' EXIT
+# catches what a killed test run leaves (their command lines name the tests' temp dirs),
+# and the background jobs started below.
+background=()
+cleanup() {
+  for pid in "${background[@]}"; do kill "$pid" 2>/dev/null || true; done
+  pkill -f "/spur-real-" 2>/dev/null || true
+  pkill -f "spur-sim lab" 2>/dev/null || true
+  pkill -f "/spur-image-smoke" 2>/dev/null || true
+}
+trap cleanup EXIT
 
 step "tests"
 # The end-to-end cases run the operator's binary; build it first so a run of one package
 # finds it too.
 cargo build -p spur-operator --bin spur-operator --locked
+# The image's release build, beside the tests at the lowest priority: the real-time suites
+# (the real peer, end to end) leave the CPU idle much of the time. A build of its own
+# profile (target/release), so it does not wait on the tests' build lock.
+release_log="$(mktemp)"
+nice -n 19 cargo build --release --locked -p spur-operator --bin spur-operator >"$release_log" 2>&1 &
+release_pid=$!
+background+=("$release_pid")
 # A hard bound on the whole run: the real-time suites bound each case themselves (120 s a
 # conformance case, 150 s an end-to-end case); this catches anything else that hangs.
 timeout --kill-after=30s 3600s cargo test --workspace --locked
+
+step "image"
+# The production image, built offline with buildah from that release binary, checked, and
+# run: --help, check-controller and run until /readyz, from its read-only root as uid
+# 65532 against the real spurctld (ci/image.sh). Needs root, as the lab does.
+release_status=0
+wait "$release_pid" || release_status=$?
+if [ "$release_status" -ne 0 ]; then
+  cat "$release_log" >&2
+  echo "the release build failed (status $release_status)" >&2
+  exit "$release_status"
+fi
+rm -f "$release_log"
+operator_root=()
+if [ "$(id -u)" -eq 0 ] && [ -x "$spurctld" ]; then
+  timeout --kill-after=30s 900s bash ci/image.sh
+  operator_root=(--operator-root target/image/rootfs)
+elif [ "${CI:-}" = "true" ]; then
+  echo "CI: the image needs root (buildah, mounts) and the real spurctld" >&2
+  exit 1
+else
+  echo "!!! The image was NOT built (it needs root and the real spurctld): bash ci/image.sh"
+fi
 
 step "lab, beside the moving seed window"
 # The named scenarios (sim/src/lab/scenarios.rs) on real processes: real spurctld
 # replicas and the real operator binary, each scenario in a private network namespace of
 # its own, faults made by nftables and signals, four at a time; each beside its simulated
-# twin (the fidelity table). Each scenario is killed past its plan's end plus 60 s; the
+# twin (the fidelity table). The operators run from the image just built, as it ships. Each scenario is killed past its plan's end plus 60 s; the
 # whole step is bounded too. Its namespace goes with its process. Needs root: CI's machine
 # runs as root; elsewhere it is said loudly. The long `unbounded` runs are by hand (README).
 cargo build -p spur-sim --bin spur-sim --locked
@@ -69,9 +107,9 @@ cargo build -p spur-sim --bin spur-sim --locked
 window_log="$(mktemp)"
 nice -n 19 timeout --kill-after=30s 1800s bash ci/moving-window.sh target/debug/spur-sim 500 2 >"$window_log" 2>&1 &
 window_pid=$!
-trap 'kill "$window_pid" 2>/dev/null || true; pkill -f "/spur-real-" 2>/dev/null || true; pkill -f "spur-sim lab" 2>/dev/null || true' EXIT
+background+=("$window_pid")
 if [ "$(id -u)" -eq 0 ] && [ -x "$spurctld" ]; then
-  timeout --kill-after=30s 900s target/debug/spur-sim lab --compare-sim --jobs 4
+  timeout --kill-after=30s 900s target/debug/spur-sim lab --compare-sim --jobs 4 "${operator_root[@]}"
 elif [ "${CI:-}" = "true" ]; then
   echo "CI: the lab needs root and the real spurctld" >&2
   exit 1

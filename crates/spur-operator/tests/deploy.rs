@@ -425,27 +425,38 @@ fn dockerfile_user() -> u64 {
         .expect("a numeric uid, which runAsNonRoot can check")
 }
 
+/// What the Dockerfile says, read as text; ci/image.sh builds its `runtime` stage and runs
+/// the operator from the image (that is where the image is judged to work).
 #[test]
-fn the_image_builds_the_locked_operator_and_runs_it_without_root_or_shell() {
+fn the_dockerfile_reads_as_a_locked_build_onto_an_empty_base_run_as_nonroot() {
     let (text, last) = dockerfile();
     assert!(
         text.contains("cargo build --release --locked -p spur-operator"),
         "the build stage builds the operator from Cargo.lock"
     );
     assert!(
-        last.from.starts_with("gcr.io/distroless/"),
-        "final stage: {}",
-        last.from
+        text.contains("sh deploy/image/rootfs.sh /out/spur-operator /rootfs"),
+        "the build stage assembles the root with the script ci/image.sh runs offline"
     );
-    assert!(
-        last.from.ends_with(" AS runtime"),
-        "the operator's stage is the default (last) one"
+    assert_eq!(
+        last.from, "scratch AS runtime",
+        "the operator's stage is the default (last) one, on an empty base"
     );
-    assert_ne!(dockerfile_user(), 0);
-    // Exec form: no shell is needed to start the binary.
+    assert!(text.contains("COPY --from=build /rootfs/ /"));
+    assert_eq!(
+        dockerfile_user(),
+        65532,
+        "the nonroot user rootfs.sh writes"
+    );
+    // Exec form: no shell is needed (or present) to start the binary.
     assert_eq!(
         last.entrypoint.as_deref(),
         Some("[\"/usr/local/bin/spur-operator\"]")
     );
-    assert!(text.contains("COPY --from=build /out/spur-operator /usr/local/bin/spur-operator"));
+    for label in [
+        "org.opencontainers.image.version=\"${VERSION}\"",
+        "org.opencontainers.image.revision=\"${REVISION}\"",
+    ] {
+        assert!(text.contains(label), "the image names its {label}");
+    }
 }
