@@ -55,9 +55,23 @@ pub struct MemoryNetwork {
 
 fn serve(controller: ScriptedController) -> ToServer {
     let (to_server, incoming) = mpsc::unbounded_channel();
+    let seen = controller.authorizations.clone();
+    // Every call's `authorization` metadata, before any method sees it.
+    let record = move |request: Request<()>| {
+        let auth = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        seen.lock().unwrap().push(auth);
+        Ok(request)
+    };
     tokio::spawn(async move {
         tonic::transport::Server::builder()
-            .add_service(pb::SlurmControllerServer::new(controller))
+            .add_service(pb::SlurmControllerServer::with_interceptor(
+                controller, record,
+            ))
             .serve_with_incoming(UnboundedReceiverStream::new(incoming))
             .await
             .expect("scripted controller serves");
@@ -224,6 +238,8 @@ pub struct ScriptedController {
     jobs: Arc<Mutex<Vec<pb::JobInfo>>>,
     /// The next SubmitJob is applied and its reply never sent.
     lose_next_submit_reply: Arc<std::sync::atomic::AtomicBool>,
+    /// The `authorization` metadata of every call, in arrival order ("" when absent).
+    authorizations: Arc<Mutex<Vec<String>>>,
 }
 
 impl ScriptedController {
@@ -273,6 +289,11 @@ impl ScriptedController {
     }
 
     /// Node calls in arrival order, e.g. `RegisterAgent a`, `UpdateNode a DOWN`.
+    /// The `authorization` metadata of every call so far ("" for a call without one).
+    pub fn authorizations(&self) -> Vec<String> {
+        self.authorizations.lock().unwrap().clone()
+    }
+
     pub fn log(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()
     }

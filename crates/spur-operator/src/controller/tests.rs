@@ -232,9 +232,9 @@ async fn unbounded_the_call_hangs_on_a_black_hole() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn sends_the_bearer_token() {
+async fn sends_the_bearer_token_on_every_call() {
     let controller = ScriptedController::default();
-    let network = MemoryNetwork::start(controller);
+    let network = MemoryNetwork::start(controller.clone());
     let client = ControllerClient::new(
         ControllerAddr::new("spurctld", 6817),
         ChannelConfig::default(),
@@ -243,6 +243,22 @@ async fn sends_the_bearer_token() {
     )
     .unwrap();
     assert_eq!(client.ping().await.unwrap().version, "Bearer s3cr3t");
+    client.submit_job(Default::default()).await.unwrap();
+    // The write and every call around it (probes, reads) carried it, not only Ping.
+    let seen = controller.authorizations();
+    assert!(controller.log().iter().any(|c| c.starts_with("SubmitJob")));
+    assert!(seen.len() >= 2, "{seen:?}");
+    assert!(seen.iter().all(|a| a == "Bearer s3cr3t"), "{seen:?}");
+
+    // And without a token, none is sent.
+    let bare = ScriptedController::default();
+    let client = client_over(
+        &MemoryNetwork::start(bare.clone()),
+        ChannelConfig::default(),
+    );
+    client.ping().await.unwrap();
+    let seen = bare.authorizations();
+    assert!(!seen.is_empty() && seen.iter().all(String::is_empty), "{seen:?}");
 }
 
 #[tokio::test(start_paused = true)]

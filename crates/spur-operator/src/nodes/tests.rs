@@ -224,9 +224,33 @@ async fn a_controller_outage_backs_off_and_recovers() {
         h.controller
             .fail_next(tonic::Status::unavailable("no leader elected yet"));
     }
+    let started = tokio::time::Instant::now();
     h.list(vec![gpu_node("a")]);
-    settle(Duration::from_secs(5)).await;
-    assert!(h.registered.contains("a"));
+    // Each failure doubles the wait (RETRY: 0.5 s, then 1 s, then 2 s; no jitter): the
+    // fourth attempt, which succeeds, goes out 3.5 s after the first, and no sooner.
+    let mut attempts = Vec::new();
+    loop {
+        if h.calls("RegisterAgent").len() > attempts.len() {
+            attempts.push(started.elapsed());
+        }
+        if h.registered.contains("a") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "a never registered"
+        );
+        settle(Duration::from_millis(10)).await;
+    }
+    let at: Vec<u64> = attempts
+        .iter()
+        .map(|d| (d.as_millis() as u64 + 50) / 100 * 100)
+        .collect();
+    assert_eq!(
+        at,
+        [0, 500, 1500, 3500],
+        "attempts at (ms, to 0.1 s): {attempts:?}"
+    );
     assert_eq!(h.calls("RegisterAgent").len(), 4);
 }
 
