@@ -55,7 +55,12 @@ fn readyz_follows_the_controller_and_the_api_server() {
 fn judge(mut sim: Sim, until: Duration) -> (Vec<String>, usize) {
     use spur_sim::scenario::readiness::ReadinessJudge;
     let probes = probe_operator(&mut sim, secs(5));
-    let mut judge = ReadinessJudge::new(secs(15), probes, "operator");
+    let mut judge = ReadinessJudge::new(
+        secs(15),
+        probes,
+        spur_sim::prober::ProbeRule::DEPLOYMENT,
+        "operator",
+    );
     let mut violations = Vec::new();
     let mut now = Duration::ZERO;
     while now < until {
@@ -81,7 +86,28 @@ fn the_readiness_check_passes_a_truthful_operator_and_flags_a_lying_one() {
     assert_eq!(violations.len(), 1, "{violations:?}");
     assert!(
         violations[0].starts_with("readiness operator/readyz")
-            && violations[0].contains("said not ready"),
+            && violations[0].contains("the kubelet holds it not ready"),
         "{violations:?}"
+    );
+}
+
+#[test]
+fn the_judges_probe_rule_is_the_deployments() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/deployment.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let deployment: serde_json::Value = serde_yaml_ng::from_str(&text).unwrap();
+    let probe = &deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"];
+    let field = |name: &str, default: u64| probe[name].as_u64().unwrap_or(default);
+    let rule = spur_sim::prober::ProbeRule::DEPLOYMENT;
+    // Kubernetes' defaults where the Deployment sets nothing.
+    assert_eq!(secs(field("periodSeconds", 10)), rule.period, "{probe}");
+    assert_eq!(secs(field("timeoutSeconds", 1)), rule.timeout, "{probe}");
+    assert_eq!(
+        field("failureThreshold", 3) as usize,
+        rule.failure_threshold
+    );
+    assert_eq!(
+        field("successThreshold", 1) as usize,
+        rule.success_threshold
     );
 }

@@ -19,6 +19,7 @@ use crate::harness::{OPERATOR_LEASE, OperatorStop, Sim};
 use crate::kube_api::{ApiResult, OutageMode};
 use crate::leases::LeaseHistory;
 use crate::operator::KUBE_API_HOST;
+use crate::prober::ProbeRule;
 use crate::profiles::Profile;
 use crate::world::{KillMode, World, WorldConfig};
 pub use checks::{Deadlines, Violation};
@@ -185,8 +186,9 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
         }
         sim.start_operator(host, &flags);
     }
-    // sim.md's readiness check, as the Deployment probes: every 5 s, 3 s to answer (8080
-    // is the health port every profile keeps). It was left out of the mix while 10 of
+    // sim.md's readiness check, as the Deployment probes (ProbeRule::DEPLOYMENT: every
+    // 5 s, 3 s to answer, three failures to drop; 8080 is the health port every profile
+    // keeps). It was left out of the mix while 10 of
     // 2,000 seeds found /readyz saying "not ready" for over 15 s with a live endpoint
     // reachable: a follower whose forwards hang after a replica partition (wire.md) hung
     // the readiness Ping, whose 2 s bound cancelled the channel's dials midway, so every
@@ -207,10 +209,15 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
                 host,
                 8080,
                 "/readyz",
-                Duration::from_secs(5),
-                Duration::from_secs(3),
+                ProbeRule::DEPLOYMENT.period,
+                ProbeRule::DEPLOYMENT.timeout,
             );
-            ReadinessJudge::new(Deadlines::default().readiness, probes, host)
+            ReadinessJudge::new(
+                Deadlines::default().readiness,
+                probes,
+                ProbeRule::DEPLOYMENT,
+                host,
+            )
         })
         .collect();
     let mut restarts: Vec<Duration> = plan
@@ -355,21 +362,12 @@ fn acting_operator(leases: &LeaseHistory, stops: &BTreeMap<String, OperatorStop>
         .unwrap_or_else(|| OPERATOR.to_owned())
 }
 
-/// Calls the operator replicas made to the controller: the answers the replicas traced to a
-/// client's call (`GetJobs -> ok …`), not those to a follower's forward (`GetJobs
-/// (forwarded) -> …`), nor commits (`commit #4 t2: submit job … -> JobId(2)`).
+/// Calls the operator replicas made to the controller, as the replicas answered them
+/// ([`crate::controller::calls::answered`]).
 fn controller_calls(sim: &Sim) -> usize {
-    sim.world
-        .trace()
-        .events()
-        .iter()
-        .filter(|e| {
-            e.host.starts_with("spurctld")
-                && e.event
-                    .split_once(" -> ")
-                    .is_some_and(|(call, _)| !call.contains(' '))
-        })
-        .count()
+    crate::controller::calls::answered(&sim.world.trace().events(), Duration::ZERO, Duration::MAX)
+        .values()
+        .sum()
 }
 
 /// A fault aimed at the leader, when there is none: in the trace, and not one of the
