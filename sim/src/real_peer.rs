@@ -27,28 +27,17 @@ pub fn binary() -> Option<PathBuf> {
     beside.is_file().then_some(beside)
 }
 
-/// Whether this run is CI's, where a missing real peer is a failure, not a skip.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
-/// The binary, or `None` with one loud line saying the real-peer cases did NOT run.
-/// Panics in CI: there the real peer must be present.
-pub fn binary_or_skip(what: &str) -> Option<PathBuf> {
-    match binary() {
-        Some(path) => Some(path),
-        None if in_ci() => panic!(
-            "{what}: spurctld not found (SPURCTLD unset and ../shared/peers/spurctld/spurctld \
-             missing); CI must run the real peer"
-        ),
-        None => {
-            eprintln!(
-                "!!! {what}: the REAL spurctld did NOT run: no binary. Build ROCm/spur's \
-                 spurctld (cargo build --release -p spurctld) and set SPURCTLD=/path/to/spurctld"
-            );
-            None
-        }
-    }
+/// The binary, or a failure naming what is missing: a case that needs the real peer and
+/// cannot run fails, so a run without it is never reported as passed.
+pub fn binary_or_fail(what: &str) -> PathBuf {
+    binary().unwrap_or_else(|| {
+        panic!(
+            "{what}: the REAL spurctld was not found (SPURCTLD unset and \
+             ../shared/peers/spurctld/spurctld missing), so this case cannot run. Build \
+             ROCm/spur's spurctld (cargo build --release -p spurctld) and set \
+             SPURCTLD=/path/to/spurctld"
+        )
+    })
 }
 
 /// What a cluster is started with.

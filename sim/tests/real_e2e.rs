@@ -31,9 +31,7 @@ where
         .build()
         .expect("runtime");
     runtime.block_on(async move {
-        let Some(stack) = Stack::start(config).await else {
-            return;
-        };
+        let stack = Stack::start(config).await;
         if tokio::time::timeout(Duration::from_secs(150), case(stack))
             .await
             .is_err()

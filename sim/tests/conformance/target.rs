@@ -248,8 +248,8 @@ impl Target {
 type Case = Box<dyn Fn(Target) -> Pin<Box<dyn Future<Output = ()>>>>;
 
 /// Runs `case` on the model and on the real binary (as `replicas` says); `seed` decides
-/// the model's world. The real binary's absence is a loud skip outside CI and a failure in
-/// CI (see `spur_sim::real_peer`).
+/// the model's world. Without the real binary the case fails, naming it (see
+/// `spur_sim::real_peer`).
 pub fn conformance<F, Fut>(seed: u64, replicas: Replicas, setup: Setup, case: F)
 where
     F: Fn(Target) -> Fut + 'static,
@@ -257,9 +257,7 @@ where
 {
     let case: Case = Box::new(move |target| Box::pin(case(target)));
     run_on_model(seed, &setup, &case);
-    let Some(binary) = real_peer::binary_or_skip("controller conformance") else {
-        return;
-    };
+    let binary = real_peer::binary_or_fail("controller conformance");
     let counts: &[usize] = match replicas {
         Replicas::Any => &[1, 3],
         Replicas::Three => &[3],

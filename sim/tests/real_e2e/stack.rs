@@ -71,20 +71,16 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// Starts everything, on the current tokio runtime; `None` (after one loud line) when
-    /// a real binary is missing outside CI.
-    pub async fn start(config: StackConfig) -> Option<Stack> {
-        let spurctld = real_peer::binary_or_skip("end to end on the real spurctld")?;
-        let Some(operator_bin) = operator_binary() else {
-            assert!(
-                !real_peer::in_ci(),
-                "the spur-operator binary is missing beside the tests (cargo build -p spur-operator)"
-            );
-            eprintln!(
-                "!!! end to end: the spur-operator binary is missing; the end-to-end cases did NOT run (cargo build -p spur-operator)"
-            );
-            return None;
-        };
+    /// Starts everything, on the current tokio runtime; fails, naming it, when a real
+    /// binary is missing.
+    pub async fn start(config: StackConfig) -> Stack {
+        let spurctld = real_peer::binary_or_fail("end to end on the real spurctld");
+        let operator_bin = operator_binary().unwrap_or_else(|| {
+            panic!(
+                "end to end: the spur-operator binary is missing beside the tests, so this case \
+                 cannot run (cargo build -p spur-operator)"
+            )
+        });
         let cluster = RealCluster::start(
             &spurctld,
             RealConfig {
@@ -183,13 +179,13 @@ impl Stack {
             .stderr(out)
             .spawn()
             .expect("start spur-operator");
-        Some(Stack {
+        Stack {
             cluster,
             api,
             operator,
             operator_log,
             tasks,
-        })
+        }
     }
 
     /// The operator's log and the replicas' logs' tails, for a failure message.
