@@ -137,6 +137,53 @@ pub struct CompareArgs {
     pub profiles: Vec<Profile>,
     #[arg(long, default_value_t = 2)]
     pub jobs: usize,
+    /// Also write the table into this file (README.md) between its compare-table markers;
+    /// `sim/tests/readme_figures.rs` fails when the README's table is not what this prints.
+    #[arg(long)]
+    pub readme: Option<PathBuf>,
+}
+
+/// The markers around the README's compare table; the opening one names the command that
+/// made the table, whose `--seeds` the test that holds it reads.
+pub const COMPARE_BEGIN: &str = "<!-- compare-table:begin";
+pub const COMPARE_END: &str = "<!-- compare-table:end -->";
+
+/// `text` with the block between the compare-table markers replaced by `table` (fenced),
+/// and the opening marker naming the command for `seeds`; `None` without the markers.
+pub fn splice_compare_table(text: &str, seeds: &Range<u64>, table: &str) -> Option<String> {
+    let begin = text.find(COMPARE_BEGIN)?;
+    let end = text[begin..].find(COMPARE_END)? + begin;
+    let marker = format!(
+        "{COMPARE_BEGIN} (spur-sim compare --seeds {}..{} --readme README.md) -->",
+        seeds.start, seeds.end
+    );
+    Some(format!(
+        "{}{marker}\n```\n{table}```\n{}",
+        &text[..begin],
+        &text[end..]
+    ))
+}
+
+/// The seeds the README's compare table was made with, from its opening marker.
+pub fn compare_table_seeds(text: &str) -> Option<Range<u64>> {
+    let begin = text.find(COMPARE_BEGIN)?;
+    let line = text[begin..].lines().next()?;
+    let seeds = line.split("--seeds ").nth(1)?.split_whitespace().next()?;
+    Seeds::from_str(seeds).ok().map(|s| s.0)
+}
+
+/// The compare table of `seeds` under `profiles` (simulated figures only: the same seeds
+/// give the same table in any process), with each profile's summary.
+pub fn compare_table(seeds: &[u64], profiles: &[Profile], jobs: usize) -> (String, Vec<Summary>) {
+    let summaries: Vec<Summary> = profiles
+        .iter()
+        .map(|profile| {
+            let records =
+                run_with_progress(seeds, *profile, &ScenarioConfig::default(), jobs, false);
+            Summary::of(profile.name(), &records)
+        })
+        .collect();
+    (Table(&summaries).to_string(), summaries)
 }
 
 /// Runs `seeds` under `profile` on `jobs` threads; outcomes in seed order.
@@ -277,26 +324,27 @@ pub fn replay(args: ReplayArgs) -> anyhow::Result<bool> {
 }
 
 pub fn compare(args: CompareArgs) -> anyhow::Result<bool> {
+    if args.readme.is_some() && !args.profiles.is_empty() {
+        anyhow::bail!("--readme writes the table of all three profiles: drop --profile");
+    }
     let profiles = if args.profiles.is_empty() {
         Profile::ALL.to_vec()
     } else {
         args.profiles
     };
     let seeds = seeds_of(&args.seeds, None);
-    let summaries: Vec<Summary> = profiles
-        .into_iter()
-        .map(|profile| {
-            let records = run_with_progress(
-                &seeds,
-                profile,
-                &ScenarioConfig::default(),
-                args.jobs,
-                false,
-            );
-            Summary::of(profile.name(), &records)
-        })
-        .collect();
-    print!("{}", Table(&summaries));
+    let (table, summaries) = compare_table(&seeds, &profiles, args.jobs);
+    print!("{table}");
+    if let Some(path) = &args.readme {
+        let text = std::fs::read_to_string(path)?;
+        let written = splice_compare_table(&text, &args.seeds.0, &table).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: no {COMPARE_BEGIN} ... {COMPARE_END} markers",
+                path.display()
+            )
+        })?;
+        std::fs::write(path, written)?;
+    }
     // The older profiles are expected to fail (that is the comparison); `default` is the
     // operator as it ships, so a failure of it fails the command, each seed with its replay.
     let mut default_passed = true;
@@ -377,10 +425,21 @@ pub fn bench(seeds: u64) -> anyhow::Result<bool> {
     Ok(true)
 }
 
+/// What [`measure_nodes`] found.
+#[derive(Debug)]
+pub struct NodesLoad {
+    /// From the controller being ready to the last node registered (simulated).
+    pub registered_after: std::time::Duration,
+    /// The replica that led when the last node registered.
+    pub leader: String,
+    /// Per replica: registrations it answered, and calls of any kind.
+    pub per_replica: std::collections::BTreeMap<String, (usize, usize)>,
+}
+
 /// How long the operator takes to register `nodes` nodes once the controller is ready, at
 /// a round trip of `rtt_ms` between every pair of hosts (simulated time; the wall time is
-/// the simulation's own cost).
-pub fn bench_nodes(nodes: usize, rtt_ms: u64) -> anyhow::Result<bool> {
+/// the simulation's own cost), and which replicas it reached.
+pub fn measure_nodes(nodes: usize, rtt_ms: u64) -> anyhow::Result<NodesLoad> {
     use std::time::Duration;
 
     use crate::harness::Sim;
@@ -393,7 +452,6 @@ pub fn bench_nodes(nodes: usize, rtt_ms: u64) -> anyhow::Result<bool> {
         max_duration: Duration::from_secs(900),
         ..WorldConfig::default()
     };
-    let started = Instant::now();
     // The operator is up (and has listed every node) before the controller: the bench
     // measures registration itself, not the first list.
     let mut sim = Sim::with_controllers_at(1, config, Duration::from_secs(5));
@@ -428,11 +486,44 @@ pub fn bench_nodes(nodes: usize, rtt_ms: u64) -> anyhow::Result<bool> {
         }
     };
     let ready_at = ready_at.expect("ready before done");
+    let mut per_replica: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
+    let answered =
+        crate::controller::calls::answered(&sim.world.trace().events(), Duration::ZERO, done_at);
+    for ((replica, method), count) in answered {
+        let entry = per_replica.entry(replica).or_default();
+        entry.1 += count;
+        if method == "RegisterAgent" {
+            entry.0 += count;
+        }
+    }
+    Ok(NodesLoad {
+        registered_after: done_at - ready_at,
+        leader: sim.world.cluster().leader_with_quorum().unwrap_or_default(),
+        per_replica,
+    })
+}
+
+/// `spur-sim bench-nodes`: [`measure_nodes`], printed.
+pub fn bench_nodes(nodes: usize, rtt_ms: u64) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    let load = measure_nodes(nodes, rtt_ms)?;
     println!(
         "{nodes} nodes registered {:.2} s after the controller was ready ({rtt_ms} ms round trip, simulated); {:.1} s of wall time",
-        (done_at - ready_at).as_secs_f64(),
+        load.registered_after.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
+    // Which replicas the operator reached, as they answered: a follower forwards each
+    // registration to the leader, one more round trip each.
+    for (replica, (registrations, calls)) in &load.per_replica {
+        println!(
+            "  {replica:<14} {registrations:>6} registrations, {calls:>6} calls answered{}",
+            if *replica == load.leader {
+                "  (leader)"
+            } else {
+                "  (follower: forwarded to the leader)"
+            }
+        );
+    }
     Ok(true)
 }
 
@@ -518,10 +609,19 @@ pub fn measure_active_jobs(jobs: usize) -> anyhow::Result<ActiveJobsLoad> {
         *count -= before.get(method).copied().unwrap_or(0);
     }
     by_method.retain(|_, count| *count > 0);
+    let mut answered: BTreeMap<String, usize> = BTreeMap::new();
+    for ((_, method), count) in crate::controller::calls::answered(
+        &sim.world.trace().events(),
+        window_start,
+        window_start + WINDOW,
+    ) {
+        *answered.entry(method).or_default() += count;
+    }
     Ok(ActiveJobsLoad {
         submitted_after: submitted_at - created_at,
         window: WINDOW,
         calls: by_method,
+        answered,
     })
 }
 
@@ -532,8 +632,12 @@ pub struct ActiveJobsLoad {
     pub submitted_after: std::time::Duration,
     /// The steady-state window the calls were counted over (simulated).
     pub window: std::time::Duration,
-    /// Calls the operator made in the window, by method.
+    /// Calls the operator made in the window, by method, as its own counter
+    /// (`spur_operator_controller_rpcs_total`) has them.
     pub calls: std::collections::BTreeMap<String, usize>,
+    /// Calls the replicas answered in the window, by method: the controller's cost, with
+    /// the channel's probes and Pings, which the operator's counter leaves out.
+    pub answered: std::collections::BTreeMap<String, usize>,
 }
 
 impl ActiveJobsLoad {
@@ -546,17 +650,18 @@ impl ActiveJobsLoad {
 pub fn bench_jobs(jobs: usize) -> anyhow::Result<bool> {
     let started = Instant::now();
     let load = measure_active_jobs(jobs)?;
-    let total: usize = load.calls.values().sum();
+    let total: usize = load.answered.values().sum();
     println!(
-        "{jobs} active SpurJobs, all submitted {:.1} s after creation; steady state over {} s (simulated): {:.2} controller RPCs/s",
+        "{jobs} active SpurJobs, all submitted {:.1} s after creation; steady state over {} s (simulated): {:.2} calls/s answered by the replicas",
         load.submitted_after.as_secs_f64(),
         load.window.as_secs(),
         load.per_second(total)
     );
-    for (method, count) in &load.calls {
+    for (method, count) in &load.answered {
         println!(
-            "  {method:<16} {count:>6} calls  {:.2}/s",
-            load.per_second(*count)
+            "  {method:<16} {count:>6} answered  {:.2}/s   (the operator counted {})",
+            load.per_second(*count),
+            load.calls.get(method).copied().unwrap_or(0)
         );
     }
     println!("{:.1} s of wall time", started.elapsed().as_secs_f64());

@@ -64,3 +64,75 @@ fn write_call<B>(request: &http::Request<B>, replica: &str) -> Option<CallRecord
         method,
     })
 }
+
+/// The calls the replicas answered to clients in `from..to`, by replica and method, from
+/// their trace lines (`GetJobs -> ok …`): ground truth for what the operator cost the
+/// controller, probes and Pings included, where the operator's own counter sees only the
+/// calls it counts. A follower's forward (`GetJobs (forwarded) -> …`) is not a second
+/// call, nor is a commit (`commit #4 t2: … -> JobId(2)`).
+pub fn answered(
+    events: &[crate::trace::TraceEvent],
+    from: Duration,
+    to: Duration,
+) -> std::collections::BTreeMap<(String, String), usize> {
+    let mut calls = std::collections::BTreeMap::new();
+    for event in events {
+        if !event.host.starts_with("spurctld") || !(from..to).contains(&event.at) {
+            continue;
+        }
+        let Some((call, _)) = event.event.split_once(" -> ") else {
+            continue;
+        };
+        if call.contains(' ') {
+            continue;
+        }
+        *calls
+            .entry((event.host.clone(), call.to_owned()))
+            .or_default() += 1;
+    }
+    calls
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::TraceEvent;
+
+    #[test]
+    fn answered_counts_clients_calls_not_forwards_or_commits() {
+        let event = |at: u64, host: &str, text: &str| TraceEvent {
+            at: Duration::from_secs(at),
+            host: host.to_owned(),
+            event: text.to_owned(),
+        };
+        let events = [
+            event(
+                1,
+                "spurctld-0",
+                "GetJobs -> ok GetJobsResponse { jobs: [] }",
+            ),
+            event(
+                2,
+                "spurctld-0",
+                "GetJobs (forwarded) -> ok GetJobsResponse { jobs: [] }",
+            ),
+            event(
+                3,
+                "spurctld-1",
+                "GetJobs -> ok GetJobsResponse { jobs: [] }",
+            ),
+            event(4, "spurctld-1", "Ping -> ok"),
+            event(5, "spurctld-0", "commit #4 t2: submit job x -> JobId(2)"),
+            event(6, "operator", "service spurctld: no endpoint, SYN dropped"),
+            event(9, "spurctld-1", "Ping -> ok"),
+        ];
+        let counted = answered(&events, Duration::ZERO, Duration::from_secs(9));
+        let expected: std::collections::BTreeMap<(String, String), usize> = [
+            (("spurctld-0".to_owned(), "GetJobs".to_owned()), 1),
+            (("spurctld-1".to_owned(), "GetJobs".to_owned()), 1),
+            (("spurctld-1".to_owned(), "Ping".to_owned()), 1),
+        ]
+        .into();
+        assert_eq!(counted, expected);
+    }
+}

@@ -258,7 +258,10 @@ async fn sends_the_bearer_token_on_every_call() {
     );
     client.ping().await.unwrap();
     let seen = bare.authorizations();
-    assert!(!seen.is_empty() && seen.iter().all(String::is_empty), "{seen:?}");
+    assert!(
+        !seen.is_empty() && seen.iter().all(String::is_empty),
+        "{seen:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,70 @@
+//! The README's simulated figures, held: each is what its command prints at this commit.
+//! The simulation is deterministic, so a figure that drifted is a change of behaviour that
+//! the README has not caught up with; each failure names the command that rewrites it.
+
+use spur_sim::cli::{compare_table, compare_table_seeds, splice_compare_table};
+use spur_sim::profiles::Profile;
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+const README: &str = include_str!("../../README.md");
+
+#[test]
+fn the_readme_compare_table_is_what_compare_prints() {
+    let range = compare_table_seeds(README)
+        .expect("README.md has the compare-table markers, the opening one naming --seeds");
+    let seeds: Vec<u64> = range.clone().collect();
+    let (table, _) = compare_table(&seeds, &Profile::ALL, threads());
+    let expected = splice_compare_table(README, &range, &table).expect("markers");
+    assert!(
+        README == expected,
+        "README.md's compare table is stale: run `cargo run --release -p spur-sim -- compare \
+         --seeds {}..{} --readme README.md`; the table now:\n{table}",
+        range.start,
+        range.end
+    );
+}
+
+#[test]
+fn the_compare_table_splices_between_its_markers_only() {
+    let text = "before\n<!-- compare-table:begin (old) -->\n```\nold\n```\n<!-- compare-table:end -->\nafter\n";
+    let spliced = splice_compare_table(text, &(3..5), "new\n").unwrap();
+    assert_eq!(
+        spliced,
+        "before\n<!-- compare-table:begin (spur-sim compare --seeds 3..5 --readme README.md) -->\n```\nnew\n```\n<!-- compare-table:end -->\nafter\n"
+    );
+    assert_eq!(compare_table_seeds(&spliced), Some(3..5));
+    assert_eq!(splice_compare_table("no markers", &(0..1), "x"), None);
+}
+
+/// The number after `before` in the README, up to its unit.
+fn figure(before: &str) -> f64 {
+    let after = README
+        .split(before)
+        .nth(1)
+        .unwrap_or_else(|| panic!("README.md has no {before:?}"));
+    let number: String = after
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    number
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after {before:?} in README.md"))
+}
+
+#[test]
+fn the_readme_bench_nodes_figure_is_what_bench_nodes_measures() {
+    let load = spur_sim::cli::measure_nodes(5000, 10).unwrap();
+    let said = figure("bench-nodes --nodes 5000 --rtt-ms 10` registers 5,000 nodes in ");
+    let measured = load.registered_after.as_secs_f64();
+    assert!(
+        (said - measured).abs() < 0.005,
+        "README.md says {said} s, `spur-sim bench-nodes --nodes 5000 --rtt-ms 10` measures \
+         {measured:.2} s: update the README ({load:?})"
+    );
+    let leader_registrations = load.per_replica.get(&load.leader).map_or(0, |r| r.0);
+    let said = figure("registrations answered by the leader: ");
+    assert_eq!(said as usize, leader_registrations, "{load:?}");
+}
