@@ -53,18 +53,22 @@ pub struct MemoryNetwork {
     held: Arc<Mutex<Vec<DuplexStream>>>,
 }
 
+/// A request's `authorization` metadata, or "" without one.
+fn authorization<T>(request: &Request<T>) -> String {
+    request
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
 fn serve(controller: ScriptedController) -> ToServer {
     let (to_server, incoming) = mpsc::unbounded_channel();
     let seen = controller.authorizations.clone();
     // Every call's `authorization` metadata, before any method sees it.
     let record = move |request: Request<()>| {
-        let auth = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
-        seen.lock().unwrap().push(auth);
+        seen.lock().unwrap().push(authorization(&request));
         Ok(request)
     };
     tokio::spawn(async move {
@@ -329,12 +333,7 @@ pub fn not_leader(leader: &str) -> Status {
 #[tonic::async_trait]
 impl pb::SlurmController for ScriptedController {
     async fn ping(&self, request: Request<()>) -> Result<Response<pb::PingResponse>, Status> {
-        let auth = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
+        let auth = authorization(&request);
         let hostname = self.hostname.lock().unwrap().clone();
         self.answer(pb::PingResponse {
             hostname: hostname.unwrap_or_else(|| "spurctld-0".into()),
