@@ -29,7 +29,7 @@ take() {
 
 image_bin="/usr/local/bin/$(basename "$bin")"
 take "$bin" "$image_bin" 0755
-# Without its DWARF (the line tables of the release profile: 132 MB of the operator's 159),
+# Without its DWARF (the line tables of the release profile: 106 MB of the operator's 133),
 # keeping the symbol table, so a panic's backtrace still names functions; the build's own
 # binary keeps the line tables for symbolizing an address.
 objcopy --strip-debug "$out$image_bin"
