@@ -80,6 +80,15 @@ impl ProbeLog {
         ready
     }
 
+    /// The first answer in `(after, to]` that said ready, and when.
+    pub fn first_ready(&self, after: Duration, to: Duration) -> Option<Duration> {
+        self.0
+            .borrow()
+            .iter()
+            .find(|(t, ready)| *ready && *t > after && *t <= to)
+            .map(|(t, _)| *t)
+    }
+
     /// The last `n` answers at or before `at`, oldest first.
     pub fn last(&self, n: usize, at: Duration) -> Vec<(Duration, bool)> {
         let log = self.0.borrow();

@@ -181,14 +181,8 @@ pub fn verdict(
     due: Duration,
     now: Duration,
 ) -> Option<Wrong> {
-    if !truth {
-        let lie = probes
-            .last(usize::MAX, now)
-            .into_iter()
-            .find(|(at, ready)| *at > due && *ready);
-        if let Some((at, _)) = lie {
-            return Some(Wrong::LiedReady(at));
-        }
+    if !truth && let Some(at) = probes.first_ready(due, now) {
+        return Some(Wrong::LiedReady(at));
     }
     if now < due + rule.lag(truth) {
         return None;
