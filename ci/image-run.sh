@@ -7,7 +7,10 @@
 #
 # BIND (a host directory under /tmp, or "" for none) appears at the same path inside: the
 # files a run is given, as a Kubernetes volume would give them (a kubeconfig). ci/image.sh
-# runs the image's smoke tests with it; the lab (spur-sim lab --operator-root) its operators.
+# runs the image's smoke tests with it. The lab (spur-sim lab --operator-root) does the same
+# mounts in Rust (sim/src/lab/kernel.rs, ImageRoot): it must enter the root before each
+# pod's change of user and set the pod's death signal after it, which `chroot --userspec`
+# here would clear.
 set -eu
 root=$1
 uid=$2
