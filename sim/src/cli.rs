@@ -126,6 +126,11 @@ pub struct ReplayArgs {
     /// the wall clock would mean nothing, and the trace lines around them give the sim's.
     #[arg(long)]
     pub log: Option<String>,
+    /// Also draw the run as one self-contained HTML page in FILE: hosts as lanes, faults,
+    /// every controller call coloured by how it ended, leader terms, each SpurJob's life
+    /// and each deadline met (green) or missed (red).
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -141,6 +146,10 @@ pub struct CompareArgs {
     /// `sim/tests/readme_figures.rs` fails when the README's table is not what this prints.
     #[arg(long)]
     pub readme: Option<PathBuf>,
+    /// Also draw each lag's distribution per profile (cumulative, log time axis, the
+    /// deadline as a line) as an SVG picture in this file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
 }
 
 /// The markers around the README's compare table; the opening one names the command that
@@ -173,17 +182,80 @@ pub fn compare_table_seeds(text: &str) -> Option<Range<u64>> {
 }
 
 /// The compare table of `seeds` under `profiles` (simulated figures only: the same seeds
-/// give the same table in any process), with each profile's summary.
-pub fn compare_table(seeds: &[u64], profiles: &[Profile], jobs: usize) -> (String, Vec<Summary>) {
+/// give the same table in any process), with each profile's summary and records.
+pub fn compare_runs(
+    seeds: &[u64],
+    profiles: &[Profile],
+    jobs: usize,
+) -> (String, Vec<Summary>, Vec<Vec<ScenarioRecord>>) {
+    let records: Vec<Vec<ScenarioRecord>> = profiles
+        .iter()
+        .map(|profile| run_with_progress(seeds, *profile, &ScenarioConfig::default(), jobs, false))
+        .collect();
     let summaries: Vec<Summary> = profiles
         .iter()
-        .map(|profile| {
-            let records =
-                run_with_progress(seeds, *profile, &ScenarioConfig::default(), jobs, false);
-            Summary::of(profile.name(), &records)
+        .zip(&records)
+        .map(|(profile, records)| Summary::of(profile.name(), records))
+        .collect();
+    (Table(&summaries).to_string(), summaries, records)
+}
+
+/// The picture of `compare --plot`: each lag's distribution under each profile.
+pub fn compare_plot(
+    seeds: &Range<u64>,
+    profiles: &[Profile],
+    records: &[Vec<ScenarioRecord>],
+) -> String {
+    let series: Vec<crate::plot::Series<'_>> = profiles
+        .iter()
+        .zip(records)
+        .map(|(profile, records)| crate::plot::Series {
+            name: profile.name(),
+            samples: lag_samples(records),
         })
         .collect();
-    (Table(&summaries).to_string(), summaries)
+    let title = format!(
+        "Lags by profile, seeds {}..{} (spur-sim compare --plot)",
+        seeds.start, seeds.end
+    );
+    crate::plot::cdf_svg(&title, &lag_panels(), &series)
+}
+
+/// The lag metrics a picture of lags shows, with their deadlines, and each one's samples
+/// from `records`.
+pub fn lag_panels() -> [crate::plot::Panel<'static>; 4] {
+    use crate::plot::Panel;
+    let d = crate::scenario::Deadlines::default();
+    [
+        Panel {
+            title: "registration",
+            deadline: Some(d.registration),
+        },
+        Panel {
+            title: "submission",
+            deadline: Some(d.submission),
+        },
+        Panel {
+            title: "submission after a leader change",
+            deadline: Some(d.submission),
+        },
+        Panel {
+            title: "status",
+            deadline: Some(d.status),
+        },
+    ]
+}
+
+/// Every record's lags, per metric of [`lag_panels`].
+pub fn lag_samples(records: &[ScenarioRecord]) -> Vec<Vec<u64>> {
+    let mut samples = vec![Vec::new(); 4];
+    for r in records {
+        samples[0].extend(&r.lags_ms.registration);
+        samples[1].extend(&r.lags_ms.submission);
+        samples[2].extend(&r.lags_ms.failover_submission);
+        samples[3].extend(&r.lags_ms.status);
+    }
+    samples
 }
 
 /// Runs `seeds` under `profile` on `jobs` threads; outcomes in seed order.
@@ -308,19 +380,61 @@ pub fn replay(args: ReplayArgs) -> anyhow::Result<bool> {
         // SAFETY: set before any thread that reads the environment is started.
         unsafe { std::env::set_var("SPUR_SIM_TRACE", "1") };
     }
-    if let Some(filter) = &args.log {
-        let filter = tracing_subscriber::EnvFilter::try_new(filter)
-            .map_err(|e| anyhow::anyhow!("--log {filter}: {e}"))?;
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .without_time()
-            .with_writer(std::io::stderr)
-            .init();
-    }
-    let outcome = run_isolated(args.seed, args.profile, &args.intensity.config());
+    let log = match &args.log {
+        Some(filter) => Some(
+            tracing_subscriber::EnvFilter::try_new(filter)
+                .map_err(|e| anyhow::anyhow!("--log {filter}: {e}"))?,
+        ),
+        None => None,
+    };
+    install_subscriber(log, args.html.is_some());
+    let mut config = args.intensity.config();
+    config.timeline = args.html.is_some();
+    let outcome = run_isolated(args.seed, args.profile, &config);
     let record = ScenarioRecord::from(&outcome);
     println!("{}", serde_json::to_string_pretty(&record)?);
+    if let (Some(path), Some(timeline)) = (&args.html, &outcome.timeline) {
+        write_page(path, timeline)?;
+    }
     Ok(record.passed)
+}
+
+/// The process's tracing: the operator's log lines on stderr under `log`, and the
+/// timeline's catch of its calls with `timeline`.
+pub fn install_subscriber(log: Option<tracing_subscriber::EnvFilter>, timeline: bool) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    if log.is_none() && !timeline {
+        return;
+    }
+    let fmt = log.map(|filter| {
+        tracing_subscriber::fmt::layer()
+            .without_time()
+            .with_writer(std::io::stderr)
+            .with_filter(filter)
+    });
+    let calls = timeline.then(crate::timeline::calls::layer);
+    tracing_subscriber::registry().with(fmt).with(calls).init();
+}
+
+/// Writes `timeline` as its HTML page to `path`, saying where on stderr.
+pub fn write_page(
+    path: &std::path::Path,
+    timeline: &crate::timeline::Timeline,
+) -> anyhow::Result<()> {
+    let page = crate::timeline::html::render(timeline);
+    std::fs::write(path, &page)
+        .map_err(|e| anyhow::anyhow!("writing the timeline to {}: {e}", path.display()))?;
+    eprintln!(
+        "timeline: {} ({} KiB; {} calls, {} faults, {} deadlines)",
+        path.display(),
+        page.len() / 1024,
+        timeline.calls.len(),
+        timeline.faults.len(),
+        timeline.deadlines.len()
+    );
+    Ok(())
 }
 
 pub fn compare(args: CompareArgs) -> anyhow::Result<bool> {
@@ -333,8 +447,14 @@ pub fn compare(args: CompareArgs) -> anyhow::Result<bool> {
         args.profiles
     };
     let seeds = seeds_of(&args.seeds, None);
-    let (table, summaries) = compare_table(&seeds, &profiles, args.jobs);
+    let (table, summaries, records) = compare_runs(&seeds, &profiles, args.jobs);
     print!("{table}");
+    if let Some(path) = &args.plot {
+        let svg = compare_plot(&args.seeds.0, &profiles, &records);
+        std::fs::write(path, svg)
+            .map_err(|e| anyhow::anyhow!("writing the plot to {}: {e}", path.display()))?;
+        eprintln!("plot: {}", path.display());
+    }
     if let Some(path) = &args.readme {
         let text = std::fs::read_to_string(path)?;
         let written = splice_compare_table(&text, &args.seeds.0, &table).ok_or_else(|| {

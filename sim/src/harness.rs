@@ -149,6 +149,7 @@ impl Sim {
             );
             let mut stopped = stop.0.subscribe();
             async move {
+                crate::timeline::calls::enter_host(&host);
                 let (started, handles) = tokio::sync::oneshot::channel();
                 let shutdown = async move {
                     let _ = stopped.wait_for(|s| *s).await;

@@ -2,7 +2,7 @@
 //! The simulation is deterministic, so a figure that drifted is a change of behaviour that
 //! the README has not caught up with; each failure names the command that rewrites it.
 
-use spur_sim::cli::{compare_table, compare_table_seeds, splice_compare_table};
+use spur_sim::cli::{compare_plot, compare_runs, compare_table_seeds, splice_compare_table};
 use spur_sim::profiles::Profile;
 
 fn threads() -> usize {
@@ -11,19 +11,27 @@ fn threads() -> usize {
 
 const README: &str = include_str!("../../README.md");
 
+/// The picture of the same seeds beside the table (`docs/compare-lags.svg`).
+const PLOT: &str = include_str!("../../docs/compare-lags.svg");
+
 #[test]
-fn the_readme_compare_table_is_what_compare_prints() {
+fn the_readme_compare_table_and_plot_are_what_compare_prints() {
     let range = compare_table_seeds(README)
         .expect("README.md has the compare-table markers, the opening one naming --seeds");
     let seeds: Vec<u64> = range.clone().collect();
-    let (table, _) = compare_table(&seeds, &Profile::ALL, threads());
+    let (table, _, records) = compare_runs(&seeds, &Profile::ALL, threads());
     let expected = splice_compare_table(README, &range, &table).expect("markers");
+    let command = format!(
+        "cargo run --release -p spur-sim -- compare --seeds {}..{} --readme README.md --plot docs/compare-lags.svg",
+        range.start, range.end
+    );
     assert!(
         README == expected,
-        "README.md's compare table is stale: run `cargo run --release -p spur-sim -- compare \
-         --seeds {}..{} --readme README.md`; the table now:\n{table}",
-        range.start,
-        range.end
+        "README.md's compare table is stale: run `{command}`; the table now:\n{table}"
+    );
+    assert!(
+        PLOT == compare_plot(&range, &Profile::ALL, &records),
+        "docs/compare-lags.svg is stale: run `{command}`"
     );
 }
 

@@ -78,6 +78,15 @@ pub struct LabArgs {
     /// (or SPUR_OPERATOR_BIN).
     #[arg(long, env = "SPUR_LAB_OPERATOR_ROOT")]
     pub operator_root: Option<PathBuf>,
+    /// Also draw each run as an HTML timeline in this directory: the lab's as
+    /// `<scenario>-<profile>-lab.html`, each simulated twin's as
+    /// `<scenario>-<profile>-sim-<seed>.html` (see `spur-sim replay --html`).
+    #[arg(long, value_name = "DIR")]
+    pub html: Option<PathBuf>,
+    /// Also draw the lags of the lab's runs beside their simulated twins' (cumulative,
+    /// log time axis, deadlines as lines) as an SVG picture in this file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
     /// Run exactly one scenario and profile here, inside a namespace of this process's
     /// own, printing its record (what the parent runs in each child).
     #[arg(long, hide = true)]
@@ -153,8 +162,18 @@ pub fn main(args: LabArgs) -> anyhow::Result<bool> {
         .iter()
         .flat_map(|n| args.profiles.iter().map(move |p| (n.clone(), *p)))
         .collect();
+    if let Some(dir) = &args.html {
+        std::fs::create_dir_all(dir)?;
+        // The twins' timelines catch the operator's calls.
+        crate::cli::install_subscriber(None, true);
+    }
     let sim: Vec<Vec<ScenarioRecord>> = if args.sim_only || args.compare_sim {
-        simulate_all(&runs, args.sim_seeds.max(1), args.quiet)
+        simulate_all(
+            &runs,
+            args.sim_seeds.max(1),
+            args.quiet,
+            args.html.as_deref(),
+        )
     } else {
         vec![Vec::new(); runs.len()]
     };
@@ -196,6 +215,32 @@ pub fn main(args: LabArgs) -> anyhow::Result<bool> {
         })
         .collect();
     println!("{}", table(&rows));
+    if let Some(path) = &args.plot {
+        let lab_records: Vec<ScenarioRecord> = lab.iter().flatten().cloned().collect();
+        let sim_records: Vec<ScenarioRecord> = sim.iter().flatten().cloned().collect();
+        let mut series = Vec::new();
+        if !lab_records.is_empty() {
+            series.push(crate::plot::Series {
+                name: "lab",
+                samples: crate::cli::lag_samples(&lab_records),
+            });
+        }
+        if !sim_records.is_empty() {
+            series.push(crate::plot::Series {
+                name: "simulation",
+                samples: crate::cli::lag_samples(&sim_records),
+            });
+        }
+        let title = format!(
+            "Lags of {} lab scenario run(s) and their simulated twins",
+            runs.len()
+        );
+        std::fs::write(
+            path,
+            crate::plot::cdf_svg(&title, &crate::cli::lag_panels(), &series),
+        )?;
+        eprintln!("plot: {}", path.display());
+    }
     if args.compare_sim {
         println!("{}", fidelity(&rows));
     }
@@ -208,6 +253,7 @@ fn simulate_all(
     runs: &[(String, Profile)],
     seeds: u64,
     quiet: Duration,
+    html: Option<&Path>,
 ) -> Vec<Vec<ScenarioRecord>> {
     let work: Vec<(usize, String, Profile, u64)> = runs
         .iter()
@@ -226,7 +272,7 @@ fn simulate_all(
                     let Some((i, name, profile, seed)) = work.get(k).cloned() else {
                         break;
                     };
-                    let record = simulate(&name, profile, quiet, seed);
+                    let record = simulate(&name, profile, quiet, seed, html);
                     done.lock().expect("not poisoned").push((i, seed, record));
                 }
             });
@@ -242,10 +288,19 @@ fn simulate_all(
 }
 
 /// The simulation's twin of a named scenario under `seed`.
-fn simulate(name: &str, profile: Profile, quiet: Duration, seed: u64) -> ScenarioRecord {
+fn simulate(
+    name: &str,
+    profile: Profile,
+    quiet: Duration,
+    seed: u64,
+    html: Option<&Path>,
+) -> ScenarioRecord {
     let mut plan = scenarios::plan(name, quiet).expect("checked");
     plan.seed = seed;
-    let config = ScenarioConfig::default();
+    let config = ScenarioConfig {
+        timeline: html.is_some(),
+        ..ScenarioConfig::default()
+    };
     let outcome = std::thread::Builder::new()
         .name(format!("sim-{name}-{seed}"))
         .stack_size(32 << 20)
@@ -255,6 +310,14 @@ fn simulate(name: &str, profile: Profile, quiet: Duration, seed: u64) -> Scenari
         .expect("the simulation's twin panicked");
     let mut record = ScenarioRecord::from(&outcome);
     record.replay = replay(name, profile, quiet, Some(seed));
+    if let (Some(dir), Some(mut timeline)) = (html, outcome.timeline) {
+        timeline.title = format!("{name}, profile {profile}: the simulation's twin, seed {seed}");
+        timeline.replay = format!("{} --html DIR", record.replay);
+        let path = dir.join(format!("{name}-{profile}-sim-{seed}.html"));
+        if let Err(e) = crate::cli::write_page(&path, &timeline) {
+            eprintln!("lab: {e:#}");
+        }
+    }
     record
 }
 
@@ -299,6 +362,9 @@ fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Ve
             }
             if let Some(root) = &args.operator_root {
                 command.arg("--operator-root").arg(root);
+            }
+            if let Some(dir) = &args.html {
+                command.arg("--html").arg(dir);
             }
             // Its stderr (the pods' log tails when it fails) goes to a file: a pipe nobody
             // reads until the child exits would stall a child that writes more than the
@@ -420,6 +486,7 @@ fn failed_record(
         rpcs: 0,
         replay_args: String::new(),
         acting_writes: Default::default(),
+        timeline: None,
     });
     record.replay = replay(name, profile, quiet, None);
     record
@@ -448,7 +515,7 @@ fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> 
         .build()?;
     let outcome = runtime.block_on(async {
         let mut lab = world::Lab::new(setup, plan.nodes, &plan.operators).await?;
-        let outcome = run::run_plan(&mut lab, &plan, profile, &[]).await;
+        let outcome = run::run_plan(&mut lab, &plan, profile, &[], args.html.is_some()).await;
         if outcome.as_ref().map_or(true, |o| !o.passed()) {
             eprintln!("{}", lab.log_tails(30));
         }
@@ -460,6 +527,11 @@ fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> 
     let outcome = outcome?;
     let mut record = ScenarioRecord::from(&outcome);
     record.replay = replay(name, profile, args.quiet, None);
+    if let (Some(dir), Some(mut timeline)) = (&args.html, outcome.timeline.clone()) {
+        timeline.title = format!("{name}, profile {profile}: the lab (real processes)");
+        timeline.replay = format!("sudo {} --html DIR", record.replay);
+        crate::cli::write_page(&dir.join(format!("{name}-{profile}-lab.html")), &timeline)?;
+    }
     println!("{}", record.to_line());
     Ok(outcome.passed())
 }

@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::world::{API_IP, Lab, Stop};
+use crate::operator::KUBE_API_HOST;
 use crate::profiles::Profile;
 use crate::scenario::checks::{Deadlines, Monitor, Violation};
 use crate::scenario::plan::{Fault, LeaderChange, Plan, PlannedJob};
 use crate::scenario::{OPERATOR, OPERATOR_B, Outcome, REPLACE_AFTER, SAMPLE};
+use crate::timeline::{FaultSpan, Lane, LaneKind, Timeline};
 
 /// What the lab does at a time of the plan.
 #[derive(Clone, Debug)]
@@ -37,6 +39,7 @@ pub async fn run_plan(
     plan: &Plan,
     profile: Profile,
     operator_b_flags: &[String],
+    timeline: bool,
 ) -> anyhow::Result<Outcome> {
     let wall = Instant::now();
     let mut events: BTreeMap<(Duration, u64), Event> = BTreeMap::new();
@@ -72,6 +75,12 @@ pub async fn run_plan(
         lab.start_operator(name, extra)?;
     }
     let mut monitor = Monitor::new(Deadlines::default(), &plan.operators);
+    if timeline {
+        monitor = monitor.recording();
+    }
+    // Each fault as it struck, over the lanes it hit, for the timeline.
+    let mut struck: Vec<FaultSpan> = Vec::new();
+    let mut leader: Option<String> = None;
     let mut api_up = true;
     let mut next_sample = SAMPLE;
     let mut next_scrape = SCRAPE_EVERY;
@@ -84,12 +93,23 @@ pub async fn run_plan(
                 break;
             }
             let event = entry.remove();
+            if let Event::Fault(fault) = &event {
+                struck.push(FaultSpan {
+                    name: fault.name().to_owned(),
+                    from_ms: now.as_millis() as u64,
+                    to_ms: (now + fault.heals_after()).as_millis() as u64,
+                    lanes: fault_lanes(fault, leader.as_deref(), &acting_operator(lab)),
+                });
+            }
             for (when, follow_up) in carry_out(lab, event, now, &mut monitor, &mut api_up).await? {
                 at(&mut events, when, follow_up);
             }
         }
         lab.tick().await?;
         let seen = lab.observe().await;
+        if seen.leader.is_some() {
+            leader.clone_from(&seen.leader);
+        }
         monitor.observe(&seen, lab.now(), api_up);
         if now >= next_scrape {
             next_scrape += SCRAPE_EVERY;
@@ -118,6 +138,15 @@ pub async fn run_plan(
         }
     };
     let violations = std::mem::take(&mut monitor.violations);
+    let timeline = monitor.recorder.take().map(|recorder| {
+        Box::new(lab_timeline(
+            plan,
+            recorder,
+            struck,
+            (&monitor.brackets, &violations),
+            now,
+        ))
+    });
     Ok(Outcome {
         seed: plan.seed,
         profile,
@@ -134,7 +163,91 @@ pub async fn run_plan(
         rpcs: lab.controller_calls() as usize,
         acting_writes: BTreeMap::new(),
         replay_args: String::new(),
+        timeline,
     })
+}
+
+/// The lanes a fault hits in the lab: the leader it struck (the last one seen), the
+/// acting operator, the API server, or every replica when the fault names none.
+fn fault_lanes(fault: &Fault, leader: Option<&str>, operator: &str) -> Vec<String> {
+    let replicas = || (0..3).map(|s| format!("spurctld-{s}")).collect::<Vec<_>>();
+    match fault {
+        Fault::LeaderKillSilent
+        | Fault::LeaderKillGraceful
+        | Fault::LeaderFreeze { .. }
+        | Fault::LeaderCutOff { .. } => leader.map_or_else(replicas, |l| vec![l.to_owned()]),
+        Fault::PartitionOperatorReplica { slot, .. } => {
+            vec![operator.to_owned(), format!("spurctld-{slot}")]
+        }
+        Fault::PartitionOperatorService { .. } => {
+            let mut lanes = vec![operator.to_owned()];
+            lanes.extend(replicas());
+            lanes
+        }
+        Fault::OperatorRestart => vec![OPERATOR.to_owned()],
+        Fault::OperatorLeaderChange { how, .. } => {
+            let mut lanes = vec![operator.to_owned()];
+            if *how == LeaderChange::Isolate {
+                lanes.push(KUBE_API_HOST.to_owned());
+            }
+            lanes
+        }
+        Fault::ApiOutage { .. }
+        | Fault::WatchCut
+        | Fault::StatusConflict { .. }
+        | Fault::NodeNotReadyFlap { .. }
+        | Fault::NodeResourcesChanged { .. }
+        | Fault::NodeDeleted { .. } => vec![KUBE_API_HOST.to_owned()],
+        Fault::FollowerKill | Fault::PartitionReplica { .. } | Fault::ReplyLost { .. } => {
+            replicas()
+        }
+    }
+}
+
+/// A lab run's timeline: what the checks sampled (terms, the Lease, SpurJobs, deadlines)
+/// and the faults as they struck. The real operator's calls are not caught here (its log
+/// is a process's, not the simulation's), so its lanes carry no call marks.
+fn lab_timeline(
+    plan: &Plan,
+    recorder: crate::timeline::Recorder,
+    faults: Vec<FaultSpan>,
+    (brackets, violations): (&[crate::scenario::checks::Bracket], &[Violation]),
+    end: Duration,
+) -> Timeline {
+    let mut lanes: Vec<Lane> = plan
+        .operators
+        .iter()
+        .map(|o| Lane {
+            name: (*o).to_owned(),
+            kind: LaneKind::Operator,
+        })
+        .collect();
+    lanes.extend((0..3).map(|s| Lane {
+        name: format!("spurctld-{s}"),
+        kind: LaneKind::Controller,
+    }));
+    lanes.push(Lane {
+        name: KUBE_API_HOST.to_owned(),
+        kind: LaneKind::Api,
+    });
+    let (spans, jobs) = recorder.finish(end);
+    let (deadlines, violations) = crate::timeline::deadlines(brackets, violations);
+    Timeline {
+        title: String::new(),
+        replay: String::new(),
+        note: "The real operator's calls are not drawn: its log is a process's, not the \
+               simulation's, so its lanes carry no call marks and the replicas' lanes only \
+               their leader terms. The simulated twin's page draws them."
+            .into(),
+        end_ms: end.as_millis() as u64,
+        lanes,
+        spans,
+        faults,
+        calls: Vec::new(),
+        jobs,
+        deadlines,
+        violations,
+    }
 }
 
 /// The operator replica the Lease names, else `operator`: partitions of "the operator"

@@ -119,6 +119,22 @@ pub struct Monitor {
     jobs: BTreeMap<String, JobWatch>,
     pub violations: Vec<Violation>,
     pub lags: Lags,
+    /// Every deadline judged, met or missed: the brackets of a run's timeline.
+    pub brackets: Vec<Bracket>,
+    /// What the samples showed over time, for a run's timeline ([`Monitor::recording`]).
+    pub recorder: Option<crate::timeline::Recorder>,
+}
+
+/// One deadline as it was judged: waiting from `from`, due at `from + deadline`, and met
+/// at `end` or found missed at `end`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bracket {
+    pub check: &'static str,
+    pub object: String,
+    pub from: Duration,
+    pub due: Duration,
+    pub end: Duration,
+    pub met: bool,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -139,12 +155,41 @@ impl Monitor {
             jobs: BTreeMap::new(),
             violations: Vec::new(),
             lags: Lags::default(),
+            brackets: Vec::new(),
+            recorder: None,
         }
+    }
+
+    /// Also records what each sample shows, for a timeline of the run.
+    pub fn recording(mut self) -> Self {
+        self.recorder = Some(crate::timeline::Recorder::default());
+        self
     }
 
     /// Notes that SpurJob `name` was deleted at `at` (by the workload).
     pub fn deleted(&mut self, name: &str, at: Duration) {
         self.jobs.entry(name.to_owned()).or_default().deleted_at = Some(at);
+    }
+
+    /// Notes a deadline of `deadline` on `object`, waited for from `from`, met (or found
+    /// missed) at `end`.
+    fn bracket(
+        &mut self,
+        check: &'static str,
+        object: String,
+        from: Duration,
+        deadline: Duration,
+        end: Duration,
+        met: bool,
+    ) {
+        self.brackets.push(Bracket {
+            check,
+            object,
+            from,
+            due: from + deadline,
+            end,
+            met,
+        });
     }
 
     fn violate(&mut self, check: &'static str, object: &str, at: Duration, detail: String) {
@@ -168,6 +213,9 @@ impl Monitor {
     /// One sample of what the world looks like at `now`, however it was read (the
     /// simulation's state, or the lab's reads of real processes).
     pub fn observe(&mut self, seen: &Observation, now: Duration, api_up: bool) {
+        if let Some(recorder) = &mut self.recorder {
+            recorder.observe(seen, now);
+        }
         self.check_takeover(
             now,
             api_up,
@@ -284,12 +332,30 @@ impl Monitor {
             if is_registered && !was_registered {
                 if let Some(from) = from {
                     self.lags.registration.push(ms(now.saturating_sub(from)));
+                    let deadline = self.deadlines.registration;
+                    self.bracket(
+                        "registration",
+                        format!("node/{name}"),
+                        from,
+                        deadline,
+                        now,
+                        true,
+                    );
                 }
             } else if !is_registered
                 && !flagged
                 && let Some(from) = from
                 && now.saturating_sub(from) > self.deadlines.registration
             {
+                let deadline = self.deadlines.registration;
+                self.bracket(
+                    "registration",
+                    format!("node/{name}"),
+                    from,
+                    deadline,
+                    now,
+                    false,
+                );
                 self.violate(
                     "registration",
                     &format!("node/{name}"),
@@ -345,6 +411,15 @@ impl Monitor {
                 (None, Some(new)) => {
                     if let Some(from) = self.waiting_from(created_at) {
                         self.lags.submission.push(ms(now.saturating_sub(from)));
+                        let deadline = self.deadlines.submission;
+                        self.bracket(
+                            "submission",
+                            format!("spurjob/{name}"),
+                            from,
+                            deadline,
+                            now,
+                            true,
+                        );
                     }
                     // From the election, or from when the world was whole again when
                     // something else (the API server, the Service) was still down then:
@@ -380,6 +455,15 @@ impl Monitor {
                         && !flagged
                         && now.saturating_sub(from) > self.deadlines.submission
                     {
+                        let deadline = self.deadlines.submission;
+                        self.bracket(
+                            "submission",
+                            format!("spurjob/{name}"),
+                            from,
+                            deadline,
+                            now,
+                            false,
+                        );
                         self.violate(
                             "submission",
                             &format!("spurjob/{name}"),
@@ -414,12 +498,30 @@ impl Monitor {
                     watch.status_done = true;
                     if let Some(from) = self.healthy_since.map(|h| h.max(terminal_at)) {
                         self.lags.status.push(ms(now.saturating_sub(from)));
+                        let deadline = self.deadlines.status;
+                        self.bracket(
+                            "status",
+                            format!("spurjob/{name}"),
+                            from,
+                            deadline,
+                            now,
+                            true,
+                        );
                     }
                 } else if let Some(from) = self.healthy_since.map(|h| h.max(terminal_at))
                     && !watch.status_flagged
                     && now.saturating_sub(from) > self.deadlines.status
                 {
                     watch.status_flagged = true;
+                    let deadline = self.deadlines.status;
+                    self.bracket(
+                        "status",
+                        format!("spurjob/{name}"),
+                        from,
+                        deadline,
+                        now,
+                        false,
+                    );
                     self.violate(
                         "status",
                         &format!("spurjob/{name}"),
@@ -449,6 +551,17 @@ impl Monitor {
             let pods_gone = watch.id.is_none_or(|id| !pods_by_job.contains(&id));
             if gone && job_over && pods_gone {
                 self.jobs.get_mut(&name).expect("tracked").deletion_done = true;
+                if let Some(from) = self.waiting_from(deleted_at) {
+                    let deadline = self.deadlines.deletion;
+                    self.bracket(
+                        "deletion",
+                        format!("spurjob/{name}"),
+                        from,
+                        deadline,
+                        now,
+                        true,
+                    );
+                }
                 continue;
             }
             if let Some(from) = self.waiting_from(deleted_at)
@@ -456,6 +569,15 @@ impl Monitor {
                 && now.saturating_sub(from) > self.deadlines.deletion
             {
                 self.jobs.get_mut(&name).expect("tracked").deletion_flagged = true;
+                let deadline = self.deadlines.deletion;
+                self.bracket(
+                    "deletion",
+                    format!("spurjob/{name}"),
+                    from,
+                    deadline,
+                    now,
+                    false,
+                );
                 self.violate(
                     "deletion",
                     &format!("spurjob/{name}"),

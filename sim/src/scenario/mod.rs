@@ -87,6 +87,8 @@ pub struct Outcome {
     pub acting_writes: BTreeMap<String, usize>,
     /// The flags beyond seed and profile that replay it (a non-default intensity).
     pub replay_args: String,
+    /// The run as a picture, when the config asked for one.
+    pub timeline: Option<Box<crate::timeline::Timeline>>,
 }
 
 impl Outcome {
@@ -141,6 +143,7 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
                 rpcs: 0,
                 acting_writes: BTreeMap::new(),
                 replay_args,
+                timeline: None,
             }
         })
 }
@@ -266,6 +269,11 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
     }
 
     let mut monitor = checks::Monitor::new(Deadlines::default(), &plan.operators);
+    if config.timeline {
+        monitor = monitor.recording();
+        // Calls an earlier run on this thread left.
+        crate::timeline::calls::take();
+    }
     let mut deletions: Vec<(Duration, String)> = plan
         .jobs
         .iter()
@@ -334,6 +342,23 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
         });
     }
     let rpcs = controller_calls(&sim);
+    let timeline = monitor.recorder.take().map(|recorder| {
+        // A named scenario's caller (the lab) puts its own title and replay.
+        let title = format!("seed {seed}, profile {profile}");
+        let replay = format!(
+            "cargo run --release -p spur-sim -- replay --seed {seed} --profile {profile}{} --html FILE",
+            config.intensity.args()
+        );
+        Box::new(scenario_timeline(
+            &sim,
+            plan,
+            &skipped,
+            recorder,
+            (&monitor.brackets, &violations),
+            now,
+            (title, replay),
+        ))
+    });
     Outcome {
         seed,
         profile,
@@ -350,6 +375,93 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
         rpcs,
         acting_writes: monitor.acting_writes().clone(),
         replay_args: config.intensity.args(),
+        timeline,
+    }
+}
+
+/// The timeline of a finished run: lanes for the operator replicas, every controller
+/// replica the run had and the API server; the plan's faults that struck, each over the
+/// lanes the harness named when it struck (the API server's for its own faults).
+fn scenario_timeline(
+    sim: &Sim,
+    plan: &Plan,
+    skipped: &BTreeSet<usize>,
+    recorder: crate::timeline::Recorder,
+    (brackets, violations): (&[checks::Bracket], &[Violation]),
+    end: Duration,
+    (title, replay): (String, String),
+) -> crate::timeline::Timeline {
+    use crate::timeline::{FaultSpan, Lane, LaneKind, Timeline};
+    let events = sim.world.trace().events();
+    let mut replicas = BTreeSet::new();
+    for event in &events {
+        if event.host.starts_with("spurctld") {
+            replicas.insert(event.host.clone());
+        }
+    }
+    let mut lanes: Vec<Lane> = plan
+        .operators
+        .iter()
+        .map(|o| Lane {
+            name: (*o).to_owned(),
+            kind: LaneKind::Operator,
+        })
+        .collect();
+    lanes.extend(replicas.iter().map(|r| Lane {
+        name: r.clone(),
+        kind: LaneKind::Controller,
+    }));
+    lanes.push(Lane {
+        name: KUBE_API_HOST.to_owned(),
+        kind: LaneKind::Api,
+    });
+    let faults = plan
+        .faults
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| !skipped.contains(index))
+        .map(|(_, planned)| {
+            let api_fault = matches!(
+                planned.fault,
+                Fault::ApiOutage { .. }
+                    | Fault::WatchCut
+                    | Fault::StatusConflict { .. }
+                    | Fault::NodeNotReadyFlap { .. }
+                    | Fault::NodeResourcesChanged { .. }
+                    | Fault::NodeDeleted { .. }
+            );
+            let mut struck = crate::timeline::struck_at(&events, planned.at);
+            if api_fault {
+                struck = vec![KUBE_API_HOST.to_owned()];
+            } else if struck.is_empty() {
+                struck = replicas.iter().cloned().collect();
+            }
+            FaultSpan {
+                name: planned.fault.name().to_owned(),
+                from_ms: planned.at.as_millis() as u64,
+                to_ms: (planned.at + planned.fault.heals_after()).as_millis() as u64,
+                lanes: struck,
+            }
+        })
+        .collect();
+    let (mut spans, mut calls) = crate::timeline::from_trace(&events, end);
+    let (terms, jobs) = recorder.finish(end);
+    spans.extend(terms);
+    calls.extend(crate::timeline::calls::take());
+    calls.sort_by(|a, b| (a.from_ms, &a.lane).cmp(&(b.from_ms, &b.lane)));
+    let (deadlines, violations) = crate::timeline::deadlines(brackets, violations);
+    Timeline {
+        title,
+        replay,
+        note: String::new(),
+        end_ms: end.as_millis() as u64,
+        lanes,
+        spans,
+        faults,
+        calls,
+        jobs,
+        deadlines,
+        violations,
     }
 }
 

@@ -48,6 +48,10 @@ pub struct ScenarioConfig {
     pub operator_b_flags: Vec<String>,
     /// What [`ScenarioConfig::with_intensity`] set; a replay needs the same.
     pub intensity: Intensity,
+    /// Also draw the run as a [`crate::timeline::Timeline`] (`replay --html`): the
+    /// operator's calls are caught only where [`crate::timeline::calls::layer`] is
+    /// installed. Changes nothing the simulation observes.
+    pub timeline: bool,
 }
 
 /// How hard a sweep presses each scenario beyond the defaults the deadlines are judged
@@ -124,6 +128,7 @@ impl Default for ScenarioConfig {
             leader_change_down: (Duration::from_secs(30), Duration::from_secs(90)),
             operator_b_flags: Vec::new(),
             intensity: Intensity::default(),
+            timeline: false,
         }
     }
 }

@@ -395,13 +395,24 @@ impl ControllerClient {
     {
         let started = tokio::time::Instant::now();
         let result = self.call_once(method, message, rpc).await;
+        let code = result
+            .as_ref()
+            .err()
+            .map_or(Code::Ok, ControllerError::code);
         if let Some(metrics) = &self.inner.metrics {
-            let code = result
-                .as_ref()
-                .err()
-                .map_or(Code::Ok, ControllerError::code);
             metrics.observe_rpc(method, code, started.elapsed());
         }
+        // One line a call, at debug: how each ended, for a person reading the log and for
+        // the simulation's timeline (which catches this target).
+        tracing::debug!(
+            target: "spur_operator::rpc",
+            method,
+            outcome = call_outcome(&result),
+            code = crate::metrics::code_name(code),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            error = result.as_ref().err().map(ToString::to_string).unwrap_or_default(),
+            "controller call ended"
+        );
         result
     }
 
@@ -770,4 +781,24 @@ fn leader_hint(metadata: &MetadataMap) -> Option<String> {
         .map(str::trim)
         .filter(|v| !v.is_empty())
         .map(str::to_owned)
+}
+
+/// How a call ended, in the words of the operator's call log: `answered` (the controller
+/// gave its answer), `refused` (it answered with an error), `transport` (no answer: the
+/// connection failed or a bound fired), `abandoned` (the channel rule gave up on it) or
+/// `fenced` (not sent: this replica no longer holds the Lease).
+fn call_outcome<T>(result: &Result<T, ControllerError>) -> &'static str {
+    match result {
+        Ok(_) => "answered",
+        Err(ControllerError::NotActing { .. }) => "fenced",
+        Err(ControllerError::Status { code, message, .. })
+            if *code == Code::Cancelled && message.starts_with("abandoned") =>
+        {
+            "abandoned"
+        }
+        Err(error) => match classify(error.code()) {
+            FailureKind::Answer => "refused",
+            FailureKind::Transport => "transport",
+        },
+    }
 }

@@ -1,0 +1,165 @@
+//! A run's timeline (`spur-sim replay --html`, `spur-sim lab --html`) tells what happened:
+//! the fault over the lane it hit, the operator's calls as the operator saw them end, and
+//! each deadline met or missed with its violation. Drawing it changes nothing the
+//! simulation observes.
+
+use std::time::Duration;
+
+use spur_sim::lab::scenarios;
+use spur_sim::profiles::Profile;
+use spur_sim::scenario::{ScenarioConfig, run_plan};
+use spur_sim::timeline::Timeline;
+
+fn leader_freeze(profile: Profile, timeline: bool) -> spur_sim::scenario::Outcome {
+    let mut plan = scenarios::plan("leader-freeze", Duration::from_secs(20)).expect("named");
+    plan.seed = 1;
+    let config = ScenarioConfig {
+        timeline,
+        ..ScenarioConfig::default()
+    };
+    run_plan(&plan, profile, &config)
+}
+
+fn drawn(profile: Profile) -> (spur_sim::scenario::Outcome, Timeline) {
+    spur_sim::timeline::calls::catch_in_this_process();
+    let outcome = leader_freeze(profile, true);
+    let timeline = *outcome.timeline.clone().expect("asked for a timeline");
+    (outcome, timeline)
+}
+
+#[test]
+fn a_missed_deadline_is_drawn_with_the_fault_and_the_call_that_hung_through_it() {
+    let (outcome, timeline) = drawn(Profile::SeedFix);
+    assert!(
+        !outcome.passed(),
+        "seed-fix misses a deadline behind a frozen leader"
+    );
+
+    // The freeze, on the lane of the leader it froze, for its 20 s.
+    let [freeze] = timeline.faults.as_slice() else {
+        panic!("one fault: {:?}", timeline.faults);
+    };
+    assert_eq!(freeze.name, "leader-freeze");
+    assert_eq!(freeze.to_ms - freeze.from_ms, 20_000);
+    let frozen = timeline
+        .spans
+        .iter()
+        .find(|s| s.kind == "frozen")
+        .expect("the frozen host's span");
+    assert_eq!(freeze.lanes, std::slice::from_ref(&frozen.lane));
+    assert!(
+        timeline
+            .spans
+            .iter()
+            .any(|s| s.kind == "leader" && s.lane == frozen.lane && s.to_ms >= freeze.from_ms),
+        "the frozen host led when it froze: {:?}",
+        timeline.spans
+    );
+
+    // The operator's own account: a call that went unanswered through the freeze for
+    // seed-fix's 30 s request bound.
+    let hung = timeline
+        .calls
+        .iter()
+        .filter(|c| c.lane == "operator" && c.outcome == "transport")
+        .filter(|c| c.from_ms >= freeze.from_ms && c.from_ms < freeze.to_ms)
+        .max_by_key(|c| c.to_ms - c.from_ms)
+        .unwrap_or_else(|| {
+            panic!(
+                "no call failed on the transport during the freeze: {:#?}",
+                timeline
+                    .calls
+                    .iter()
+                    .filter(|c| c.lane == "operator")
+                    .collect::<Vec<_>>()
+            )
+        });
+    assert!(
+        hung.to_ms - hung.from_ms >= 29_000,
+        "it hung for the request bound: {hung:?}"
+    );
+    assert!(
+        timeline
+            .calls
+            .iter()
+            .any(|c| c.lane.starts_with("spurctld") && c.outcome == "answered"),
+        "the replicas' answers are drawn on their lanes"
+    );
+
+    // The missed deadline, red, with the violation that reported it.
+    let missed: Vec<_> = timeline.deadlines.iter().filter(|d| !d.met).collect();
+    assert!(
+        !missed.is_empty(),
+        "a missed deadline: {:?}",
+        timeline.deadlines
+    );
+    for d in &missed {
+        let violation = d
+            .violation
+            .as_deref()
+            .expect("a missed deadline names its violation");
+        assert!(violation.starts_with(&format!("{} {}", d.check, d.object)));
+        assert!(d.end_ms > d.due_ms && d.due_ms > d.from_ms);
+    }
+    assert_eq!(
+        missed.len(),
+        outcome
+            .violations
+            .iter()
+            .filter(|v| ["registration", "submission", "status", "deletion"].contains(&v.check))
+            .count()
+    );
+    assert!(timeline.deadlines.iter().any(|d| d.met));
+    let job = &missed[0].object;
+    assert!(
+        timeline
+            .jobs
+            .iter()
+            .any(|j| format!("spurjob/{}", j.name) == *job),
+        "the job that missed has its row"
+    );
+}
+
+#[test]
+fn the_default_operator_meets_every_deadline_of_the_same_freeze() {
+    let (outcome, timeline) = drawn(Profile::Default);
+    assert!(outcome.passed(), "{:?}", outcome.violations);
+    assert!(timeline.deadlines.iter().all(|d| d.met));
+    assert!(timeline.violations.is_empty());
+    // No call of the operator lasts through the freeze.
+    let longest = timeline
+        .calls
+        .iter()
+        .filter(|c| c.lane == "operator")
+        .map(|c| c.to_ms - c.from_ms)
+        .max()
+        .expect("calls were caught");
+    assert!(longest < 10_000, "longest call {longest} ms");
+}
+
+#[test]
+fn drawing_the_timeline_changes_nothing_the_simulation_observes() {
+    let plain = leader_freeze(Profile::Default, false);
+    let (drawn, _) = drawn(Profile::Default);
+    assert!(plain.timeline.is_none());
+    assert_eq!(plain.trace_hash, drawn.trace_hash);
+}
+
+#[test]
+fn the_page_of_a_ten_minute_seed_stays_small() {
+    // Issue 21's bound: 10 minutes of simulated time with 20 SpurJobs under 2 MB.
+    spur_sim::timeline::calls::catch_in_this_process();
+    let config = ScenarioConfig {
+        timeline: true,
+        ..ScenarioConfig::default().with_intensity(spur_sim::scenario::Intensity {
+            fault_density: 1,
+            duration: Duration::from_secs(570),
+        })
+    };
+    let outcome = spur_sim::scenario::run(7, Profile::Default, &config);
+    let timeline = outcome.timeline.expect("asked for");
+    assert!(timeline.end_ms >= 600_000, "ran {} ms", timeline.end_ms);
+    assert!(timeline.jobs.len() >= 20);
+    let page = spur_sim::timeline::html::render(&timeline);
+    assert!(page.len() < 2 << 20, "{} bytes", page.len());
+}
