@@ -45,8 +45,8 @@ fn every_seed_meets_every_check_with_the_default_profile() {
         failed.join("\n")
     );
     // The scenarios did something, and the checks judged it: every one registered nodes,
-    // submitted jobs, mirrored the end of some, and made leader-only writes the acting
-    // check weighed against the Lease.
+    // submitted jobs, mirrored the end of some, and made leader-only writes and controller
+    // write calls the acting check weighed against the Lease.
     let idle: Vec<String> = outcomes
         .iter()
         .filter(|o| {
@@ -54,15 +54,17 @@ fn every_seed_meets_every_check_with_the_default_profile() {
                 || o.submission_lags.is_empty()
                 || o.status_lags.is_empty()
                 || o.acting_writes.values().sum::<usize>() == 0
+                || o.acting_calls.values().sum::<usize>() == 0
         })
         .map(|o| {
             format!(
-                "seed {}: {} registrations, {} submissions, {} statuses, acting writes {:?}",
+                "seed {}: {} registrations, {} submissions, {} statuses, acting writes {:?}, acting calls {:?}",
                 o.seed,
                 o.registration_lags.len(),
                 o.submission_lags.len(),
                 o.status_lags.len(),
-                o.acting_writes
+                o.acting_writes,
+                o.acting_calls
             )
         })
         .collect();

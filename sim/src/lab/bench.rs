@@ -107,12 +107,16 @@ async fn bench(setup: LabSetup, args: &LabBenchArgs) -> anyhow::Result<bool> {
     // Many active SpurJobs: pods that run for an hour.
     let created = Instant::now();
     for i in 0..args.jobs {
-        let _ = lab.api.create(json!({
-            "apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob",
-            "metadata": {"name": format!("bench-{i:05}"), "namespace": "default"},
-            "spec": {"image": "busybox", "command": ["sleep", "3600"],
-                     "env": {"SIM_RUN_SECONDS": "3600"}},
-        }));
+        // A create that failed would shrink the load the figure claims: stop instead.
+        let name = format!("bench-{i:05}");
+        lab.api
+            .create(json!({
+                "apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"image": "busybox", "command": ["sleep", "3600"],
+                         "env": {"SIM_RUN_SECONDS": "3600"}},
+            }))
+            .map_err(|e| anyhow::anyhow!("creating SpurJob {name}: {} {}", e.code, e.message))?;
     }
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;

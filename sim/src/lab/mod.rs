@@ -486,6 +486,7 @@ fn failed_record(
         rpcs: 0,
         replay_args: String::new(),
         acting_writes: Default::default(),
+        acting_calls: Default::default(),
         timeline: None,
     });
     record.replay = replay(name, profile, quiet, None);

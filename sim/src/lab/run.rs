@@ -162,6 +162,7 @@ pub async fn run_plan(
         duplicates,
         rpcs: lab.controller_calls() as usize,
         acting_writes: BTreeMap::new(),
+        acting_calls: BTreeMap::new(),
         replay_args: String::new(),
         timeline,
     })

@@ -265,6 +265,11 @@ impl Monitor {
         &self.acting.judged
     }
 
+    /// Controller write calls judged, per operator replica.
+    pub fn acting_calls(&self) -> &BTreeMap<String, usize> {
+        &self.acting.calls_judged
+    }
+
     /// sim.md's lease liveness, which bounds the pause the deadlines take while nobody
     /// holds the lease: with the API server up, a live replica holds it within
     /// [`Deadlines::takeover`].

@@ -6,6 +6,7 @@ pub mod acting;
 pub mod checks;
 pub mod plan;
 pub mod readiness;
+pub mod sabotage;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
@@ -85,6 +86,9 @@ pub struct Outcome {
     pub rpcs: usize,
     /// Leader-only writes applied from each operator replica.
     pub acting_writes: BTreeMap<String, usize>,
+    /// Controller write calls received from each operator replica, each judged against
+    /// the Lease.
+    pub acting_calls: BTreeMap<String, usize>,
     /// The flags beyond seed and profile that replay it (a non-default intensity).
     pub replay_args: String,
     /// The run as a picture, when the config asked for one.
@@ -142,6 +146,7 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
                 duplicates: 0,
                 rpcs: 0,
                 acting_writes: BTreeMap::new(),
+                acting_calls: BTreeMap::new(),
                 replay_args,
                 timeline: None,
             }
@@ -184,6 +189,7 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
     sim.start_kubelet();
     for host in &plan.operators {
         let mut flags = profile.flags();
+        flags.extend(config.operator_flags.iter().map(String::as_str));
         if *host == OPERATOR_B {
             flags.extend(config.operator_b_flags.iter().map(String::as_str));
         }
@@ -223,11 +229,12 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
             )
         })
         .collect();
-    let mut restarts: Vec<Duration> = plan
+    let mut restarts: Vec<(Duration, usize)> = plan
         .faults
         .iter()
-        .filter(|f| f.fault == Fault::OperatorRestart)
-        .map(|f| f.at)
+        .enumerate()
+        .filter(|(_, f)| f.fault == Fault::OperatorRestart)
+        .map(|(index, f)| (f.at, index))
         .collect();
     restarts.reverse();
     sim.world.at(plan.controllers_at, |w| w.start_controllers());
@@ -268,6 +275,11 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
         );
     }
 
+    for (at, sabotage) in &config.sabotage {
+        let (api, sabotage, at) = (sim.api.clone(), sabotage.clone(), *at);
+        sim.world
+            .at(at, move |w| sabotage::strike(w, &api, &sabotage, at));
+    }
     let mut monitor = checks::Monitor::new(Deadlines::default(), &plan.operators);
     if config.timeline {
         monitor = monitor.recording();
@@ -301,9 +313,13 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
             next_deletion += 1;
         }
         monitor.sample(&sim, now, api_up.get());
-        while restarts.last().is_some_and(|at| *at <= now) {
-            // operator-restart restarts `operator` in place (see schedule_fault).
-            readiness[0].restarted(restarts.pop().expect("not empty"));
+        while restarts.last().is_some_and(|(at, _)| *at <= now) {
+            // operator-restart restarts `operator` in place (see schedule_fault), unless
+            // it found the replica down and skipped.
+            let (at, index) = restarts.pop().expect("not empty");
+            if !skipped.borrow().contains(&index) {
+                readiness[0].restarted(at);
+            }
         }
         for judge in &mut readiness {
             if let Some(v) = judge.sample(&sim, now, api_up.get()) {
@@ -374,6 +390,7 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
         duplicates,
         rpcs,
         acting_writes: monitor.acting_writes().clone(),
+        acting_calls: monitor.acting_calls().clone(),
         replay_args: config.intensity.args(),
         timeline,
     }
@@ -565,6 +582,12 @@ fn schedule_fault(
                     w.at(now + REPLACE_AFTER, move |w| {
                         w.replace_replica(slot);
                     });
+                } else {
+                    w.trace().record_here(
+                        "harness",
+                        format!("{} skipped: no controller follower to strike", fault.name()),
+                    );
+                    skip();
                 }
             }
             Fault::PartitionOperatorReplica { slot, heal_after } => {
@@ -605,6 +628,7 @@ fn schedule_fault(
             Fault::OperatorRestart if w.net().is_down(OPERATOR) => {
                 w.trace()
                     .record(now, "harness", format!("{OPERATOR} is down: no restart"));
+                skip();
             }
             Fault::OperatorRestart => w.restart(OPERATOR),
             Fault::NodeNotReadyFlap { node, down_for } => {

@@ -46,6 +46,12 @@ pub struct ScenarioConfig {
     /// Flags added to the second replica's (after the profile's): empty in every sweep;
     /// tests break that replica with them to show the checks catch it.
     pub operator_b_flags: Vec<String>,
+    /// Flags added to every replica's (after the profile's): empty in every sweep; tests
+    /// break the operator with them to show the checks catch it.
+    pub operator_flags: Vec<String>,
+    /// Breaks of the world struck at their times: empty in every sweep; tests strike them
+    /// to show the checks catch them.
+    pub sabotage: Vec<(Duration, super::sabotage::Sabotage)>,
     /// What [`ScenarioConfig::with_intensity`] set; a replay needs the same.
     pub intensity: Intensity,
     /// Also draw the run as a [`crate::timeline::Timeline`] (`replay --html`): the
@@ -127,6 +133,8 @@ impl Default for ScenarioConfig {
             two_replica_fraction: 0.25,
             leader_change_down: (Duration::from_secs(30), Duration::from_secs(90)),
             operator_b_flags: Vec::new(),
+            operator_flags: Vec::new(),
+            sabotage: Vec::new(),
             intensity: Intensity::default(),
             timeline: false,
         }

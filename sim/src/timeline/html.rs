@@ -71,6 +71,16 @@ const LEGEND: &str = r#"<div class="legend">
 <span><i style="background:#e67e22"></i>cut off</span>
 <span><i style="border:2px solid #1b7a2b;height:6px"></i>deadline met</span>
 <span><i style="border:2px solid #d0021b;height:6px"></i>deadline missed</span>
+</div>
+<div class="legend">SpurJob rows:
+<span>&#9675; created</span>
+<span>&#9670; submitted (its id seen)</span>
+<span><i style="background:#f4d03f"></i>PENDING</span>
+<span><i style="background:#3498db"></i>RUNNING</span>
+<span><i style="background:#27ae60"></i>COMPLETED</span>
+<span><i style="background:#c0392b"></i>FAILED (and other ends in error)</span>
+<span><i style="background:#95a5a6"></i>CANCELLED</span>
+<span>brackets: below the row for registration and submission, above it for status and deletion</span>
 </div>"#;
 
 /// The page. Operator lanes show each call from sent to ended as the operator saw it;

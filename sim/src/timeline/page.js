@@ -68,7 +68,8 @@
     const rows = objectRows();
     const lanesTop = AXIS_H + FAULT_ROW_H * Math.max(1, data.faults.length);
     const rowsTop = lanesTop + data.lanes.length * LANE_H + 18;
-    const width = x(data.end_ms) + 30;
+    // Room on the right for a missed deadline's text near the end of the run.
+    const width = x(data.end_ms) + 480;
     const height = rowsTop + rows.length * ROW_H + 10;
     const svg = el("svg", { id: "timeline", width, height, viewBox: `0 0 ${width} ${height}` });
 
