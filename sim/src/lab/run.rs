@@ -139,13 +139,27 @@ pub async fn run_plan(
     };
     let violations = std::mem::take(&mut monitor.violations);
     let timeline = monitor.recorder.take().map(|recorder| {
-        Box::new(lab_timeline(
+        let mut timeline = lab_timeline(
             plan,
             recorder,
             struck,
             (&monitor.brackets, &violations),
             now,
-        ))
+        );
+        for name in &plan.operators {
+            let log = std::fs::read_to_string(lab.operator_log(name)).unwrap_or_default();
+            timeline
+                .calls
+                .extend(crate::timeline::calls::from_operator_log(
+                    &log,
+                    name,
+                    lab.started_wall(),
+                ));
+        }
+        timeline
+            .calls
+            .sort_by(|a, b| (a.from_ms, &a.lane).cmp(&(b.from_ms, &b.lane)));
+        Box::new(timeline)
     });
     Ok(Outcome {
         seed: plan.seed,
@@ -236,9 +250,9 @@ fn lab_timeline(
     Timeline {
         title: String::new(),
         replay: String::new(),
-        note: "The real operator's calls are not drawn: its log is a process's, not the \
-               simulation's, so its lanes carry no call marks and the replicas' lanes only \
-               their leader terms. The simulated twin's page draws them."
+        note: "The operators' calls are read from their JSON logs (wall clock, to the \
+               millisecond). The real replicas log no call, so their lanes show only their \
+               leader terms; the simulated twin's page draws each answer."
             .into(),
         end_ms: end.as_millis() as u64,
         lanes,

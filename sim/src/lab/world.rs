@@ -85,6 +85,8 @@ struct OperatorPod {
 pub struct Lab {
     setup: LabSetup,
     started: Instant,
+    /// The wall clock when the plan's clock started: the operators' log lines carry it.
+    started_wall: std::time::SystemTime,
     replicas: Vec<Replica>,
     operators: Vec<OperatorPod>,
     firewall: Firewall,
@@ -190,6 +192,7 @@ impl Lab {
         Ok(Lab {
             setup,
             started: Instant::now(),
+            started_wall: std::time::SystemTime::now(),
             replicas,
             operators,
             firewall,
@@ -211,6 +214,17 @@ impl Lab {
     /// Restarts the plan's clock (once the world is built).
     pub fn start_clock(&mut self) {
         self.started = Instant::now();
+        self.started_wall = std::time::SystemTime::now();
+    }
+
+    /// The wall clock at the plan's start.
+    pub fn started_wall(&self) -> std::time::SystemTime {
+        self.started_wall
+    }
+
+    /// Operator replica `name`'s log (every start of it appends).
+    pub fn operator_log(&self, name: &str) -> PathBuf {
+        self.setup.dir.join(format!("{name}.log"))
     }
 
     pub fn replica_count(&self) -> usize {
@@ -364,6 +378,9 @@ impl Lab {
             .arg("spur-system")
             .args(&self.setup.operator_flags)
             .args(extra)
+            // JSON: the timeline reads each call's line back (lab::run).
+            .arg("--log-format")
+            .arg("json")
             .env("RUST_LOG", "info,spur_operator=debug")
             .env("NO_COLOR", "1")
             .current_dir(&self.setup.dir)
