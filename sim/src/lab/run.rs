@@ -14,7 +14,7 @@ use crate::profiles::Profile;
 use crate::scenario::checks::{Deadlines, Monitor, Violation};
 use crate::scenario::plan::{Fault, LeaderChange, Plan, PlannedJob};
 use crate::scenario::{OPERATOR, OPERATOR_B, Outcome, REPLACE_AFTER, SAMPLE};
-use crate::timeline::{FaultSpan, Lane, LaneKind, Timeline};
+use crate::timeline::{FaultSpan, Timeline};
 
 /// What the lab does at a time of the plan.
 #[derive(Clone, Debug)]
@@ -229,22 +229,7 @@ fn lab_timeline(
     (brackets, violations): (&[crate::scenario::checks::Bracket], &[Violation]),
     end: Duration,
 ) -> Timeline {
-    let mut lanes: Vec<Lane> = plan
-        .operators
-        .iter()
-        .map(|o| Lane {
-            name: (*o).to_owned(),
-            kind: LaneKind::Operator,
-        })
-        .collect();
-    lanes.extend((0..3).map(|s| Lane {
-        name: format!("spurctld-{s}"),
-        kind: LaneKind::Controller,
-    }));
-    lanes.push(Lane {
-        name: KUBE_API_HOST.to_owned(),
-        kind: LaneKind::Api,
-    });
+    let lanes = crate::timeline::lanes(&plan.operators, (0..3).map(|s| format!("spurctld-{s}")));
     let (spans, jobs) = recorder.finish(end);
     let (deadlines, violations) = crate::timeline::deadlines(brackets, violations);
     Timeline {

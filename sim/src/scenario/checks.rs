@@ -171,17 +171,22 @@ impl Monitor {
         self.jobs.entry(name.to_owned()).or_default().deleted_at = Some(at);
     }
 
-    /// Notes a deadline of `deadline` on `object`, waited for from `from`, met (or found
-    /// missed) at `end`.
+    /// Notes `check`'s deadline on `object`, waited for from `from`, met (or found missed)
+    /// at `end`.
     fn bracket(
         &mut self,
         check: &'static str,
         object: String,
         from: Duration,
-        deadline: Duration,
         end: Duration,
         met: bool,
     ) {
+        let deadline = match check {
+            "registration" => self.deadlines.registration,
+            "submission" => self.deadlines.submission,
+            "status" => self.deadlines.status,
+            _ => self.deadlines.deletion,
+        };
         self.brackets.push(Bracket {
             check,
             object,
@@ -337,30 +342,14 @@ impl Monitor {
             if is_registered && !was_registered {
                 if let Some(from) = from {
                     self.lags.registration.push(ms(now.saturating_sub(from)));
-                    let deadline = self.deadlines.registration;
-                    self.bracket(
-                        "registration",
-                        format!("node/{name}"),
-                        from,
-                        deadline,
-                        now,
-                        true,
-                    );
+                    self.bracket("registration", format!("node/{name}"), from, now, true);
                 }
             } else if !is_registered
                 && !flagged
                 && let Some(from) = from
                 && now.saturating_sub(from) > self.deadlines.registration
             {
-                let deadline = self.deadlines.registration;
-                self.bracket(
-                    "registration",
-                    format!("node/{name}"),
-                    from,
-                    deadline,
-                    now,
-                    false,
-                );
+                self.bracket("registration", format!("node/{name}"), from, now, false);
                 self.violate(
                     "registration",
                     &format!("node/{name}"),
@@ -416,15 +405,7 @@ impl Monitor {
                 (None, Some(new)) => {
                     if let Some(from) = self.waiting_from(created_at) {
                         self.lags.submission.push(ms(now.saturating_sub(from)));
-                        let deadline = self.deadlines.submission;
-                        self.bracket(
-                            "submission",
-                            format!("spurjob/{name}"),
-                            from,
-                            deadline,
-                            now,
-                            true,
-                        );
+                        self.bracket("submission", format!("spurjob/{name}"), from, now, true);
                     }
                     // From the election, or from when the world was whole again when
                     // something else (the API server, the Service) was still down then:
@@ -460,15 +441,7 @@ impl Monitor {
                         && !flagged
                         && now.saturating_sub(from) > self.deadlines.submission
                     {
-                        let deadline = self.deadlines.submission;
-                        self.bracket(
-                            "submission",
-                            format!("spurjob/{name}"),
-                            from,
-                            deadline,
-                            now,
-                            false,
-                        );
+                        self.bracket("submission", format!("spurjob/{name}"), from, now, false);
                         self.violate(
                             "submission",
                             &format!("spurjob/{name}"),
@@ -503,30 +476,14 @@ impl Monitor {
                     watch.status_done = true;
                     if let Some(from) = self.healthy_since.map(|h| h.max(terminal_at)) {
                         self.lags.status.push(ms(now.saturating_sub(from)));
-                        let deadline = self.deadlines.status;
-                        self.bracket(
-                            "status",
-                            format!("spurjob/{name}"),
-                            from,
-                            deadline,
-                            now,
-                            true,
-                        );
+                        self.bracket("status", format!("spurjob/{name}"), from, now, true);
                     }
                 } else if let Some(from) = self.healthy_since.map(|h| h.max(terminal_at))
                     && !watch.status_flagged
                     && now.saturating_sub(from) > self.deadlines.status
                 {
                     watch.status_flagged = true;
-                    let deadline = self.deadlines.status;
-                    self.bracket(
-                        "status",
-                        format!("spurjob/{name}"),
-                        from,
-                        deadline,
-                        now,
-                        false,
-                    );
+                    self.bracket("status", format!("spurjob/{name}"), from, now, false);
                     self.violate(
                         "status",
                         &format!("spurjob/{name}"),
@@ -557,15 +514,7 @@ impl Monitor {
             if gone && job_over && pods_gone {
                 self.jobs.get_mut(&name).expect("tracked").deletion_done = true;
                 if let Some(from) = self.waiting_from(deleted_at) {
-                    let deadline = self.deadlines.deletion;
-                    self.bracket(
-                        "deletion",
-                        format!("spurjob/{name}"),
-                        from,
-                        deadline,
-                        now,
-                        true,
-                    );
+                    self.bracket("deletion", format!("spurjob/{name}"), from, now, true);
                 }
                 continue;
             }
@@ -574,15 +523,7 @@ impl Monitor {
                 && now.saturating_sub(from) > self.deadlines.deletion
             {
                 self.jobs.get_mut(&name).expect("tracked").deletion_flagged = true;
-                let deadline = self.deadlines.deletion;
-                self.bracket(
-                    "deletion",
-                    format!("spurjob/{name}"),
-                    from,
-                    deadline,
-                    now,
-                    false,
-                );
+                self.bracket("deletion", format!("spurjob/{name}"), from, now, false);
                 self.violate(
                     "deletion",
                     &format!("spurjob/{name}"),

@@ -408,7 +408,7 @@ fn scenario_timeline(
     end: Duration,
     (title, replay): (String, String),
 ) -> crate::timeline::Timeline {
-    use crate::timeline::{FaultSpan, Lane, LaneKind, Timeline};
+    use crate::timeline::{FaultSpan, Timeline};
     let events = sim.world.trace().events();
     let mut replicas = BTreeSet::new();
     for event in &events {
@@ -416,22 +416,7 @@ fn scenario_timeline(
             replicas.insert(event.host.clone());
         }
     }
-    let mut lanes: Vec<Lane> = plan
-        .operators
-        .iter()
-        .map(|o| Lane {
-            name: (*o).to_owned(),
-            kind: LaneKind::Operator,
-        })
-        .collect();
-    lanes.extend(replicas.iter().map(|r| Lane {
-        name: r.clone(),
-        kind: LaneKind::Controller,
-    }));
-    lanes.push(Lane {
-        name: KUBE_API_HOST.to_owned(),
-        kind: LaneKind::Api,
-    });
+    let lanes = crate::timeline::lanes(&plan.operators, replicas.iter().cloned());
     let faults = plan
         .faults
         .iter()

@@ -126,6 +126,23 @@ pub struct Timeline {
     pub violations: Vec<ViolationMark>,
 }
 
+/// The lanes of a run: the operator replicas, the controller replicas, the API server.
+pub fn lanes(operators: &[&str], replicas: impl IntoIterator<Item = String>) -> Vec<Lane> {
+    let operators = operators.iter().map(|o| Lane {
+        name: (*o).to_owned(),
+        kind: LaneKind::Operator,
+    });
+    let replicas = replicas.into_iter().map(|name| Lane {
+        name,
+        kind: LaneKind::Controller,
+    });
+    let api = Lane {
+        name: crate::operator::KUBE_API_HOST.to_owned(),
+        kind: LaneKind::Api,
+    };
+    operators.chain(replicas).chain([api]).collect()
+}
+
 /// What the checks' samples show over time: leader terms, the Lease's holder, SpurJobs.
 #[derive(Debug, Default)]
 pub struct Recorder {
