@@ -525,10 +525,10 @@ fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> 
     if args.keep.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    let outcome = outcome?;
+    let mut outcome = outcome?;
     let mut record = ScenarioRecord::from(&outcome);
     record.replay = replay(name, profile, args.quiet, None);
-    if let (Some(dir), Some(mut timeline)) = (&args.html, outcome.timeline.clone()) {
+    if let (Some(dir), Some(mut timeline)) = (&args.html, outcome.timeline.take()) {
         timeline.title = format!("{name}, profile {profile}: the lab (real processes)");
         timeline.replay = format!("sudo {} --html DIR", record.replay);
         crate::cli::write_page(&dir.join(format!("{name}-{profile}-lab.html")), &timeline)?;

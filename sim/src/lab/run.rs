@@ -98,7 +98,12 @@ pub async fn run_plan(
                     name: fault.name().to_owned(),
                     from_ms: now.as_millis() as u64,
                     to_ms: (now + fault.heals_after()).as_millis() as u64,
-                    lanes: fault_lanes(fault, leader.as_deref(), &acting_operator(lab)),
+                    lanes: fault_lanes(
+                        fault,
+                        leader.as_deref(),
+                        &acting_operator(lab),
+                        lab.replica_count(),
+                    ),
                 });
             }
             for (when, follow_up) in carry_out(lab, event, now, &mut monitor, &mut api_up).await? {
@@ -145,6 +150,7 @@ pub async fn run_plan(
             struck,
             (&monitor.brackets, &violations),
             now,
+            lab.replica_count(),
         );
         for name in &plan.operators {
             let log = std::fs::read_to_string(lab.operator_log(name)).unwrap_or_default();
@@ -184,8 +190,17 @@ pub async fn run_plan(
 
 /// The lanes a fault hits in the lab: the leader it struck (the last one seen), the
 /// acting operator, the API server, or every replica when the fault names none.
-fn fault_lanes(fault: &Fault, leader: Option<&str>, operator: &str) -> Vec<String> {
-    let replicas = || (0..3).map(|s| format!("spurctld-{s}")).collect::<Vec<_>>();
+fn fault_lanes(
+    fault: &Fault,
+    leader: Option<&str>,
+    operator: &str,
+    replicas: usize,
+) -> Vec<String> {
+    let replicas = || {
+        (0..replicas)
+            .map(|s| format!("spurctld-{s}"))
+            .collect::<Vec<_>>()
+    };
     match fault {
         Fault::LeaderKillSilent
         | Fault::LeaderKillGraceful
@@ -228,8 +243,12 @@ fn lab_timeline(
     faults: Vec<FaultSpan>,
     (brackets, violations): (&[crate::scenario::checks::Bracket], &[Violation]),
     end: Duration,
+    replicas: usize,
 ) -> Timeline {
-    let lanes = crate::timeline::lanes(&plan.operators, (0..3).map(|s| format!("spurctld-{s}")));
+    let lanes = crate::timeline::lanes(
+        &plan.operators,
+        (0..replicas).map(|s| format!("spurctld-{s}")),
+    );
     let (spans, jobs) = recorder.finish(end);
     let (deadlines, violations) = crate::timeline::deadlines(brackets, violations);
     Timeline {

@@ -357,7 +357,8 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
             detail: e,
         });
     }
-    let rpcs = controller_calls(&sim);
+    let events = sim.world.trace().events();
+    let rpcs = controller_calls(&events);
     let timeline = monitor.recorder.take().map(|recorder| {
         // A named scenario's caller (the lab) puts its own title and replay.
         let title = format!("seed {seed}, profile {profile}");
@@ -366,7 +367,7 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
             config.intensity.args()
         );
         Box::new(scenario_timeline(
-            &sim,
+            &events,
             plan,
             &skipped,
             recorder,
@@ -400,7 +401,7 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
 /// replica the run had and the API server; the plan's faults that struck, each over the
 /// lanes the harness named when it struck (the API server's for its own faults).
 fn scenario_timeline(
-    sim: &Sim,
+    events: &[crate::trace::TraceEvent],
     plan: &Plan,
     skipped: &BTreeSet<usize>,
     recorder: crate::timeline::Recorder,
@@ -409,9 +410,8 @@ fn scenario_timeline(
     (title, replay): (String, String),
 ) -> crate::timeline::Timeline {
     use crate::timeline::{FaultSpan, Timeline};
-    let events = sim.world.trace().events();
     let mut replicas = BTreeSet::new();
-    for event in &events {
+    for event in events {
         if event.host.starts_with("spurctld") {
             replicas.insert(event.host.clone());
         }
@@ -432,7 +432,7 @@ fn scenario_timeline(
                     | Fault::NodeResourcesChanged { .. }
                     | Fault::NodeDeleted { .. }
             );
-            let mut struck = crate::timeline::struck_at(&events, planned.at);
+            let mut struck = crate::timeline::struck_at(events, planned.at);
             if api_fault {
                 struck = vec![KUBE_API_HOST.to_owned()];
             } else if struck.is_empty() {
@@ -446,7 +446,7 @@ fn scenario_timeline(
             }
         })
         .collect();
-    let (mut spans, mut calls) = crate::timeline::from_trace(&events, end);
+    let (mut spans, mut calls) = crate::timeline::from_trace(events, end);
     let (terms, jobs) = recorder.finish(end);
     spans.extend(terms);
     calls.extend(crate::timeline::calls::take());
@@ -478,8 +478,8 @@ fn acting_operator(leases: &LeaseHistory, stops: &BTreeMap<String, OperatorStop>
 
 /// Calls the operator replicas made to the controller, as the replicas answered them
 /// ([`crate::controller::calls::answered`]).
-fn controller_calls(sim: &Sim) -> usize {
-    crate::controller::calls::answered(&sim.world.trace().events(), Duration::ZERO, Duration::MAX)
+fn controller_calls(events: &[crate::trace::TraceEvent]) -> usize {
+    crate::controller::calls::answered(events, Duration::ZERO, Duration::MAX)
         .values()
         .sum()
 }

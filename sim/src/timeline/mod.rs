@@ -355,7 +355,8 @@ pub fn from_trace(events: &[TraceEvent], end: Duration) -> (Vec<Span>, Vec<CallM
                 to_ms: at,
                 method: method.to_owned(),
                 outcome: outcome.to_owned(),
-                detail: shorten(answer, 160),
+                // Already cut to a readable length where the replica traced it.
+                detail: answer.to_owned(),
             });
         }
     }
@@ -388,17 +389,6 @@ pub fn struck_at(events: &[TraceEvent], at: Duration) -> Vec<String> {
         }
     }
     hosts
-}
-
-fn shorten(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let cut = (0..=max)
-        .rev()
-        .find(|i| text.is_char_boundary(*i))
-        .unwrap_or(0);
-    format!("{}…", &text[..cut])
 }
 
 #[cfg(test)]
