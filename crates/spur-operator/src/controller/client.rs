@@ -107,6 +107,40 @@ impl Answer for pb::RegisterAgentResponse {}
 impl Answer for pb::HeartbeatResponse {}
 impl Answer for pb::SubmitJobResponse {}
 
+/// The job ids a read asks for by id alone, so that every one of them that exists must be
+/// in its answer (rule 6 also judges an acknowledged job an answer leaves out). A read with
+/// any other filter asks for none: it may rightly leave a job out.
+trait Question {
+    fn asked(&self) -> &[u32] {
+        &[]
+    }
+}
+
+impl Question for pb::GetJobsRequest {
+    fn asked(&self) -> &[u32] {
+        let by_id_alone = self.states.is_empty()
+            && self.user.is_empty()
+            && self.partition.is_empty()
+            && self.account.is_empty()
+            && self.name.is_empty();
+        if by_id_alone { &self.job_ids } else { &[] }
+    }
+}
+
+impl Question for pb::GetJobRequest {
+    fn asked(&self) -> &[u32] {
+        std::slice::from_ref(&self.job_id)
+    }
+}
+
+impl Question for () {}
+impl Question for pb::RegisterAgentRequest {}
+impl Question for pb::HeartbeatRequest {}
+impl Question for pb::UpdateNodeRequest {}
+impl Question for pb::SubmitJobRequest {}
+impl Question for pb::CancelJobRequest {}
+impl Question for pb::ReportJobStatusRequest {}
+
 /// The probe of a new channel: a job that cannot exist. A follower forwards it to the leader
 /// (and answers it only if that forward does), so an answer within the bound says the
 /// replica serves reads now; the leader answers from its own state.
@@ -391,6 +425,7 @@ impl ControllerClient {
     where
         F: FnOnce(pb::SlurmControllerClient<Channel>, Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<Resp>, Status>>,
+        Req: Question,
         Resp: Answer,
     {
         let started = tokio::time::Instant::now();
@@ -425,8 +460,10 @@ impl ControllerClient {
     where
         F: FnOnce(pb::SlurmControllerClient<Channel>, Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<Resp>, Status>>,
+        Req: Question,
         Resp: Answer,
     {
+        let asked = message.asked().to_vec();
         let (call, channel, abandoned) = {
             let mut state = self.lock();
             let call = state.next_call;
@@ -489,20 +526,20 @@ impl ControllerClient {
         match answer {
             Ok(response) => {
                 let response = response.into_inner();
-                if let Some(behind) = self.behind(response.jobs(), started) {
-                    tracing::warn!(addr = %self.inner.addr, %behind, "leaving the controller replica reached: its reads are behind");
-                    guard.end(Ended::Behind);
-                    return Err(ControllerError::Status {
-                        method,
-                        code: Code::Unavailable,
-                        message: behind.to_string(),
-                        leader_hint: None,
-                    });
+                if let Some(behind) = self.behind(response.jobs(), &asked, started) {
+                    return Err(self.leave_behind(guard, method, behind));
                 }
                 guard.end(Ended::Answered);
                 Ok(response)
             }
             Err(status) => {
+                // NOT_FOUND for a job whose end a replica acknowledged: this one never heard
+                // of it.
+                if status.code() == Code::NotFound
+                    && let Some(behind) = self.behind(&[], &asked, started)
+                {
+                    return Err(self.leave_behind(guard, method, behind));
+                }
                 let leader_hint = leader_hint(status.metadata());
                 if status.code() == Code::Unavailable && leader_hint.is_some() {
                     *self.inner.leader_hint.lock().expect("leader hint lock") = leader_hint.clone();
@@ -527,18 +564,38 @@ impl ControllerClient {
         }
     }
 
-    /// Rule 6: whether `jobs`, read by a call sent at `sent`, contradict an acknowledged end.
+    /// Rule 6: whether `jobs`, read by a call sent at `sent` that asked for `asked` by id,
+    /// contradict an acknowledged end.
     fn behind(
         &self,
         jobs: &[pb::JobInfo],
+        asked: &[u32],
         sent: tokio::time::Instant,
     ) -> Option<super::session::Behind> {
-        if jobs.is_empty() {
+        if jobs.is_empty() && asked.is_empty() {
             return None;
         }
         let mut state = self.lock();
         let grace = state.policy.rules().read_your_writes?;
-        state.session.check(jobs, sent, grace)
+        state.session.check(jobs, asked, sent, grace)
+    }
+
+    /// Ends a call whose read was behind as the policy's cue to leave its replica, and
+    /// answers it UNAVAILABLE so its caller tries again.
+    fn leave_behind(
+        &self,
+        guard: CallGuard<'_>,
+        method: &'static str,
+        behind: super::session::Behind,
+    ) -> ControllerError {
+        tracing::warn!(addr = %self.inner.addr, %behind, "leaving the controller replica reached: its reads are behind");
+        guard.end(Ended::Behind);
+        ControllerError::Status {
+            method,
+            code: Code::Unavailable,
+            message: behind.to_string(),
+            leader_hint: None,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -800,5 +857,35 @@ fn call_outcome<T>(result: &Result<T, ControllerError>) -> &'static str {
             FailureKind::Answer => "refused",
             FailureKind::Transport => "transport",
         },
+    }
+}
+
+#[cfg(test)]
+mod question_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_read_by_id_alone_asks_for_its_ids() {
+        let by_id = pb::GetJobsRequest {
+            job_ids: vec![4, 9],
+            ..Default::default()
+        };
+        assert_eq!(by_id.asked(), &[4, 9]);
+        let by_name = pb::GetJobsRequest {
+            job_ids: vec![4],
+            name: "train".into(),
+            ..Default::default()
+        };
+        assert!(
+            by_name.asked().is_empty(),
+            "the name filter may leave job 4 out"
+        );
+        let by_state = pb::GetJobsRequest {
+            job_ids: vec![4],
+            states: vec![pb::JobState::JobRunning.into()],
+            ..Default::default()
+        };
+        assert!(by_state.asked().is_empty());
+        assert_eq!(pb::GetJobRequest { job_id: 7 }.asked(), &[7]);
     }
 }

@@ -1,6 +1,7 @@
 //! Read-your-writes across channels: the client remembers which jobs a controller has
 //! acknowledged as ended, and a read that still shows one of them pending or running well
-//! after that came from a replica that is behind (rule 6 of [`super::policy`]).
+//! after that, or asked for it by id and does not show it at all, came from a replica that
+//! is behind (rule 6 of [`super::policy`]).
 //!
 //! Two replicas of spurctld answer reads from their own copy (fidelity.md rows 8, 10, 11):
 //! a leader cut off from its majority, and a follower that forgot its leader. Neither says
@@ -25,20 +26,29 @@ pub const MAX_ACKS: usize = 10_000;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Behind {
     pub job_id: u32,
-    pub shown: pb::JobState,
+    /// The job's state as the read showed it; `None` when the read was asked for the job by
+    /// id and did not show it (a replica that never heard of it: seed 107160).
+    pub shown: Option<pb::JobState>,
     /// How long after the acknowledgement the read was sent.
     pub after: Duration,
 }
 
 impl std::fmt::Display for Behind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the replica is behind: it shows job {} {} {:?} after a report of its end was acknowledged",
-            self.job_id,
-            self.shown.as_str_name(),
-            self.after
-        )
+        match self.shown {
+            Some(state) => write!(
+                f,
+                "the replica is behind: it shows job {} {} {:?} after a report of its end was acknowledged",
+                self.job_id,
+                state.as_str_name(),
+                self.after
+            ),
+            None => write!(
+                f,
+                "the replica is behind: asked for job {} by id, it does not know the job {:?} after a report of its end was acknowledged",
+                self.job_id, self.after
+            ),
+        }
     }
 }
 
@@ -69,8 +79,9 @@ impl Session {
         }
     }
 
-    /// Checks the jobs a read sent at `sent` answered with against the acknowledgements
-    /// older than `grace` (a replica that forwards reads to the leader answers from the
+    /// Checks the jobs a read sent at `sent` answered with, and the ids it asked for
+    /// (`asked`: only for a read that filters by id alone, so every asked job that exists
+    /// must be shown), against the acknowledgements older than `grace` (a replica that forwards reads to the leader answers from the
     /// leader's state; one that applies the leader's commits lags by a heartbeat, 500 ms).
     /// An acknowledgement is settled by the first read that agrees with it, and by the
     /// first that contradicts it: a report for an attempt the controller had already
@@ -79,20 +90,30 @@ impl Session {
     pub fn check(
         &mut self,
         jobs: &[pb::JobInfo],
+        asked: &[u32],
         sent: Instant,
         grace: Duration,
     ) -> Option<Behind> {
+        let shown = jobs.iter().map(|job| (job.job_id, Some(job.state())));
+        // Only the acknowledged ids are looked up in the answer (few: each is settled by the
+        // first read that judges it), not every id a poll asks for.
+        let missing: Vec<(u32, Option<pb::JobState>)> = asked
+            .iter()
+            .filter(|id| self.acked.contains_key(id))
+            .filter(|id| !jobs.iter().any(|job| job.job_id == **id))
+            .map(|id| (*id, None))
+            .collect();
         let mut behind = None;
-        for job in jobs {
-            let Some(&acked) = self.acked.get(&job.job_id) else {
+        for (job_id, state) in shown.chain(missing) {
+            let Some(&acked) = self.acked.get(&job_id) else {
                 continue;
             };
             let still_running = matches!(
-                job.state(),
-                pb::JobState::JobPending | pb::JobState::JobRunning
+                state,
+                None | Some(pb::JobState::JobPending | pb::JobState::JobRunning)
             );
             if !still_running {
-                self.acked.remove(&job.job_id);
+                self.acked.remove(&job_id);
                 continue;
             }
             let Some(after) = sent.checked_duration_since(acked) else {
@@ -101,10 +122,10 @@ impl Session {
             if after < grace {
                 continue;
             }
-            self.acked.remove(&job.job_id);
+            self.acked.remove(&job_id);
             behind.get_or_insert(Behind {
-                job_id: job.job_id,
-                shown: job.state(),
+                job_id,
+                shown: state,
                 after,
             });
         }
@@ -145,15 +166,15 @@ mod tests {
             job(7, pb::JobState::JobRunning),
         ];
         assert_eq!(
-            session.check(&running, secs(t0, 2.5), GRACE),
+            session.check(&running, &[], secs(t0, 2.5), GRACE),
             Some(Behind {
                 job_id: 7,
-                shown: pb::JobState::JobRunning,
+                shown: Some(pb::JobState::JobRunning),
                 after: Duration::from_millis(2500),
             })
         );
         // Settled by the contradiction: the next replica's word is taken.
-        assert_eq!(session.check(&running, secs(t0, 4.5), GRACE), None);
+        assert_eq!(session.check(&running, &[], secs(t0, 4.5), GRACE), None);
         assert_eq!(session.len(), 0);
     }
 
@@ -164,12 +185,12 @@ mod tests {
         session.acknowledged(7, t0);
         let running = [job(7, pb::JobState::JobPending)];
         assert_eq!(
-            session.check(&running, t0 - Duration::from_secs(1), GRACE),
+            session.check(&running, &[], t0 - Duration::from_secs(1), GRACE),
             None
         );
-        assert_eq!(session.check(&running, secs(t0, 1.9), GRACE), None);
+        assert_eq!(session.check(&running, &[], secs(t0, 1.9), GRACE), None);
         assert_eq!(session.len(), 1, "still waiting for a read that can judge");
-        assert!(session.check(&running, secs(t0, 2.0), GRACE).is_some());
+        assert!(session.check(&running, &[], secs(t0, 2.0), GRACE).is_some());
     }
 
     #[test]
@@ -182,14 +203,43 @@ mod tests {
             job(7, pb::JobState::JobCompleting),
             job(8, pb::JobState::JobFailed),
         ];
-        assert_eq!(session.check(&read, secs(t0, 0.1), GRACE), None);
+        assert_eq!(session.check(&read, &[7, 8], secs(t0, 0.1), GRACE), None);
         assert_eq!(session.len(), 0);
         let later = [job(7, pb::JobState::JobRunning)];
         assert_eq!(
-            session.check(&later, secs(t0, 5.0), GRACE),
+            session.check(&later, &[7], secs(t0, 5.0), GRACE),
             None,
             "requeued: a new run"
         );
+    }
+
+    #[test]
+    fn a_read_asked_for_an_acknowledged_job_by_id_that_does_not_show_it_is_behind() {
+        // Seed 107160: a replica cut off from its majority when the job was created answers
+        // a poll for it with no jobs at all.
+        let t0 = Instant::now();
+        let mut session = Session::default();
+        session.acknowledged(16, t0);
+        let other = [job(3, pb::JobState::JobRunning)];
+        assert_eq!(
+            session.check(&[], &[16], secs(t0, 1.0), GRACE),
+            None,
+            "within the grace"
+        );
+        assert_eq!(
+            session.check(&other, &[3], secs(t0, 3.0), GRACE),
+            None,
+            "not asked for: a filtered read may rightly leave it out"
+        );
+        assert_eq!(
+            session.check(&other, &[3, 16], secs(t0, 3.0), GRACE),
+            Some(Behind {
+                job_id: 16,
+                shown: None,
+                after: Duration::from_secs(3),
+            })
+        );
+        assert_eq!(session.len(), 0, "settled by the contradiction");
     }
 
     #[test]
@@ -209,11 +259,15 @@ mod tests {
             job(104, pb::JobState::JobRunning),
         ];
         assert_eq!(
-            session.check(&running, later + ACK_MEMORY, GRACE),
+            session.check(&running, &[], later + ACK_MEMORY, GRACE),
             None,
             "the oldest were dropped"
         );
         let newest = [job(100 + MAX_ACKS as u32 + 4, pb::JobState::JobRunning)];
-        assert!(session.check(&newest, later + ACK_MEMORY, GRACE).is_some());
+        assert!(
+            session
+                .check(&newest, &[], later + ACK_MEMORY, GRACE)
+                .is_some()
+        );
     }
 }
