@@ -183,6 +183,7 @@ pub async fn run_plan(
         rpcs: lab.controller_calls() as usize,
         acting_writes: BTreeMap::new(),
         acting_calls: BTreeMap::new(),
+        landed_after_cut: BTreeMap::new(),
         replay_args: String::new(),
         timeline,
     })
