@@ -157,7 +157,19 @@ pub fn job_spec_as(
     })
 }
 
-/// `4h`, `1h30m`, `90s`, `2d`, `1d12h`; a bare number is minutes (as in Slurm). Seconds.
+/// A wall-time limit in seconds, in any form a SpurJob written for upstream's operator or a
+/// spur `sbatch --time` uses:
+///
+/// - a bare number of minutes (`90`), as in Slurm;
+/// - numbers with units `d`, `h`, `m`, `s` in either case (`4h`, `1h30m`, `90M`, `2H`,
+///   `1d12h`), and a last number without a unit after hours read as minutes (`1h30`), as
+///   upstream reads it;
+/// - `H:MM:SS`, `D-H`, `D-H:MM` and `D-H:MM:SS`, as Slurm and spur read them.
+///
+/// Refused with a reason, where upstream's operator silently submitted no limit at all: an
+/// unknown unit, a zero or year-long limit, and the forms that read two ways — `A:B`
+/// (Slurm: minutes and seconds; spur's sbatch: hours and minutes) and a number without a
+/// unit after `d` or `m` (`1m30`: upstream reads 31 minutes, a person 1.5).
 pub fn parse_time_limit(input: &str) -> Result<u64, String> {
     let s = input.trim();
     if s.is_empty() {
@@ -167,21 +179,25 @@ pub fn parse_time_limit(input: &str) -> Result<u64, String> {
         let minutes: u64 = s.parse().map_err(|_| format!("`{s}` is too large"))?;
         return check_limit(minutes.checked_mul(60), s);
     }
+    if s.contains(':') || s.contains('-') {
+        return check_limit(Some(parse_clock(s)?), s);
+    }
     let mut total: Option<u64> = Some(0);
     let mut digits = String::new();
+    let mut last_unit = None;
     for c in s.chars() {
         if c.is_ascii_digit() {
             digits.push(c);
             continue;
         }
-        let unit = match c {
+        let unit = match c.to_ascii_lowercase() {
             'd' => 86_400,
             'h' => 3_600,
             'm' => 60,
             's' => 1,
             _ => {
                 return Err(format!(
-                    "`{s}`: `{c}` is not a unit (use d, h, m, s, or a bare number of minutes)"
+                    "`{s}`: `{c}` is not a unit (use d, h, m, s, a bare number of minutes, or H:MM:SS); upstream's operator would have submitted the job with no time limit"
                 ));
             }
         };
@@ -191,11 +207,60 @@ pub fn parse_time_limit(input: &str) -> Result<u64, String> {
         let n: u64 = digits.parse().map_err(|_| format!("`{s}` is too large"))?;
         total = total.and_then(|t| n.checked_mul(unit).and_then(|v| t.checked_add(v)));
         digits.clear();
+        last_unit = Some(unit);
     }
     if !digits.is_empty() {
-        return Err(format!("`{s}`: the last number has no unit"));
+        if last_unit != Some(3_600) {
+            return Err(format!(
+                "`{s}`: the last number has no unit, and after `d` or `m` it reads two ways (upstream's operator counts it in minutes); write its unit"
+            ));
+        }
+        let minutes: u64 = digits.parse().map_err(|_| format!("`{s}` is too large"))?;
+        total = total.and_then(|t| minutes.checked_mul(60).and_then(|v| t.checked_add(v)));
     }
     check_limit(total, s)
+}
+
+/// `H:MM:SS`, `D-H`, `D-H:MM`, `D-H:MM:SS` in seconds; `A:B` is refused as ambiguous.
+fn parse_clock(s: &str) -> Result<u64, String> {
+    let (days, clock) = match s.split_once('-') {
+        Some((days, clock)) => (Some(days), clock),
+        None => (None, s),
+    };
+    let number = |part: &str, what: &str| -> Result<u64, String> {
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("`{s}`: `{part}` is not a number of {what}"));
+        }
+        part.parse().map_err(|_| format!("`{s}` is too large"))
+    };
+    let parts: Vec<&str> = clock.split(':').collect();
+    let (hours, minutes, seconds) = match (days, parts.as_slice()) {
+        (None, [h, m, sec]) => (*h, *m, *sec),
+        (None, [_, _]) => {
+            return Err(format!(
+                "`{s}` reads two ways (Slurm: minutes:seconds; spur's sbatch: hours:minutes); write `1h30m`, `90m` or `H:MM:SS`"
+            ));
+        }
+        (Some(_), [h]) => (*h, "0", "0"),
+        (Some(_), [h, m]) => (*h, *m, "0"),
+        (Some(_), [h, m, sec]) => (*h, *m, *sec),
+        _ => {
+            return Err(format!("`{s}` is not H:MM:SS, D-H, D-H:MM or D-H:MM:SS"));
+        }
+    };
+    let days = days.map_or(Ok(0), |d| number(d, "days"))?;
+    let (hours, minutes, seconds) = (
+        number(hours, "hours")?,
+        number(minutes, "minutes")?,
+        number(seconds, "seconds")?,
+    );
+    if minutes >= 60 || seconds >= 60 {
+        return Err(format!("`{s}`: minutes and seconds must be below 60"));
+    }
+    days.checked_mul(86_400)
+        .and_then(|d| hours.checked_mul(3_600).and_then(|h| d.checked_add(h)))
+        .and_then(|t| t.checked_add(minutes * 60 + seconds))
+        .ok_or_else(|| format!("`{s}` is too large"))
 }
 
 fn check_limit(secs: Option<u64>, s: &str) -> Result<u64, String> {
@@ -361,21 +426,38 @@ mod tests {
             ("90", 5_400),
             ("45s", 45),
             ("1d12h", 129_600),
+            // As upstream's operator reads them.
+            ("1h30", 5_400),
+            ("90M", 5_400),
+            ("2H", 7_200),
+            ("1D2h30M15S", 95_415),
+            ("  2h  ", 7_200),
+            // As Slurm and spur's sbatch read them.
+            ("1:30:00", 5_400),
+            ("2-0", 172_800),
+            ("1-12:30", 131_400),
+            ("0-0:0:45", 45),
         ] {
             assert_eq!(parse_time_limit(input), Ok(secs), "{input}");
         }
-        for bad in [
-            "",
-            "0",
-            "0h",
-            "4x",
-            "h",
-            "1h30",
-            "400d",
-            "99999999999999999999",
-            "1.5h",
+        for (bad, why) in [
+            ("", "empty"),
+            ("0", "longer than zero"),
+            ("0h", "longer than zero"),
+            ("4x", "would have submitted the job with no time limit"),
+            ("h", "no number"),
+            ("1m30", "two ways"),
+            ("1d12", "two ways"),
+            ("1:30", "two ways"),
+            ("1:90:00", "below 60"),
+            ("1:2:3:4", "is not H:MM:SS"),
+            ("-1:00:00", "not a number of days"),
+            ("400d", "longer than a year"),
+            ("99999999999999999999", "too large"),
+            ("1.5h", "not a unit"),
         ] {
-            assert!(parse_time_limit(bad).is_err(), "{bad:?} parsed");
+            let error = parse_time_limit(bad).expect_err(bad);
+            assert!(error.contains(why), "{bad:?}: {error}");
         }
     }
 
@@ -728,6 +810,26 @@ mod tests {
                 prop_assert_eq!(js.time_limit.unwrap().seconds, h * 3600);
             }
             prop_assert_eq!(uid_in_comment(&js.comment), Some(uid.as_str()));
+        }
+
+        #[test]
+        fn any_time_limit_text_parses_or_is_refused_with_its_text(input in "[0-9dhmsDHMS:\\- x.]{0,14}") {
+            if let Err(reason) = parse_time_limit(&input) {
+                prop_assert!(!reason.is_empty());
+            }
+        }
+
+        #[test]
+        fn the_three_spellings_of_one_limit_agree(h in 0u64..200, m in 0u64..60, sec in 0u64..60) {
+            prop_assume!(h + m + sec > 0);
+            let secs = h * 3600 + m * 60 + sec;
+            let units = parse_time_limit(&format!("{h}h{m}m{sec}s"));
+            prop_assert_eq!(&units, &Ok(secs));
+            prop_assert_eq!(&parse_time_limit(&format!("{h}:{m:02}:{sec:02}")), &units);
+            prop_assert_eq!(&parse_time_limit(&format!("{}-{}:{m}:{sec}", h / 24, h % 24)), &units);
+            if sec == 0 {
+                prop_assert_eq!(&parse_time_limit(&format!("{h}H{m}")), &units, "as upstream reads it");
+            }
         }
 
         #[test]

@@ -52,7 +52,8 @@ pub struct SpurJobSpec {
     /// Memory per node, as a quantity (`64Gi`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_per_node: Option<String>,
-    /// Wall-time limit: `4h`, `1h30m`, `2d`, or a bare number of minutes.
+    /// Wall-time limit: `4h`, `1h30m`, `1h30`, `2d`, `1:30:00`, `1-12:00`, or a bare number
+    /// of minutes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -164,47 +164,29 @@ pub fn build_pod(
         launch.target_node.clone(),
     );
 
-    let mut env: Vec<EnvVar> = spec
-        .env
-        .iter()
-        .map(|(k, v)| EnvVar {
-            name: k.clone(),
-            value: Some(v.clone()),
-            ..Default::default()
-        })
-        .collect();
-    for (var, reference) in &spec.secret_env {
-        let (secret, key) = convert::parse_secret_ref(reference)?;
-        env.push(EnvVar {
-            name: var.clone(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret,
-                    key,
-                    optional: Some(false),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-    }
-    let spur_env = [
-        ("SPUR_JOB_ID", launch.job_id.to_string()),
-        ("SPUR_NODE_RANK", rank.to_string()),
-        ("SPUR_NUM_NODES", num_nodes.to_string()),
-        ("SPUR_NODELIST", nodes.join(",")),
-        ("SPUR_TASKS_PER_NODE", spec.tasks_per_node.to_string()),
-        ("SPUR_TASK_OFFSET", launch.task_offset.to_string()),
-        ("SPUR_RUN_ATTEMPT", launch.run_attempt.to_string()),
-    ];
-    env.extend(spur_env.into_iter().map(|(k, v)| EnvVar {
-        name: k.to_owned(),
-        value: Some(v),
-        ..Default::default()
-    }));
+    let allocated = launch.allocated.clone().unwrap_or_default();
+    let gpus = allocated
+        .devices
+        .get("gpu")
+        .map(|d| d.devices.iter().map(|a| a.count.max(1)).sum::<u64>())
+        .filter(|n| *n > 0)
+        .or_else(|| spec.gpus.as_ref().map(|g| u64::from(g.count)))
+        .unwrap_or(0);
+    let env = pod_env(
+        job,
+        launch,
+        &Rendezvous {
+            rank,
+            nodes: &nodes,
+            namespace: job.namespace().as_deref().unwrap_or("default"),
+        },
+        &GpuEnv {
+            count: gpus,
+            resource: gpu_resource,
+        },
+    )?;
 
     // Requests equal limits: the allocation is what spurctld reserved on the node.
-    let allocated = launch.allocated.clone().unwrap_or_default();
     let cpus = if allocated.cpus > 0 {
         allocated.cpus
     } else {
@@ -215,13 +197,6 @@ pub fn build_pod(
     } else {
         launch.spec.as_ref().map_or(0, |s| s.memory_per_node_mb)
     };
-    let gpus = allocated
-        .devices
-        .get("gpu")
-        .map(|d| d.devices.iter().map(|a| a.count.max(1)).sum::<u64>())
-        .filter(|n| *n > 0)
-        .or_else(|| spec.gpus.as_ref().map(|g| u64::from(g.count)))
-        .unwrap_or(0);
     let mut resources = BTreeMap::new();
     resources.insert("cpu".to_owned(), Quantity(cpus.max(1).to_string()));
     if memory_mb > 0 {
@@ -352,6 +327,200 @@ pub fn build_pod(
     })
 }
 
+/// The port of a multi-node job's rendezvous (torchrun's and upstream's default), exposed
+/// by its headless Service.
+pub const RENDEZVOUS_PORT: u16 = 29500;
+
+/// Where a pod sits among its job's pods, for the rendezvous variables.
+pub struct Rendezvous<'a> {
+    pub rank: usize,
+    /// The allocation's nodes, in rank order.
+    pub nodes: &'a [String],
+    pub namespace: &'a str,
+}
+
+/// The GPUs a pod was given.
+pub struct GpuEnv<'a> {
+    pub count: u64,
+    /// `amd.com/gpu` or `nvidia.com/gpu`.
+    pub resource: &'a str,
+}
+
+/// The container's environment, as a job script written for spurd, Slurm or torchrun
+/// expects it, and as upstream's operator sets it (so images that start there start here):
+///
+/// - `SPUR_*` with their `SLURM_*` twins (job id, name, partition, account, QOS, nodes,
+///   tasks, CPUs, node id, nodelist, `SPURD_NODENAME`), the array's ids for an array task,
+///   and ours (`SPUR_NODE_RANK`, `SPUR_NUM_NODES`, `SPUR_TASK_OFFSET`, `SPUR_RUN_ATTEMPT`);
+/// - torchrun's `NODE_RANK`, `LOCAL_RANK` (0), `LOCAL_WORLD_SIZE` and `NPROC_PER_NODE` (the
+///   node's tasks), and for a multi-node job `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`
+///   and `RANK` counted in nodes, as upstream does. `MASTER_ADDR` names the rank-0 pod
+///   (`node-0.spur-job-<id>.<namespace>.svc`), where upstream names the headless Service,
+///   which resolves to every pod, so a rank could rendezvous with itself;
+/// - with GPUs: `GPU_ENABLE_PAL=0` on AMD, and for a multi-node job on the pod network
+///   `NCCL_SOCKET_IFNAME=eth0` (a pod's interface; with `hostNetwork` the host's interface
+///   is unknown here, so it is left to the user);
+/// - then the user's `env` and `secretEnv`, which win: a built variable the user also
+///   names is left out (upstream appends the user's after its own, leaving duplicates).
+///
+/// `secretEnv` references are optional as upstream's are: a missing Secret or key leaves
+/// the variable unset instead of holding the pod in CreateContainerConfigError.
+pub fn pod_env(
+    job: &SpurJob,
+    launch: &pb::LaunchJobRequest,
+    at: &Rendezvous<'_>,
+    gpus: &GpuEnv<'_>,
+) -> Result<Vec<EnvVar>, String> {
+    let spec = &job.spec;
+    let controller_spec = launch.spec.clone().unwrap_or_default();
+    let per_node = tasks_per_node(launch.spec.as_ref());
+    let num_nodes = at.nodes.len();
+    let nodelist = at.nodes.join(",");
+    let multi_node = num_nodes > 1;
+    let mut built: Vec<(&str, String)> = Vec::new();
+    let mut twin = |spur: &'static str, slurm: &'static str, value: String| {
+        built.push((spur, value.clone()));
+        built.push((slurm, value));
+    };
+    twin("SPUR_JOB_ID", "SLURM_JOB_ID", launch.job_id.to_string());
+    twin("SPUR_JOBID", "SLURM_JOBID", launch.job_id.to_string());
+    twin(
+        "SPUR_JOB_NAME",
+        "SLURM_JOB_NAME",
+        controller_spec.name.clone(),
+    );
+    twin(
+        "SPUR_JOB_PARTITION",
+        "SLURM_JOB_PARTITION",
+        controller_spec.partition.clone(),
+    );
+    twin(
+        "SPUR_JOB_ACCOUNT",
+        "SLURM_JOB_ACCOUNT",
+        controller_spec.account.clone(),
+    );
+    twin("SPUR_JOB_QOS", "SLURM_JOB_QOS", controller_spec.qos.clone());
+    twin("SPUR_NNODES", "SLURM_NNODES", num_nodes.to_string());
+    twin(
+        "SPUR_JOB_NUM_NODES",
+        "SLURM_JOB_NUM_NODES",
+        num_nodes.to_string(),
+    );
+    let num_tasks = if controller_spec.num_tasks > 0 {
+        controller_spec.num_tasks
+    } else {
+        per_node.saturating_mul(u32::try_from(num_nodes).unwrap_or(u32::MAX))
+    };
+    twin("SPUR_NTASKS", "SLURM_NTASKS", num_tasks.to_string());
+    twin("SPUR_NPROCS", "SLURM_NPROCS", num_tasks.to_string());
+    twin(
+        "SPUR_CPUS_PER_TASK",
+        "SLURM_CPUS_PER_TASK",
+        controller_spec.cpus_per_task.to_string(),
+    );
+    twin(
+        "SPUR_CPUS_ON_NODE",
+        "SLURM_CPUS_ON_NODE",
+        per_node
+            .saturating_mul(controller_spec.cpus_per_task.max(1))
+            .to_string(),
+    );
+    twin(
+        "SPUR_TASKS_PER_NODE",
+        "SLURM_TASKS_PER_NODE",
+        per_node.to_string(),
+    );
+    twin("SPUR_NODEID", "SLURM_NODEID", at.rank.to_string());
+    twin("SPUR_NODELIST", "SLURM_NODELIST", nodelist.clone());
+    twin("SPUR_JOB_NODELIST", "SLURM_JOB_NODELIST", nodelist);
+    twin(
+        "SPURD_NODENAME",
+        "SLURMD_NODENAME",
+        launch.target_node.clone(),
+    );
+    if launch.array_job_id > 0 {
+        twin(
+            "SPUR_ARRAY_JOB_ID",
+            "SLURM_ARRAY_JOB_ID",
+            launch.array_job_id.to_string(),
+        );
+        twin(
+            "SPUR_ARRAY_TASK_ID",
+            "SLURM_ARRAY_TASK_ID",
+            launch.array_task_id.to_string(),
+        );
+    }
+    built.extend([
+        ("SPUR_NODE_RANK", at.rank.to_string()),
+        ("SPUR_NUM_NODES", num_nodes.to_string()),
+        ("SPUR_TASK_OFFSET", launch.task_offset.to_string()),
+        ("SPUR_RUN_ATTEMPT", launch.run_attempt.to_string()),
+        ("SPUR_TARGET_NODE", launch.target_node.clone()),
+        ("NODE_RANK", at.rank.to_string()),
+        ("LOCAL_RANK", "0".to_owned()),
+        ("LOCAL_WORLD_SIZE", per_node.to_string()),
+        ("NPROC_PER_NODE", per_node.to_string()),
+    ]);
+    if multi_node {
+        built.extend([
+            (
+                "MASTER_ADDR",
+                format!(
+                    "node-0.{}.{}.svc",
+                    service_name(launch.job_id),
+                    at.namespace
+                ),
+            ),
+            ("MASTER_PORT", RENDEZVOUS_PORT.to_string()),
+            ("WORLD_SIZE", num_nodes.to_string()),
+            ("RANK", at.rank.to_string()),
+        ]);
+    }
+    if gpus.count > 0 {
+        if gpus.resource != NVIDIA_GPU {
+            built.push(("GPU_ENABLE_PAL", "0".to_owned()));
+        }
+        if multi_node && !spec.host_network {
+            built.push(("NCCL_SOCKET_IFNAME", "eth0".to_owned()));
+        }
+    }
+    let named_by_user =
+        |name: &str| spec.env.contains_key(name) || spec.secret_env.contains_key(name);
+    let mut env: Vec<EnvVar> = built
+        .into_iter()
+        .filter(|(name, _)| !named_by_user(name))
+        .map(|(name, value)| EnvVar {
+            name: name.to_owned(),
+            value: Some(value),
+            ..Default::default()
+        })
+        .collect();
+    env.extend(spec.env.iter().map(|(k, v)| EnvVar {
+        name: k.clone(),
+        value: Some(v.clone()),
+        ..Default::default()
+    }));
+    for (var, reference) in &spec.secret_env {
+        let (secret, key) = convert::parse_secret_ref(reference)?;
+        env.push(EnvVar {
+            name: var.clone(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret,
+                    key,
+                    optional: Some(true),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    Ok(env)
+}
+
+/// NVIDIA's GPU resource; any other GPU is taken as AMD's.
+const NVIDIA_GPU: &str = "nvidia.com/gpu";
+
 /// Whether `existing`, found under the name a launch wanted, is that launch's own pod (a
 /// repeated LaunchJob), so the launch is done: the same SpurJob, node and run attempt, and
 /// not being deleted. A pod of the cancelled dispatch still terminating, or one left by
@@ -400,7 +569,7 @@ pub fn build_service(job: &SpurJob, job_id: u32) -> Service {
             publish_not_ready_addresses: Some(true),
             ports: Some(vec![ServicePort {
                 name: Some("rendezvous".to_owned()),
-                port: 29500,
+                port: i32::from(RENDEZVOUS_PORT),
                 ..Default::default()
             }]),
             ..Default::default()
@@ -510,6 +679,93 @@ mod tests {
             .find(|e| e.name == name)?
             .value
             .clone()
+    }
+
+    #[test]
+    fn a_multi_node_pod_gets_torchrun_and_slurm_variables_naming_the_rank_0_pod() {
+        let pod = build_pod(&job(), &launch("node-b"), "amd.com/gpu", 0).unwrap();
+        let env = |name: &str| env_of(&pod, name);
+        for (name, value) in [
+            ("MASTER_ADDR", "node-0.spur-job-12.ml.svc"),
+            ("MASTER_PORT", "29500"),
+            ("WORLD_SIZE", "2"),
+            ("RANK", "1"),
+            ("NODE_RANK", "1"),
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", "8"),
+            ("NPROC_PER_NODE", "8"),
+            ("SLURM_JOB_ID", "12"),
+            ("SLURM_NNODES", "2"),
+            ("SLURM_NTASKS", "16"),
+            ("SLURM_NODEID", "1"),
+            ("SLURM_NODELIST", NODELIST),
+            ("SLURMD_NODENAME", "node-b"),
+            ("SPUR_NODEID", "1"),
+            ("SPUR_TASKS_PER_NODE", "8"),
+            ("GPU_ENABLE_PAL", "0"),
+            ("NCCL_SOCKET_IFNAME", "eth0"),
+        ] {
+            assert_eq!(env(name).as_deref(), Some(value), "{name}");
+        }
+        assert_eq!(env("SLURM_ARRAY_TASK_ID"), None, "not an array task");
+        // The pod's own DNS name is what MASTER_ADDR names for rank 0.
+        let rank0 = build_pod(&job(), &launch("node-a"), "amd.com/gpu", 0).unwrap();
+        let spec = rank0.spec.unwrap();
+        assert_eq!(
+            format!(
+                "{}.{}.ml.svc",
+                spec.hostname.unwrap(),
+                spec.subdomain.unwrap()
+            ),
+            env("MASTER_ADDR").unwrap()
+        );
+    }
+
+    #[test]
+    fn a_single_node_nvidia_pod_gets_no_rendezvous_address_and_no_amd_variable() {
+        let mut single = launch_at("node-a", 0);
+        single.spec.as_mut().unwrap().nodelist = "node-a".into();
+        single.array_job_id = 40;
+        single.array_task_id = 3;
+        let pod = build_pod(&job(), &single, "nvidia.com/gpu", 0).unwrap();
+        for absent in [
+            "MASTER_ADDR",
+            "WORLD_SIZE",
+            "RANK",
+            "GPU_ENABLE_PAL",
+            "NCCL_SOCKET_IFNAME",
+        ] {
+            assert_eq!(env_of(&pod, absent), None, "{absent}");
+        }
+        assert_eq!(env_of(&pod, "SLURM_ARRAY_JOB_ID").as_deref(), Some("40"));
+        assert_eq!(env_of(&pod, "SPUR_ARRAY_TASK_ID").as_deref(), Some("3"));
+        assert_eq!(env_of(&pod, "LOCAL_WORLD_SIZE").as_deref(), Some("8"));
+    }
+
+    #[test]
+    fn the_users_env_wins_over_a_built_variable_without_a_duplicate() {
+        let mut job = job();
+        job.spec
+            .env
+            .insert("NCCL_SOCKET_IFNAME".into(), "ib0".into());
+        job.spec.env.insert("MASTER_PORT".into(), "23456".into());
+        let pod = build_pod(&job, &launch("node-b"), "amd.com/gpu", 0).unwrap();
+        let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
+        let values = |name: &str| -> Vec<Option<String>> {
+            env.iter()
+                .filter(|e| e.name == name)
+                .map(|e| e.value.clone())
+                .collect()
+        };
+        assert_eq!(values("NCCL_SOCKET_IFNAME"), [Some("ib0".to_owned())]);
+        assert_eq!(values("MASTER_PORT"), [Some("23456".to_owned())]);
+        let secret = env.iter().find(|e| e.name == "HF_TOKEN").unwrap();
+        let optional = secret.value_from.as_ref().unwrap().secret_key_ref.as_ref();
+        assert_eq!(
+            optional.and_then(|k| k.optional),
+            Some(true),
+            "optional as upstream's: a missing Secret leaves the variable unset"
+        );
     }
 
     #[test]
