@@ -27,9 +27,12 @@ pub struct SpurJobSpec {
     pub name: Option<String>,
     /// Container image every task runs.
     pub image: String,
-    /// Entrypoint; the image's when empty.
+    /// The program: `command` then `args` replace the image's ENTRYPOINT and CMD (`args`
+    /// alone are the whole command); with neither, the pod runs `sleep infinity`. As
+    /// upstream's operator runs it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
+    /// Appended to `command`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -271,8 +271,7 @@ pub fn build_pod(
     let container = Container {
         name: CONTAINER.to_owned(),
         image: Some(spec.image.clone()),
-        command: (!spec.command.is_empty()).then(|| spec.command.clone()),
-        args: (!spec.args.is_empty()).then(|| spec.args.clone()),
+        command: Some(container_command(&spec.command, &spec.args)),
         env: Some(env),
         resources: Some(ResourceRequirements {
             requests: Some(resources.clone()),
@@ -518,6 +517,17 @@ pub fn pod_env(
     Ok(env)
 }
 
+/// The container's command, as upstream's operator runs it (so a SpurJob written for it
+/// runs the same program here): `command` then `args` replace the image's ENTRYPOINT and
+/// CMD; `args` alone are the whole command; with neither the pod runs `sleep infinity`, a
+/// pod to `kubectl exec` into for as long as the job's time limit allows.
+pub fn container_command(command: &[String], args: &[String]) -> Vec<String> {
+    if command.is_empty() && args.is_empty() {
+        return vec!["sleep".to_owned(), "infinity".to_owned()];
+    }
+    command.iter().chain(args).cloned().collect()
+}
+
 /// NVIDIA's GPU resource; any other GPU is taken as AMD's.
 const NVIDIA_GPU: &str = "nvidia.com/gpu";
 
@@ -740,6 +750,38 @@ mod tests {
         assert_eq!(env_of(&pod, "SLURM_ARRAY_JOB_ID").as_deref(), Some("40"));
         assert_eq!(env_of(&pod, "SPUR_ARRAY_TASK_ID").as_deref(), Some("3"));
         assert_eq!(env_of(&pod, "LOCAL_WORLD_SIZE").as_deref(), Some("8"));
+    }
+
+    #[test]
+    fn the_command_is_commands_then_args_and_a_pod_with_neither_sleeps() {
+        let strings = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        for (command, args, runs) in [
+            (
+                &["torchrun"][..],
+                &["train.py"][..],
+                &["torchrun", "train.py"][..],
+            ),
+            (&[][..], &["python", "x.py"][..], &["python", "x.py"][..]),
+            (
+                &["bash", "-c", "nvidia-smi"][..],
+                &[][..],
+                &["bash", "-c", "nvidia-smi"][..],
+            ),
+            (&[][..], &[][..], &["sleep", "infinity"][..]),
+        ] {
+            assert_eq!(
+                container_command(&strings(command), &strings(args)),
+                strings(runs),
+                "{command:?} {args:?}"
+            );
+        }
+        let pod = build_pod(&job(), &launch("node-a"), "amd.com/gpu", 0).unwrap();
+        let container = &pod.spec.unwrap().containers[0];
+        assert_eq!(
+            container.command.as_deref(),
+            Some(&strings(&["torchrun", "train.py"])[..])
+        );
+        assert_eq!(container.args, None, "the image's CMD is replaced too");
     }
 
     #[test]
