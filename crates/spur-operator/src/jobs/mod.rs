@@ -20,6 +20,30 @@ pub const LABEL_MANAGED_BY: &str = "spur.amd.com/managed-by";
 pub const MANAGED_BY: &str = "spur-operator";
 /// The owning SpurJob's UID.
 pub const LABEL_SPURJOB_UID: &str = "spur.amd.com/spurjob-uid";
+/// On every pod: the SpurJob's name and the node it runs on, as upstream's operator labels
+/// them (selectors and dashboards written for it keep matching), made label values.
+pub const LABEL_JOB_NAME: &str = "spur.amd.com/job-name";
+pub const LABEL_TARGET_NODE: &str = "spur.amd.com/target-node";
+
+/// `value` as a label value: at most 63 characters of letters, digits, `-`, `_` and `.`,
+/// beginning and ending with a letter or digit; any other character becomes `-`. A name
+/// longer than that is cut (the full name stays in the owner reference and annotations).
+pub fn label_value(value: &str) -> String {
+    let mapped: String = value
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    mapped
+        .trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_owned()
+}
 
 /// The headless Service of a multi-node job.
 pub fn service_name(job_id: u32) -> String {
@@ -53,5 +77,23 @@ impl Default for JobsTuning {
             report_refusal_delay: std::time::Duration::from_secs(2),
             lost_after: std::time::Duration::from_secs(120),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::label_value;
+
+    #[test]
+    fn any_text_becomes_a_valid_label_value() {
+        assert_eq!(label_value("train-llama"), "train-llama");
+        assert_eq!(label_value("node/a b"), "node-a-b");
+        assert_eq!(label_value("-_x_-"), "x");
+        assert_eq!(label_value(&"n".repeat(80)).len(), 63);
+        assert_eq!(
+            label_value(&format!("{}-x", "n".repeat(62))),
+            "n".repeat(62)
+        );
+        assert_eq!(label_value("ü"), "");
     }
 }

@@ -16,7 +16,10 @@ use spur_proto as pb;
 
 use super::convert::{self, Volume as JobVolume};
 use super::crd::SpurJob;
-use super::{LABEL_JOB_ID, LABEL_MANAGED_BY, LABEL_SPURJOB_UID, MANAGED_BY, service_name};
+use super::{
+    LABEL_JOB_ID, LABEL_JOB_NAME, LABEL_MANAGED_BY, LABEL_SPURJOB_UID, LABEL_TARGET_NODE,
+    MANAGED_BY, label_value, service_name,
+};
 
 pub const ANNOTATION_RUN_ATTEMPT: &str = "spur.amd.com/run-attempt";
 pub const ANNOTATION_TARGET_NODE: &str = "spur.amd.com/target-node";
@@ -154,6 +157,11 @@ pub fn build_pod(
     labels.insert(LABEL_JOB_ID.to_owned(), launch.job_id.to_string());
     labels.insert(LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned());
     labels.insert(LABEL_SPURJOB_UID.to_owned(), uid.clone());
+    labels.insert(LABEL_JOB_NAME.to_owned(), label_value(&job.name_any()));
+    labels.insert(
+        LABEL_TARGET_NODE.to_owned(),
+        label_value(&launch.target_node),
+    );
     let mut annotations = BTreeMap::new();
     annotations.insert(
         ANNOTATION_RUN_ATTEMPT.to_owned(),
@@ -218,9 +226,10 @@ pub fn build_pod(
             } => (
                 Volume {
                     name: volume_name.clone(),
+                    // Created when missing, as upstream's operator mounts it.
                     host_path: Some(HostPathVolumeSource {
                         path: source,
-                        type_: None,
+                        type_: Some("DirectoryOrCreate".to_owned()),
                     }),
                     ..Default::default()
                 },
@@ -819,6 +828,8 @@ mod tests {
         assert_eq!(labels[LABEL_JOB_ID], "12");
         assert_eq!(labels[LABEL_MANAGED_BY], "spur-operator");
         assert_eq!(labels[LABEL_SPURJOB_UID], "uid-1");
+        assert_eq!(labels[LABEL_JOB_NAME], "train");
+        assert_eq!(labels[LABEL_TARGET_NODE], "node-b");
         let annotations = pod.metadata.annotations.as_ref().unwrap();
         assert_eq!(annotations[ANNOTATION_TARGET_NODE], "node-b");
         assert_eq!(annotations[ANNOTATION_RUN_ATTEMPT], "1");
@@ -856,6 +867,11 @@ mod tests {
         let paths: Vec<_> = mounts.iter().map(|m| m.mount_path.as_str()).collect();
         assert_eq!(paths, ["/data", "/ckpt", "/dev/shm"]);
         assert_eq!(mounts[0].read_only, Some(true));
+        let host_path = spec.volumes.as_ref().unwrap()[0].host_path.as_ref();
+        assert_eq!(
+            host_path.and_then(|h| h.type_.as_deref()),
+            Some("DirectoryOrCreate")
+        );
         let volumes = spec.volumes.unwrap();
         assert_eq!(
             volumes[2].empty_dir.as_ref().unwrap().medium.as_deref(),
