@@ -385,111 +385,80 @@ pub fn pod_env(
     let num_nodes = at.nodes.len();
     let nodelist = at.nodes.join(",");
     let multi_node = num_nodes > 1;
-    let mut built: Vec<(&str, String)> = Vec::new();
-    let mut twin = |spur: &'static str, slurm: &'static str, value: String| {
-        built.push((spur, value.clone()));
-        built.push((slurm, value));
-    };
-    twin("SPUR_JOB_ID", "SLURM_JOB_ID", launch.job_id.to_string());
-    twin("SPUR_JOBID", "SLURM_JOBID", launch.job_id.to_string());
-    twin(
-        "SPUR_JOB_NAME",
-        "SLURM_JOB_NAME",
-        controller_spec.name.clone(),
-    );
-    twin(
-        "SPUR_JOB_PARTITION",
-        "SLURM_JOB_PARTITION",
-        controller_spec.partition.clone(),
-    );
-    twin(
-        "SPUR_JOB_ACCOUNT",
-        "SLURM_JOB_ACCOUNT",
-        controller_spec.account.clone(),
-    );
-    twin("SPUR_JOB_QOS", "SLURM_JOB_QOS", controller_spec.qos.clone());
-    twin("SPUR_NNODES", "SLURM_NNODES", num_nodes.to_string());
-    twin(
-        "SPUR_JOB_NUM_NODES",
-        "SLURM_JOB_NUM_NODES",
-        num_nodes.to_string(),
-    );
     let num_tasks = if controller_spec.num_tasks > 0 {
         controller_spec.num_tasks
     } else {
         per_node.saturating_mul(u32::try_from(num_nodes).unwrap_or(u32::MAX))
     };
-    twin("SPUR_NTASKS", "SLURM_NTASKS", num_tasks.to_string());
-    twin("SPUR_NPROCS", "SLURM_NPROCS", num_tasks.to_string());
-    twin(
-        "SPUR_CPUS_PER_TASK",
-        "SLURM_CPUS_PER_TASK",
-        controller_spec.cpus_per_task.to_string(),
-    );
-    twin(
-        "SPUR_CPUS_ON_NODE",
-        "SLURM_CPUS_ON_NODE",
-        per_node
-            .saturating_mul(controller_spec.cpus_per_task.max(1))
-            .to_string(),
-    );
-    twin(
-        "SPUR_TASKS_PER_NODE",
-        "SLURM_TASKS_PER_NODE",
-        per_node.to_string(),
-    );
-    twin("SPUR_NODEID", "SLURM_NODEID", at.rank.to_string());
-    twin("SPUR_NODELIST", "SLURM_NODELIST", nodelist.clone());
-    twin("SPUR_JOB_NODELIST", "SLURM_JOB_NODELIST", nodelist);
-    twin(
-        "SPURD_NODENAME",
-        "SLURMD_NODENAME",
-        launch.target_node.clone(),
-    );
+    let cpus_on_node = per_node.saturating_mul(controller_spec.cpus_per_task.max(1));
+    let mut twins = vec![
+        ("JOB_ID", launch.job_id.to_string()),
+        ("JOBID", launch.job_id.to_string()),
+        ("JOB_NAME", controller_spec.name.clone()),
+        ("JOB_PARTITION", controller_spec.partition.clone()),
+        ("JOB_ACCOUNT", controller_spec.account.clone()),
+        ("JOB_QOS", controller_spec.qos.clone()),
+        ("NNODES", num_nodes.to_string()),
+        ("JOB_NUM_NODES", num_nodes.to_string()),
+        ("NTASKS", num_tasks.to_string()),
+        ("NPROCS", num_tasks.to_string()),
+        ("CPUS_PER_TASK", controller_spec.cpus_per_task.to_string()),
+        ("CPUS_ON_NODE", cpus_on_node.to_string()),
+        ("TASKS_PER_NODE", per_node.to_string()),
+        ("NODEID", at.rank.to_string()),
+        ("NODELIST", nodelist.clone()),
+        ("JOB_NODELIST", nodelist),
+    ];
     if launch.array_job_id > 0 {
-        twin(
-            "SPUR_ARRAY_JOB_ID",
-            "SLURM_ARRAY_JOB_ID",
-            launch.array_job_id.to_string(),
-        );
-        twin(
-            "SPUR_ARRAY_TASK_ID",
-            "SLURM_ARRAY_TASK_ID",
-            launch.array_task_id.to_string(),
-        );
+        twins.push(("ARRAY_JOB_ID", launch.array_job_id.to_string()));
+        twins.push(("ARRAY_TASK_ID", launch.array_task_id.to_string()));
     }
-    built.extend([
-        ("SPUR_NODE_RANK", at.rank.to_string()),
-        ("SPUR_NUM_NODES", num_nodes.to_string()),
-        ("SPUR_TASK_OFFSET", launch.task_offset.to_string()),
-        ("SPUR_RUN_ATTEMPT", launch.run_attempt.to_string()),
-        ("SPUR_TARGET_NODE", launch.target_node.clone()),
-        ("NODE_RANK", at.rank.to_string()),
-        ("LOCAL_RANK", "0".to_owned()),
-        ("LOCAL_WORLD_SIZE", per_node.to_string()),
-        ("NPROC_PER_NODE", per_node.to_string()),
-    ]);
+    // Each as SPUR_<name> and SLURM_<name>; the node's name as SPURD_/SLURMD_NODENAME.
+    let mut built: Vec<(String, String)> = Vec::new();
+    for (name, value) in twins {
+        built.push((format!("SPUR_{name}"), value.clone()));
+        built.push((format!("SLURM_{name}"), value));
+    }
+    built.push(("SPURD_NODENAME".into(), launch.target_node.clone()));
+    built.push(("SLURMD_NODENAME".into(), launch.target_node.clone()));
+    built.extend(
+        [
+            ("SPUR_NODE_RANK", at.rank.to_string()),
+            ("SPUR_NUM_NODES", num_nodes.to_string()),
+            ("SPUR_TASK_OFFSET", launch.task_offset.to_string()),
+            ("SPUR_RUN_ATTEMPT", launch.run_attempt.to_string()),
+            ("SPUR_TARGET_NODE", launch.target_node.clone()),
+            ("NODE_RANK", at.rank.to_string()),
+            ("LOCAL_RANK", "0".to_owned()),
+            ("LOCAL_WORLD_SIZE", per_node.to_string()),
+            ("NPROC_PER_NODE", per_node.to_string()),
+        ]
+        .map(|(name, value)| (name.to_owned(), value)),
+    );
     if multi_node {
-        built.extend([
-            (
-                "MASTER_ADDR",
-                format!(
-                    "node-0.{}.{}.svc",
-                    service_name(launch.job_id),
-                    at.namespace
+        built.extend(
+            [
+                (
+                    "MASTER_ADDR",
+                    format!(
+                        "node-0.{}.{}.svc",
+                        service_name(launch.job_id),
+                        at.namespace
+                    ),
                 ),
-            ),
-            ("MASTER_PORT", RENDEZVOUS_PORT.to_string()),
-            ("WORLD_SIZE", num_nodes.to_string()),
-            ("RANK", at.rank.to_string()),
-        ]);
+                ("MASTER_PORT", RENDEZVOUS_PORT.to_string()),
+                ("WORLD_SIZE", num_nodes.to_string()),
+                ("RANK", at.rank.to_string()),
+            ]
+            .map(|(name, value)| (name.to_owned(), value)),
+        );
     }
     if gpus.count > 0 {
         if gpus.resource != NVIDIA_GPU {
-            built.push(("GPU_ENABLE_PAL", "0".to_owned()));
+            built.push(("GPU_ENABLE_PAL".into(), "0".to_owned()));
         }
         if multi_node && !spec.host_network {
-            built.push(("NCCL_SOCKET_IFNAME", "eth0".to_owned()));
+            built.push(("NCCL_SOCKET_IFNAME".into(), "eth0".to_owned()));
         }
     }
     let named_by_user =
@@ -498,7 +467,7 @@ pub fn pod_env(
         .into_iter()
         .filter(|(name, _)| !named_by_user(name))
         .map(|(name, value)| EnvVar {
-            name: name.to_owned(),
+            name,
             value: Some(value),
             ..Default::default()
         })
