@@ -203,35 +203,7 @@ const PINNED: &[(u64, &str)] = &[
     // answered every poll for it with no jobs at all, which rule 6 did not judge until it
     // also weighed the ids a read asked for.
     (107160, "a leader cut off from its peers, asked by id"),
-    // operator-b not ready for 15 s: the follower it probed through forwarded nothing for
-    // the 150 s after a replica partition healed, because the model dropped what a cut
-    // held and turmoil's TCP never retransmits, so the forward connection hung for good. A
-    // kernel retransmits: cuts now hold and deliver at the heal (`world::Cut`).
-    (
-        101513,
-        "a forward connection that lost a frame in a partition",
-    ),
 ];
-
-/// Seed 941 once cuts held instead of dropping: the leader's ReportJobStatus, sent across a
-/// cut to spurctld-0 before a leader change, landed when the cut healed 22 s into
-/// operator-b's term. It is judged by when it may have been sent, and counted.
-#[test]
-fn a_call_a_cut_held_lands_after_the_lease_moved_and_is_judged_by_its_sending() {
-    let outcomes = run_seeds(&[941], Profile::Default, 1, |_| {});
-    let outcome = &outcomes[0];
-    assert!(outcome.passed(), "{:?}", outcome.violations);
-    assert!(
-        outcome
-            .landed_after_cut
-            .get("operator")
-            .copied()
-            .unwrap_or(0)
-            > 0,
-        "{:?}",
-        outcome.landed_after_cut
-    );
-}
 
 #[test]
 fn the_pinned_regressions_pass() {

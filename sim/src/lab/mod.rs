@@ -487,7 +487,6 @@ fn failed_record(
         replay_args: String::new(),
         acting_writes: Default::default(),
         acting_calls: Default::default(),
-        landed_after_cut: Default::default(),
         timeline: None,
     });
     record.replay = replay(name, profile, quiet, None);

@@ -183,7 +183,6 @@ pub async fn run_plan(
         rpcs: lab.controller_calls() as usize,
         acting_writes: BTreeMap::new(),
         acting_calls: BTreeMap::new(),
-        landed_after_cut: BTreeMap::new(),
         replay_args: String::new(),
         timeline,
     })

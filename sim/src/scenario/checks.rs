@@ -275,12 +275,6 @@ impl Monitor {
         &self.acting.calls_judged
     }
 
-    /// Writes and write calls that landed outside their sender's term after a cut that held
-    /// them healed, per operator replica.
-    pub fn landed_after_cut(&self) -> &BTreeMap<String, usize> {
-        &self.acting.landed_after_cut
-    }
-
     /// sim.md's lease liveness, which bounds the pause the deadlines take while nobody
     /// holds the lease: with the API server up, a live replica holds it within
     /// [`Deadlines::takeover`].

@@ -89,9 +89,6 @@ pub struct Outcome {
     /// Controller write calls received from each operator replica, each judged against
     /// the Lease.
     pub acting_calls: BTreeMap<String, usize>,
-    /// Of those writes and calls, the ones a cut held that landed outside their sender's
-    /// term when it healed (judged by when they may have been sent; `scenario::acting`).
-    pub landed_after_cut: BTreeMap<String, usize>,
     /// The flags beyond seed and profile that replay it (a non-default intensity).
     pub replay_args: String,
     /// The run as a picture, when the config asked for one.
@@ -150,7 +147,6 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
                 rpcs: 0,
                 acting_writes: BTreeMap::new(),
                 acting_calls: BTreeMap::new(),
-                landed_after_cut: BTreeMap::new(),
                 replay_args,
                 timeline: None,
             }
@@ -396,7 +392,6 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
         rpcs,
         acting_writes: monitor.acting_writes().clone(),
         acting_calls: monitor.acting_calls().clone(),
-        landed_after_cut: monitor.landed_after_cut().clone(),
         replay_args: config.intensity.args(),
         timeline,
     }
