@@ -176,8 +176,7 @@ pub fn parse_time_limit(input: &str) -> Result<u64, String> {
         return Err("is empty".into());
     }
     if s.bytes().all(|b| b.is_ascii_digit()) {
-        let minutes: u64 = s.parse().map_err(|_| format!("`{s}` is too large"))?;
-        return check_limit(minutes.checked_mul(60), s);
+        return check_limit(whole(s, s)?.checked_mul(60), s);
     }
     if s.contains(':') || s.contains('-') {
         return check_limit(Some(parse_clock(s)?), s);
@@ -204,7 +203,7 @@ pub fn parse_time_limit(input: &str) -> Result<u64, String> {
         if digits.is_empty() {
             return Err(format!("`{s}`: `{c}` has no number before it"));
         }
-        let n: u64 = digits.parse().map_err(|_| format!("`{s}` is too large"))?;
+        let n = whole(&digits, s)?;
         total = total.and_then(|t| n.checked_mul(unit).and_then(|v| t.checked_add(v)));
         digits.clear();
         last_unit = Some(unit);
@@ -215,10 +214,15 @@ pub fn parse_time_limit(input: &str) -> Result<u64, String> {
                 "`{s}`: the last number has no unit, and after `d` or `m` it reads two ways (upstream's operator counts it in minutes); write its unit"
             ));
         }
-        let minutes: u64 = digits.parse().map_err(|_| format!("`{s}` is too large"))?;
+        let minutes = whole(&digits, s)?;
         total = total.and_then(|t| minutes.checked_mul(60).and_then(|v| t.checked_add(v)));
     }
     check_limit(total, s)
+}
+
+/// The ASCII digits `digits` of the limit `s` as a number.
+fn whole(digits: &str, s: &str) -> Result<u64, String> {
+    digits.parse().map_err(|_| format!("`{s}` is too large"))
 }
 
 /// `H:MM:SS`, `D-H`, `D-H:MM`, `D-H:MM:SS` in seconds; `A:B` is refused as ambiguous.
@@ -231,7 +235,7 @@ fn parse_clock(s: &str) -> Result<u64, String> {
         if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
             return Err(format!("`{s}`: `{part}` is not a number of {what}"));
         }
-        part.parse().map_err(|_| format!("`{s}` is too large"))
+        whole(part, s)
     };
     let parts: Vec<&str> = clock.split(':').collect();
     let (hours, minutes, seconds) = match (days, parts.as_slice()) {

@@ -380,7 +380,8 @@ pub fn pod_env(
     gpus: &GpuEnv<'_>,
 ) -> Result<Vec<EnvVar>, String> {
     let spec = &job.spec;
-    let controller_spec = launch.spec.clone().unwrap_or_default();
+    let unset = pb::JobSpec::default();
+    let controller_spec = launch.spec.as_ref().unwrap_or(&unset);
     let per_node = tasks_per_node(launch.spec.as_ref());
     let num_nodes = at.nodes.len();
     let nodelist = at.nodes.join(",");
