@@ -28,6 +28,8 @@ pub struct PodView {
     pub bound: bool,
     pub deleting: bool,
     pub job_id: Option<u32>,
+    /// The (first) container's name and image, as its status reports them.
+    pub container: Value,
     pub image: Value,
     pub run_secs: Option<u64>,
     pub exit_code: Option<i32>,
@@ -56,10 +58,7 @@ fn key(object: &Value) -> String {
 }
 
 fn env_of(pod: &Value, name: &str) -> Option<String> {
-    pod["spec"]["containers"]
-        .as_array()?
-        .iter()
-        .find(|c| c["name"] == "job")?["env"]
+    pod["spec"]["containers"].as_array()?.first()?["env"]
         .as_array()?
         .iter()
         .find(|e| e["name"] == name)?["value"]
@@ -145,6 +144,7 @@ impl ObjectIndex {
                             job_id: object["metadata"]["labels"][spur_operator::jobs::LABEL_JOB_ID]
                                 .as_str()
                                 .and_then(|v| v.parse().ok()),
+                            container: object["spec"]["containers"][0]["name"].clone(),
                             image: object["spec"]["containers"][0]["image"].clone(),
                             run_secs: env_of(object, "SIM_RUN_SECONDS")
                                 .and_then(|v| v.parse().ok()),

@@ -70,7 +70,7 @@ pub async fn run_with_clock(
                     let status = json!({"status": {
                         "phase": "Running",
                         "startTime": timestamp(),
-                        "containerStatuses": [{"name": "job", "ready": true, "restartCount": 0,
+                        "containerStatuses": [{"name": pod.container, "ready": true, "restartCount": 0,
                             "image": pod.image, "imageID": "",
                             "state": {"running": {"startedAt": timestamp()}}}],
                     }});
@@ -98,7 +98,7 @@ pub async fn run_with_clock(
                     };
                     let status = json!({"status": {
                         "phase": if exit_code == 0 { "Succeeded" } else { "Failed" },
-                        "containerStatuses": [{"name": "job", "ready": false, "restartCount": 0,
+                        "containerStatuses": [{"name": pod.container, "ready": false, "restartCount": 0,
                             "image": pod.image, "imageID": "",
                             "state": {"terminated": {"exitCode": exit_code, "reason": reason,
                                 "finishedAt": timestamp()}}}],

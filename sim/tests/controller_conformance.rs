@@ -583,6 +583,58 @@ fn a_launch_names_sockets_in_peer_nodes_and_node_names_in_the_spec_and_the_job_e
     });
 }
 
+/// spurd's OOM sentinel: a report whose signal carries bit 0x1000 ends the job
+/// OUT_OF_MEMORY (the bit is stripped from the stored signal); the operator reports an
+/// OOMKilled container this way, as upstream's operator does.
+#[test]
+fn a_report_with_the_oom_bit_in_its_signal_ends_the_job_out_of_memory() {
+    conformance(117, Replicas::Any, Setup::default(), |target| async move {
+        let (agent, _) =
+            register_with(&target, &["conf-oom"], TestAgent::new(LaunchRule::Accept)).await;
+        let mut client = target.client().await;
+        let id = client
+            .submit_job(submit(spec("conf-oom-job")))
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        until_job(&target, id, Duration::from_secs(20), "running", |j| {
+            state(j) == pb::JobState::JobRunning && !j.nodelist.is_empty()
+        })
+        .await;
+        let run_attempt = agent.launches(id)[0].run_attempt;
+        client
+            .report_job_status(pb::ReportJobStatusRequest {
+                job_id: id,
+                state: pb::JobState::JobFailed as i32,
+                exit_code: 137,
+                signal: spur_operator::jobs::reports::OOM_KILLED_SIGNAL,
+                message: "OOMKilled".to_owned(),
+                reporting_node: "conf-oom".to_owned(),
+                run_attempt,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let done = until_job(&target, id, Duration::from_secs(5), "ended", |j| {
+            state(j) != pb::JobState::JobRunning && state(j) != pb::JobState::JobCompleting
+        })
+        .await;
+        assert_eq!(
+            state(&done),
+            pb::JobState::JobOutOfMemory,
+            "{}: {done:?}",
+            target.name
+        );
+        assert_eq!(done.exit_code, 137, "{}: {done:?}", target.name);
+        assert_eq!(
+            done.state_reason, "OutOfMemory",
+            "{}: {done:?}",
+            target.name
+        );
+    });
+}
+
 #[test]
 fn a_job_stays_pending_while_its_launch_is_held_open() {
     conformance(111, Replicas::Any, Setup::default(), |target| async move {

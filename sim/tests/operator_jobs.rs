@@ -33,7 +33,7 @@ fn a_spurjob_runs_to_completion() {
     let job = sim.spurjob("default", "hello").expect("the SpurJob exists");
     let status = &job["status"];
     let id = status["spurJobId"].as_u64().expect("submitted") as u32;
-    assert_eq!(status["state"], "COMPLETED", "{status:#}");
+    assert_eq!(status["state"], "Completed", "{status:#}");
     let finished = status["conditions"]
         .as_array()
         .unwrap()
@@ -93,7 +93,7 @@ fn a_failed_pod_fails_the_job_with_its_exit_code() {
     );
     sim.world.run_until(secs(40)).unwrap();
     let status = &sim.spurjob("default", "crash").unwrap()["status"];
-    assert_eq!(status["state"], "FAILED", "{status:#}");
+    assert_eq!(status["state"], "Failed", "{status:#}");
     let id = status["spurJobId"].as_u64().unwrap() as u32;
     assert_eq!(sim.controller_job(id).unwrap().exit_code, 3);
 }
@@ -125,7 +125,7 @@ fn an_invalid_spurjob_gets_a_message_and_is_not_submitted() {
     assert!(bad["spurJobId"].is_null());
     let good = &sim.spurjob("default", "good").unwrap()["status"];
     assert_eq!(
-        good["state"], "COMPLETED",
+        good["state"], "Completed",
         "the bad one did not hold up the good one"
     );
     assert_eq!(sim.world.cluster().job_ids().len(), 1);
@@ -149,7 +149,7 @@ fn deleting_a_running_spurjob_cancels_its_job_and_removes_its_pods() {
     );
     sim.world.run_until(secs(30)).unwrap();
     let status = sim.spurjob("default", "long").unwrap()["status"].clone();
-    assert_eq!(status["state"], "RUNNING", "{status:#}");
+    assert_eq!(status["state"], "Running", "{status:#}");
     let id = status["spurJobId"].as_u64().unwrap() as u32;
     assert_eq!(sim.pods("default").len(), 1);
 
@@ -206,14 +206,14 @@ fn with_agent_auth_required_a_signed_launch_runs_and_a_forged_one_is_refused() {
     sim.create_spurjob("default", "signed", job.clone());
     sim.world.run_until(secs(60)).unwrap();
     let status = &sim.spurjob("default", "signed").unwrap()["status"];
-    assert_eq!(status["state"], "COMPLETED", "{status:#}");
+    assert_eq!(status["state"], "Completed", "{status:#}");
 
     let mut sim = start_with_agent_keys(23, b"a-different-key-of-32-bytes-long", AGENT_KEY);
     sim.world.run_until(secs(10)).unwrap();
     sim.create_spurjob("default", "forged", job);
     sim.world.run_until(secs(60)).unwrap();
     let status = &sim.spurjob("default", "forged").unwrap()["status"];
-    assert_ne!(status["state"], "COMPLETED", "{status:#}");
+    assert_ne!(status["state"], "Completed", "{status:#}");
     assert!(
         sim.pods("default").is_empty(),
         "no pod for a refused launch"

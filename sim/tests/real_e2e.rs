@@ -134,7 +134,7 @@ fn a_cpu_job_runs_to_completion_on_one_replica_and_on_three() {
             let created = Instant::now();
             stack.create_spurjob("cpu", job_spec(json!({})));
             let (state, job) = run_to_end(&stack, "cpu", 1, created).await;
-            assert_eq!(state, "COMPLETED", "{job}{}", stack.logs());
+            assert_eq!(state, "Completed", "{job}{}", stack.logs());
             let id = id_of(&job);
             assert_eq!(
                 controller_state(&stack, "cpu", id).await,
@@ -156,7 +156,7 @@ fn a_gpu_job_gets_its_gpus_and_a_two_node_gpu_job_two_ranked_pods_and_a_headless
             job_spec(json!({"gpus": {"count": 8}, "numNodes": 2, "env": {"SIM_RUN_SECONDS": "3"}})),
         );
         let (state, job) = run_to_end(&stack, "gpu", 1, created).await;
-        assert_eq!(state, "COMPLETED", "{job}{}", stack.logs());
+        assert_eq!(state, "Completed", "{job}{}", stack.logs());
         let pod = &stack.pods("gpu")[0];
         assert_eq!(
             pod["spec"]["containers"][0]["resources"]["limits"]["amd.com/gpu"], "2",
@@ -164,7 +164,7 @@ fn a_gpu_job_gets_its_gpus_and_a_two_node_gpu_job_two_ranked_pods_and_a_headless
         );
 
         let (state, job) = run_to_end(&stack, "gpu-two", 2, created).await;
-        assert_eq!(state, "COMPLETED", "{job}{}", stack.logs());
+        assert_eq!(state, "Completed", "{job}{}", stack.logs());
         let id = id_of(&job);
         let pods = stack.pods("gpu-two");
         let mut ranks: Vec<(String, String)> = pods
@@ -212,7 +212,7 @@ fn an_array_job_runs_each_task_and_ends_when_all_did() {
         let created = Instant::now();
         stack.create_spurjob("array", job_spec(json!({"arraySpec": "0-2"})));
         let (state, job) = run_to_end(&stack, "array", 3, created).await;
-        assert_eq!(state, "COMPLETED", "{job}{}", stack.logs());
+        assert_eq!(state, "Completed", "{job}{}", stack.logs());
         let tasks = stack.controller_jobs("array").await;
         assert_eq!(tasks.len(), 3, "{tasks:?}");
         assert!(
@@ -220,6 +220,26 @@ fn an_array_job_runs_each_task_and_ends_when_all_did() {
                 .iter()
                 .all(|t| t.state == pb::JobState::JobCompleted as i32),
             "{tasks:?}"
+        );
+    });
+}
+
+/// An OOMKilled container is reported with spurd's OOM bit, so the real spurctld ends the
+/// job OUT_OF_MEMORY (not FAILED), and status says `OutOfMemory` as upstream's does.
+#[test]
+fn an_oom_killed_pod_ends_its_job_out_of_memory() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        stack.create_spurjob(
+            "oom",
+            job_spec(json!({"env": {"SIM_RUN_SECONDS": "1", "SIM_OOM": "1"}})),
+        );
+        let (state, job) = run_to_end(&stack, "oom", 1, created).await;
+        assert_eq!(state, "OutOfMemory", "{job}{}", stack.logs());
+        let id = id_of(&job);
+        assert_eq!(
+            controller_state(&stack, "oom", id).await,
+            pb::JobState::JobOutOfMemory
         );
     });
 }
@@ -233,7 +253,7 @@ fn a_failing_pod_ends_its_job_failed_with_the_exit_code_in_status() {
             job_spec(json!({"env": {"SIM_RUN_SECONDS": "1", "SIM_EXIT_CODE": "3"}})),
         );
         let (state, job) = run_to_end(&stack, "fails", 1, created).await;
-        assert_eq!(state, "FAILED", "{job}{}", stack.logs());
+        assert_eq!(state, "Failed", "{job}{}", stack.logs());
         let message = job["status"]["message"].as_str().unwrap_or_default();
         assert!(message.contains("exit code 3"), "{job}");
         let id = id_of(&job);
@@ -251,7 +271,7 @@ fn a_spurjob_deleted_while_running_is_cancelled_and_its_pods_and_finalizer_go_wi
         stack.create_spurjob("long", job_spec(json!({"env": {"SIM_RUN_SECONDS": "600"}})));
         stack
             .until("long: running", created, Duration::from_secs(60), |s| {
-                s.state("long").as_deref() == Some("RUNNING") && !s.pods("long").is_empty()
+                s.state("long").as_deref() == Some("Running") && !s.pods("long").is_empty()
             })
             .await;
         let id = id_of(&stack.spurjob("long").expect("job"));
@@ -282,7 +302,7 @@ fn a_spurjob_deleted_after_its_job_ended_loses_its_finalizer() {
         let created = Instant::now();
         stack.create_spurjob("short", job_spec(json!({})));
         let (state, _) = run_to_end(&stack, "short", 1, created).await;
-        assert_eq!(state, "COMPLETED");
+        assert_eq!(state, "Completed");
         let deleted = Instant::now();
         stack
             .api
@@ -340,7 +360,7 @@ fn a_job_survives_its_node_turning_not_ready() {
         );
         stack
             .until("tainted: running", created, Duration::from_secs(60), |s| {
-                s.state("tainted").as_deref() == Some("RUNNING") && !s.pods("tainted").is_empty()
+                s.state("tainted").as_deref() == Some("Running") && !s.pods("tainted").is_empty()
             })
             .await;
         let node = stack.pods("tainted")[0]["spec"]["nodeName"]
@@ -360,7 +380,7 @@ fn a_job_survives_its_node_turning_not_ready() {
             )
             .expect("taint");
         let (state, job) = run_to_end(&stack, "tainted", 1, created).await;
-        assert_eq!(state, "COMPLETED", "{job}{}", stack.logs());
+        assert_eq!(state, "Completed", "{job}{}", stack.logs());
     });
 }
 
@@ -406,7 +426,7 @@ fn a_spurjob_pending_when_the_leader_is_killed_is_submitted_within_3s_of_the_new
             stack.logs()
         );
         let (state, _) = run_to_end(&stack, "after", 1, created).await;
-        assert_eq!(state, "COMPLETED", "{}", stack.logs());
+        assert_eq!(state, "Completed", "{}", stack.logs());
     });
 }
 
@@ -420,6 +440,6 @@ fn with_agent_auth_required_and_spurctlds_jwt_key_jobs_run() {
         let created = Instant::now();
         stack.create_spurjob("authed", job_spec(json!({})));
         let (state, job) = run_to_end(&stack, "authed", 1, created).await;
-        assert_eq!(state, "COMPLETED", "{job}{}", stack.logs());
+        assert_eq!(state, "Completed", "{job}{}", stack.logs());
     });
 }

@@ -526,6 +526,7 @@ pub struct RunArgs {
     /// Address the virtual agent listens on for spurctld's LaunchJob calls.
     #[arg(
         long,
+        visible_alias = "listen",
         env = "SPUR_OPERATOR_AGENT_LISTEN",
         default_value = "0.0.0.0:6818"
     )]
@@ -533,8 +534,9 @@ pub struct RunArgs {
 
     /// Address spurctld dials back to reach the agent: this pod's IP (Downward API
     /// status.podIP). Not a load-balanced Service: spurctld must reach the acting replica,
-    /// and the standby refuses launches.
-    #[arg(long, env = "SPUR_OPERATOR_AGENT_ADDRESS")]
+    /// and the standby refuses launches. Unset, upstream's `SPUR_OPERATOR_ADDRESS` is
+    /// used, then `POD_IP`, as upstream's manifests set them.
+    #[arg(long, visible_alias = "address", env = "SPUR_OPERATOR_AGENT_ADDRESS")]
     pub agent_address: Option<String>,
 
     /// How the agent treats spurctld's bearer tokens (HS256 JWTs under
@@ -543,7 +545,13 @@ pub struct RunArgs {
     /// spur_operator_agent_calls_total), so tokens can be rolled out before they are
     /// enforced; `disabled` ignores them. Permissive by default: a spurctld that sends no
     /// token keeps working, and one that sends a token has it checked.
-    #[arg(long, env = "SPUR_OPERATOR_AGENT_AUTH", value_enum, default_value_t)]
+    #[arg(
+        long,
+        visible_alias = "auth-mode",
+        env = "SPUR_OPERATOR_AGENT_AUTH",
+        value_enum,
+        default_value_t
+    )]
     pub agent_auth: AgentAuthMode,
 
     /// File holding the HS256 key spurctld signs agent tokens with (its `[auth] jwt_key`'s
@@ -553,6 +561,23 @@ pub struct RunArgs {
     /// `--agent-auth required` does not allow.
     #[arg(long, env = "SPUR_OPERATOR_AGENT_AUTH_KEY_FILE")]
     pub agent_auth_key_file: Option<PathBuf>,
+
+    /// The same key given as its value, as upstream's `--jwt-key`/`SPUR_JWT_KEY` take it
+    /// (from a Secret in the environment; on the command line it shows in `ps`). Prefer
+    /// --agent-auth-key-file, a mounted Secret file.
+    #[arg(
+        long,
+        visible_alias = "jwt-key",
+        env = "SPUR_JWT_KEY",
+        hide_env_values = true,
+        conflicts_with = "agent_auth_key_file"
+    )]
+    pub agent_auth_key: Option<String>,
+
+    /// Upstream's quota reconciler switch. Not provided here: set, the operator refuses
+    /// to start and says so, rather than run without the quotas a team relies on.
+    #[arg(long, hide = true)]
+    pub enable_quota: bool,
 
     /// Clock skew forgiven when checking a token's `exp` and `nbf`. 30 s: nodes kept by NTP
     /// differ by milliseconds, and a token long expired is still refused.
@@ -581,6 +606,7 @@ pub struct RunArgs {
     /// Prometheus scrape the pod IP.
     #[arg(
         long,
+        visible_alias = "health-addr",
         env = "SPUR_OPERATOR_HEALTH_LISTEN",
         default_value = "0.0.0.0:8080"
     )]
@@ -760,7 +786,16 @@ impl fmt::Debug for AgentKey {
 
 fn read_agent_key(path: &Path) -> Result<AgentKey, ConfigError> {
     const FLAG: &str = "--agent-auth-key-file";
-    let mut key = read_file(FLAG, path)?;
+    let key = read_file(FLAG, path)?;
+    agent_key_from(FLAG, &path.display().to_string(), key)
+}
+
+/// The key from its bytes as given (`what` names where they came from).
+fn agent_key_from(
+    flag: &'static str,
+    what: &str,
+    mut key: Vec<u8>,
+) -> Result<AgentKey, ConfigError> {
     // Files written by `echo` or an editor end in a newline that is not part of the key.
     if key.ends_with(b"\n") {
         key.pop();
@@ -773,14 +808,24 @@ fn read_agent_key(path: &Path) -> Result<AgentKey, ConfigError> {
     // token at all, so checking tokens against it is a configuration error.
     if key.is_empty() {
         return Err(ConfigError::Invalid {
-            flag: FLAG,
-            reason: format!(
-                "{} is empty; spurctld sends no token under an empty jwt_key",
-                path.display()
-            ),
+            flag,
+            reason: format!("{what} is empty; spurctld sends no token under an empty jwt_key"),
         });
     }
     Ok(AgentKey(key))
+}
+
+/// The agent address when `--agent-address` is unset: upstream's `SPUR_OPERATOR_ADDRESS`,
+/// then `POD_IP` (the Downward API's status.podIP), as upstream's operator falls back.
+/// Blank values count as unset.
+pub fn fallback_agent_address(
+    upstream_address: Option<String>,
+    pod_ip: Option<String>,
+) -> Option<String> {
+    [upstream_address, pod_ip]
+        .into_iter()
+        .flatten()
+        .find(|a| !a.trim().is_empty())
 }
 
 /// The validated form of [`RunArgs`].
@@ -828,17 +873,27 @@ impl RunArgs {
                     "required: the address spurctld dials back (the pod IP, from the Downward API)"
                         .into(),
             })?;
-        let agent_key = self
-            .agent_auth_key_file
-            .as_deref()
-            .map(read_agent_key)
-            .transpose()?;
+        let agent_key = match (&self.agent_auth_key_file, &self.agent_auth_key) {
+            (Some(path), _) => Some(read_agent_key(path)?),
+            (None, Some(value)) => Some(agent_key_from(
+                "--agent-auth-key",
+                "the value",
+                value.as_bytes().to_vec(),
+            )?),
+            (None, None) => None,
+        };
         if self.agent_auth == AgentAuthMode::Required && agent_key.is_none() {
             return Err(ConfigError::Invalid {
                 flag: "--agent-auth",
                 reason:
-                    "`required` needs --agent-auth-key-file: without a key no token can be verified"
+                    "`required` needs --agent-auth-key-file (or --agent-auth-key): without a key no token can be verified"
                         .into(),
+            });
+        }
+        if self.enable_quota {
+            return Err(ConfigError::Invalid {
+                flag: "--enable-quota",
+                reason: "upstream's quota reconciler (per-account Namespace, ResourceQuota, LimitRange and RBAC) is not part of this operator; run without the flag and keep quotas in your own manifests (docs/migrating.md)".into(),
             });
         }
         if !(0.0..=1.0).contains(&self.retry_jitter) {
@@ -952,6 +1007,24 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agent_address_falls_back_to_upstreams_variable_then_the_pod_ip() {
+        let some = |v: &str| Some(v.to_owned());
+        assert_eq!(
+            fallback_agent_address(some("op.spur.svc"), some("10.0.0.7")),
+            some("op.spur.svc")
+        );
+        assert_eq!(
+            fallback_agent_address(some(" "), some("10.0.0.7")),
+            some("10.0.0.7")
+        );
+        assert_eq!(
+            fallback_agent_address(None, some("10.0.0.7")),
+            some("10.0.0.7")
+        );
+        assert_eq!(fallback_agent_address(None, some("")), None);
+    }
     use clap::Parser;
 
     #[derive(Parser)]

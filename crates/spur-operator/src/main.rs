@@ -7,15 +7,18 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use spur_operator::check::{check_controller, describe_failure};
 use spur_operator::clock::WallClock;
-use spur_operator::config::{ControllerArgs, RunArgs};
+use spur_operator::config::{ControllerArgs, RunArgs, fallback_agent_address};
 use spur_operator::net::TcpNetwork;
 use spur_operator::operator::{self, World};
 use spur_operator::reference::{README_BEGIN, README_END, config_table, splice};
 use spur_operator::telemetry::{self, LogFormat};
 
 /// Kubernetes operator for the Spur workload manager.
+///
+/// With no subcommand it runs the operator, taking `run`'s flags, as upstream's operator
+/// (`spur-k8s`) does, so its manifests' command lines work unchanged.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version, about, args_conflicts_with_subcommands = true)]
 struct Cli {
     /// Log format.
     #[arg(
@@ -27,8 +30,18 @@ struct Cli {
     )]
     log_format: LogFormat,
 
+    /// Log level or `tracing` filter directives (`info`, `spur_operator=debug`), as
+    /// upstream's `--log-level`. `RUST_LOG`, when set, wins. Unset: `info` for `run`, and
+    /// `error` for the one-shot commands, whose result line says what matters.
+    #[arg(long, global = true, env = "SPUR_OPERATOR_LOG_LEVEL")]
+    log_level: Option<String>,
+
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+
+    /// `run`'s flags, for a command line with no subcommand.
+    #[command(flatten)]
+    run: Box<RunArgs>,
 }
 
 #[derive(Subcommand)]
@@ -41,6 +54,7 @@ enum Command {
     /// cause, when the controller cannot be reached within those bounds.
     CheckController(Box<ControllerArgs>),
     /// Print the SpurJob CustomResourceDefinition as YAML (what deploy/crd.yaml holds).
+    #[command(visible_alias = "generate-crd")]
     Crd,
     /// Print the Markdown table of `run`'s flags (README.md's configuration reference).
     /// With `--write`, replace the table in the README at that path instead.
@@ -62,14 +76,18 @@ fn run_command() -> clap::Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let command = cli.command.unwrap_or(Command::Run(cli.run));
     // The check speaks in its one result line; the client's own warnings would repeat it.
-    let default_level = match cli.command {
+    let default_level = match command {
         Command::Run(_) => "info",
         Command::CheckController(_) | Command::Crd | Command::ConfigTable { .. } => "error",
     };
-    telemetry::init(cli.log_format, default_level);
-    match cli.command {
-        Command::Run(args) => match run(&args).await {
+    if let Err(e) = telemetry::init(cli.log_format, cli.log_level.as_deref(), default_level) {
+        eprintln!("spur-operator: --log-level: {e}");
+        return ExitCode::from(2);
+    }
+    match command {
+        Command::Run(mut args) => match run(&mut args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("spur-operator: {e:#}");
@@ -127,7 +145,11 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: &RunArgs) -> anyhow::Result<()> {
+async fn run(args: &mut RunArgs) -> anyhow::Result<()> {
+    if args.agent_address.is_none() {
+        let var = |name| std::env::var(name).ok();
+        args.agent_address = fallback_agent_address(var("SPUR_OPERATOR_ADDRESS"), var("POD_IP"));
+    }
     let config = args.validate()?;
     let kube_config = match &config.kubeconfig {
         Some(path) => {
@@ -173,6 +195,83 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Upstream's command lines (`spur-k8s` flags, no subcommand, `generate-crd`) parse to
+    /// the same settings as ours.
+    #[test]
+    fn upstreams_command_lines_are_accepted() {
+        let upstream = Cli::try_parse_from([
+            "spur-operator",
+            "--controller-addr",
+            "spurctld.spur:6817",
+            "--listen",
+            "[::]:6818",
+            "--address",
+            "10.0.0.7",
+            "--health-addr",
+            "[::]:8080",
+            "--auth-mode",
+            "required",
+            "--jwt-key",
+            "secret",
+            "--log-level",
+            "debug",
+            "--identity",
+            "operator-0",
+        ])
+        .expect("upstream's flags parse");
+        assert!(
+            upstream.command.is_none(),
+            "no subcommand runs the operator"
+        );
+        assert_eq!(upstream.log_level.as_deref(), Some("debug"));
+        let config = upstream.run.validate().expect("upstream's flags validate");
+        assert_eq!(config.agent_listen, "[::]:6818".parse().unwrap());
+        assert_eq!(config.health_listen, "[::]:8080".parse().unwrap());
+        assert_eq!(
+            config.controller.addr.to_string(),
+            "http://spurctld.spur:6817"
+        );
+        let ours = Cli::try_parse_from([
+            "spur-operator",
+            "run",
+            "--controller-addr",
+            "spurctld.spur:6817",
+            "--agent-listen",
+            "[::]:6818",
+            "--agent-address",
+            "10.0.0.7",
+            "--health-listen",
+            "[::]:8080",
+            "--agent-auth",
+            "required",
+            "--agent-auth-key",
+            "secret",
+            "--identity",
+            "operator-0",
+        ])
+        .expect("our flags parse");
+        let Some(Command::Run(args)) = ours.command else {
+            panic!("`run` is the run subcommand");
+        };
+        assert_eq!(
+            format!("{:?}", args.validate().unwrap()),
+            format!("{config:?}")
+        );
+        let crd = Cli::try_parse_from(["spur-operator", "generate-crd"]).unwrap();
+        assert!(matches!(crd.command, Some(Command::Crd)));
+        let quota = Cli::try_parse_from([
+            "spur-operator",
+            "--enable-quota",
+            "--address",
+            "10.0.0.7",
+            "--identity",
+            "operator-0",
+        ])
+        .unwrap();
+        let refused = quota.run.validate().unwrap_err().to_string();
+        assert!(refused.contains("--enable-quota"), "{refused}");
+    }
 
     #[test]
     fn the_readme_configuration_table_is_current() {
@@ -242,7 +341,8 @@ mod tests {
         for row in [
             "| `--log-format` | `SPUR_OPERATOR_LOG_FORMAT` | `text` |",
             "| `--controller-connect-timeout` | `SPUR_OPERATOR_CONTROLLER_CONNECT_TIMEOUT` | `2s` |",
-            "| `--agent-address` | `SPUR_OPERATOR_AGENT_ADDRESS` | (unset) |",
+            "| `--agent-address` (`--address`) | `SPUR_OPERATOR_AGENT_ADDRESS` | (unset) |",
+            "| `--agent-auth-key` (`--jwt-key`) | `SPUR_JWT_KEY` | (unset) |",
         ] {
             assert!(table.contains(row), "{row} missing from\n{table}");
         }

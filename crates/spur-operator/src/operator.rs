@@ -27,7 +27,7 @@ use crate::fence::Fence;
 use crate::health::{Health, Probe, serve_http};
 use crate::jobs::reconcile::{JobsContext, error_policy, reconcile};
 use crate::jobs::reports::{ReportContext, reconcile_pod};
-use crate::jobs::{LABEL_MANAGED_BY, LABEL_SPURJOB_UID, MANAGED_BY, SpurJob};
+use crate::jobs::{LABEL_MANAGED_BY, LABEL_SPURJOB_UID, MANAGED_BY, MANAGED_BY_UPSTREAM, SpurJob};
 use crate::lease::Elector;
 use crate::metrics::Metrics;
 use crate::net::Network;
@@ -305,8 +305,8 @@ fn start_leader_tasks<N: Network>(
         delete_orphans(kube.clone(), store),
     ));
 
-    // Pods: report each one's end.
-    let managed = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");
+    // Pods: report each one's end, upstream's operator's pods included (a swap adopts them).
+    let managed = format!("{LABEL_MANAGED_BY} in ({MANAGED_BY},{MANAGED_BY_UPSTREAM})");
     let report_ctx = Arc::new(ReportContext {
         kube: kube.clone(),
         controller: controller.clone(),

@@ -16,9 +16,16 @@ pub fn config_table(command: &Command) -> String {
     );
     for arg in command.get_arguments() {
         let Some(long) = arg.get_long() else { continue };
-        if matches!(long, "help" | "version") {
+        if matches!(long, "help" | "version") || arg.is_hide_set() {
             continue;
         }
+        // Upstream's names for the same flag (issue 19), shown beside ours.
+        let aliases: String = arg
+            .get_visible_aliases()
+            .unwrap_or_default()
+            .iter()
+            .map(|a| format!(" (`--{a}`)"))
+            .collect();
         let env = arg
             .get_env()
             .map(|e| format!("`{}`", e.to_string_lossy()))
@@ -43,7 +50,9 @@ pub fn config_table(command: &Command) -> String {
             .collect::<Vec<_>>()
             .join(" ")
             .replace('|', "\\|");
-        out.push_str(&format!("| `--{long}` | {env} | {default} | {help} |\n"));
+        out.push_str(&format!(
+            "| `--{long}`{aliases} | {env} | {default} | {help} |\n"
+        ));
     }
     out
 }
@@ -71,13 +80,24 @@ mod tests {
                     .default_value("1s")
                     .help("Retry after this long | at most.\nBecause reasons."),
             )
-            .arg(Arg::new("token").long("token").action(ArgAction::Set));
+            .arg(Arg::new("token").long("token").action(ArgAction::Set))
+            .arg(
+                Arg::new("listen")
+                    .long("agent-listen")
+                    .visible_alias("listen"),
+            )
+            .arg(Arg::new("quota").long("enable-quota").hide(true));
         let table = config_table(&command);
         assert!(
             table.contains("| `--retry` | `X_RETRY` | `1s` | Retry after this long \\| at most. Because reasons. |"),
             "{table}"
         );
         assert!(table.contains("| `--token` |  | (unset) |  |"), "{table}");
+        assert!(
+            table.contains("| `--agent-listen` (`--listen`) |"),
+            "{table}"
+        );
+        assert!(!table.contains("enable-quota"), "{table}");
         assert!(!table.contains("--help"));
     }
 

@@ -12,10 +12,18 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber. The level comes from `RUST_LOG`, else `default_level`.
-pub fn init(format: LogFormat, default_level: &str) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+/// Installs the global subscriber. The filter comes from `RUST_LOG`, else `level` (the
+/// `--log-level` flag), else `default_level`; a `level` that does not parse is an error.
+pub fn init(
+    format: LogFormat,
+    level: Option<&str>,
+    default_level: &str,
+) -> Result<(), tracing_subscriber::filter::ParseError> {
+    let filter = match (EnvFilter::try_from_default_env(), level) {
+        (Ok(filter), _) => filter,
+        (Err(_), Some(level)) => EnvFilter::try_new(level)?,
+        (Err(_), None) => EnvFilter::new(default_level),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -23,4 +31,5 @@ pub fn init(format: LogFormat, default_level: &str) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    Ok(())
 }

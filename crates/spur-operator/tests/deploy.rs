@@ -330,9 +330,11 @@ fn the_agent_port_is_reachable_only_from_spurctld() {
         .as_array()
         .expect("the agent port names its peers");
     assert_eq!(from.len(), 1);
+    // Upstream's spurctld (issue 19): `app: spurctld` in namespace `spur`, both at once.
+    assert_eq!(from[0]["podSelector"]["matchLabels"]["app"], "spurctld");
     assert_eq!(
-        from[0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
-        "spurctld"
+        from[0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "spur"
     );
     assert_eq!(
         admitting(8080).len(),

@@ -9,6 +9,12 @@ use std::time::SystemTime;
 use spur_proto as pb;
 use tonic::Status;
 
+/// spurd's OOM sentinel, OR'd into a completion report's signal: the job ends
+/// OUT_OF_MEMORY whatever its exit code.
+pub const OOM_SIGNAL_BIT: i32 = 0x1000;
+/// The `state_reason` spurctld gives a job that ended OUT_OF_MEMORY.
+const OOM_REASON: &str = "OutOfMemory";
+
 /// A command in the replicated log.
 #[derive(Clone, Debug)]
 pub enum Command {
@@ -60,6 +66,8 @@ pub enum Command {
         job_id: u32,
         node: String,
         exit_code: i32,
+        /// The report's signal carried spurd's OOM bit (0x1000).
+        oom: bool,
         run_attempt: u32,
         at: SystemTime,
     },
@@ -165,6 +173,8 @@ pub struct Job {
     pub nodes: Vec<String>,
     /// Exit codes reported so far, by node.
     pub reports: BTreeMap<String, i32>,
+    /// A node's report of this run carried the OOM bit: the job ends OUT_OF_MEMORY.
+    pub oom_killed: bool,
     pub exit_code: i32,
     /// Run attempt of the last start (0 before the first): a dispatch uses this + 1, so a
     /// failed dispatch's retry carries the same value.
@@ -436,6 +446,7 @@ impl StateMachine {
                     end_time: None,
                     nodes: Vec::new(),
                     reports: BTreeMap::new(),
+                    oom_killed: false,
                     exit_code: 0,
                     attempt: 0,
                     requeue_count: 0,
@@ -493,6 +504,7 @@ impl StateMachine {
                 job.start_time.get_or_insert(*at);
                 job.nodes = nodes.clone();
                 job.reports.clear();
+                job.oom_killed = false;
                 job.attempt = *attempt;
                 for name in nodes {
                     if let Some(node) = self.nodes.get_mut(name) {
@@ -540,6 +552,7 @@ impl StateMachine {
                 job_id,
                 node,
                 exit_code,
+                oom,
                 run_attempt,
                 at,
             } => {
@@ -554,20 +567,24 @@ impl StateMachine {
                     return Outcome::Done;
                 }
                 job.reports.insert(node.clone(), *exit_code);
+                job.oom_killed |= *oom;
                 if job.state == pb::JobState::JobRunning {
                     job.state = pb::JobState::JobCompleting;
                     job.end_time = Some(*at);
                 }
                 let all_reported = job.nodes.iter().all(|n| job.reports.contains_key(n));
                 if all_reported {
-                    // The job's result is its first node's, whatever the others exited with.
+                    // The job's result is its first node's, whatever the others exited
+                    // with, unless any node was OOM-killed.
                     let primary = job.reports[&job.nodes[0]];
-                    let state = if primary == 0 {
-                        pb::JobState::JobCompleted
+                    let (state, reason) = if job.oom_killed {
+                        (pb::JobState::JobOutOfMemory, OOM_REASON)
+                    } else if primary == 0 {
+                        (pb::JobState::JobCompleted, "")
                     } else {
-                        pb::JobState::JobFailed
+                        (pb::JobState::JobFailed, "")
                     };
-                    job.end(state, "", primary, *at);
+                    job.end(state, reason, primary, *at);
                     let nodes = job.nodes.clone();
                     self.release_nodes(*job_id, &nodes, 0);
                 }
@@ -834,6 +851,7 @@ mod tests {
             job_id: 1,
             node: node.to_owned(),
             exit_code,
+            oom: false,
             run_attempt: 1,
             at: at(),
         };

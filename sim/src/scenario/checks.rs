@@ -805,7 +805,7 @@ mod tests {
         let mut seen = seen_with(Some(5));
         seen.spurjobs.get_mut("job-000").expect("job-000").state = state.into();
         seen.controller = Some(ControllerView {
-            jobs: [(5, ("COMPLETED", 0))].into(),
+            jobs: [(5, ("Completed", 0))].into(),
             ..Default::default()
         });
         seen
@@ -814,17 +814,17 @@ mod tests {
     #[test]
     fn status_fires_when_an_end_has_not_reached_the_spurjob_within_its_deadline() {
         // RUNNING for 16 samples (15 s after the end was first seen): too late.
-        let late: Vec<Observation> = (0..17).map(|_| ended_with_status("RUNNING")).collect();
+        let late: Vec<Observation> = (0..17).map(|_| ended_with_status("Running")).collect();
         let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
         assert_eq!(
             fired_on("status", &mut monitor, &late),
             [
-                "status spurjob/job-000 at 16.0s: controller says COMPLETED since 0.0s; status says \"RUNNING\""
+                "status spurjob/job-000 at 16.0s: controller says Completed since 0.0s; status says \"Running\""
             ]
         );
         // The end reaches it at 15 s: in time, and its lag is measured.
-        let mut in_time: Vec<Observation> = (0..15).map(|_| ended_with_status("RUNNING")).collect();
-        in_time.extend((0..5).map(|_| ended_with_status("COMPLETED")));
+        let mut in_time: Vec<Observation> = (0..15).map(|_| ended_with_status("Running")).collect();
+        in_time.extend((0..5).map(|_| ended_with_status("Completed")));
         let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
         assert!(fired_on("status", &mut monitor, &in_time).is_empty());
         assert_eq!(monitor.lags.status, [15_000]);
@@ -868,7 +868,7 @@ mod tests {
         let running = {
             let mut seen = seen_with(Some(5));
             seen.controller = Some(ControllerView {
-                jobs: [(5, ("RUNNING", 0))].into(),
+                jobs: [(5, ("Running", 0))].into(),
                 ..Default::default()
             });
             seen.pod_job_ids = [5].into();
@@ -890,7 +890,7 @@ mod tests {
         // Cancelled and its pods removed within the deadline: nothing fires.
         let mut done = lingering;
         done.controller = Some(ControllerView {
-            jobs: [(5, ("CANCELLED", 0))].into(),
+            jobs: [(5, ("Cancelled", 0))].into(),
             ..Default::default()
         });
         done.pod_job_ids.clear();
@@ -1034,7 +1034,7 @@ mod tests {
         let mut seen = seen_with(Some(5));
         let controller = seen.controller.as_mut().expect("a controller");
         if let Some(owner) = owner {
-            controller.jobs.insert(5, ("PENDING", 0));
+            controller.jobs.insert(5, ("Pending", 0));
             if let Some(owner) = owner {
                 controller.owners.insert(5, owner.to_owned());
             }

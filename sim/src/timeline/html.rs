@@ -44,7 +44,7 @@ svg text { font-size: 11px; }
 .state.s-pending { fill: #f4d03f; }
 .state.s-running { fill: #3498db; }
 .state.s-completed { fill: #27ae60; }
-.state.s-failed, .state.s-node_fail, .state.s-timeout, .state.s-out_of_memory { fill: #c0392b; }
+.state.s-failed, .state.s-nodefail, .state.s-timeout, .state.s-outofmemory, .state.s-lost { fill: #c0392b; }
 .state.s-cancelled { fill: #95a5a6; }
 .state.s-invalid { fill: #000; }
 .created { fill: #fff; stroke: #333; }
@@ -75,10 +75,10 @@ const LEGEND: &str = r#"<div class="legend">
 <div class="legend">SpurJob rows:
 <span>&#9675; created</span>
 <span>&#9670; submitted (its id seen)</span>
-<span><i style="background:#f4d03f"></i>PENDING</span>
-<span><i style="background:#3498db"></i>RUNNING</span>
-<span><i style="background:#27ae60"></i>COMPLETED</span>
-<span><i style="background:#c0392b"></i>FAILED (and other ends in error)</span>
+<span><i style="background:#f4d03f"></i>Pending</span>
+<span><i style="background:#3498db"></i>Running</span>
+<span><i style="background:#27ae60"></i>Completed</span>
+<span><i style="background:#c0392b"></i>Failed (and other ends in error)</span>
 <span><i style="background:#95a5a6"></i>CANCELLED</span>
 <span>brackets: below the row for registration and submission, above it for status and deletion</span>
 </div>"#;

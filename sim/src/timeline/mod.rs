@@ -465,7 +465,7 @@ mod tests {
         seen.leader = None;
         let job = seen.spurjobs.get_mut("job-a").expect("inserted");
         job.spur_job_id = Some(7);
-        job.state = "PENDING".into();
+        job.state = "Pending".into();
         recorder.observe(&seen, Duration::from_secs(2));
         seen.leader = Some("spurctld-1".into());
         seen.spurjobs.clear();
@@ -490,7 +490,7 @@ mod tests {
                 created_ms: 1000,
                 submitted_ms: Some(2000),
                 job_id: Some(7),
-                states: vec![(1000, String::new()), (2000, "PENDING".into())],
+                states: vec![(1000, String::new()), (2000, "Pending".into())],
                 gone_ms: Some(3000),
             }]
         );

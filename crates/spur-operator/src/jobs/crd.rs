@@ -106,6 +106,9 @@ fn is_false(b: &bool) -> bool {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpuSpec {
+    /// GPUs per node. Omitted, 0: no GPU is requested, whatever `gpuType` says, as
+    /// upstream's operator reads `gpus: {gpuType: x}`.
+    #[serde(default)]
     pub count: u32,
     /// GPU model (`mi300x`); any when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -132,7 +135,8 @@ pub struct Toleration {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SpurJobStatus {
-    /// The controller's job state (`PENDING`, `RUNNING`, `COMPLETED`, …); `Invalid` (the
+    /// The controller's job state in its own names, as upstream's operator writes them
+    /// (`Pending`, `Running`, `Completed`, `NodeFail`, `OutOfMemory`, …); `Invalid` (the
     /// spec cannot be submitted), `Refused` (spurctld refused it; the message says why) or
     /// `Lost` (spurctld no longer knows the job, so its end is unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -153,7 +157,7 @@ pub struct SpurJobStatus {
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// For an array SpurJob: how many of its tasks are in each state (`RUNNING: 3`).
+    /// For an array SpurJob: how many of its tasks are in each state (`Running: 3`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub array_tasks: BTreeMap<String, u32>,
 }
@@ -198,6 +202,15 @@ mod tests {
         assert_eq!(job.spec.tasks_per_node, 1);
         assert_eq!(job.spec.cpus_per_task, 1);
         assert!(job.status.is_none());
+        // Upstream accepts a GPU type without a count (and requests no GPU).
+        let typed_only: SpurJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "spur.amd.com/v1alpha1",
+            "kind": "SpurJob",
+            "metadata": {"name": "typed", "namespace": "ml"},
+            "spec": {"image": "busybox", "gpus": {"gpuType": "mi300x"}}
+        }))
+        .expect("gpus without count parses");
+        assert_eq!(typed_only.spec.gpus.unwrap().count, 0);
     }
 
     #[test]

@@ -18,6 +18,9 @@ pub const LABEL_JOB_ID: &str = "spur.amd.com/job-id";
 /// On every pod the operator creates, so orphans can be found.
 pub const LABEL_MANAGED_BY: &str = "spur.amd.com/managed-by";
 pub const MANAGED_BY: &str = "spur-operator";
+/// The `managed-by` value on pods upstream's operator (`spur-k8s`) created: after a swap
+/// their ends are still reported, so jobs running across it finish (issue 19).
+pub const MANAGED_BY_UPSTREAM: &str = "spur-k8s-operator";
 /// The owning SpurJob's UID.
 pub const LABEL_SPURJOB_UID: &str = "spur.amd.com/spurjob-uid";
 /// On every pod: the SpurJob's name and the node it runs on, as upstream's operator labels

@@ -24,8 +24,10 @@ use super::{
 pub const ANNOTATION_RUN_ATTEMPT: &str = "spur.amd.com/run-attempt";
 pub const ANNOTATION_TARGET_NODE: &str = "spur.amd.com/target-node";
 pub const ANNOTATION_REPORTED: &str = "spur.amd.com/reported";
-/// The container that runs the job's tasks.
-pub const CONTAINER: &str = "job";
+/// The container that runs the job's tasks: upstream's name, so `kubectl logs -c spur-job`
+/// and `kubectl exec -c spur-job` keep working, and pods upstream's operator started are
+/// read the same way.
+pub const CONTAINER: &str = "spur-job";
 
 /// How many pod names [`pod_name`] tries for one (job, rank, attempt) before giving up:
 /// each earlier name is held by a pod still terminating (or by another SpurJob's pod), and

@@ -17,7 +17,7 @@ use tonic::Code;
 
 use super::convert;
 use super::crd::{SpurJob, SpurJobStatus};
-use super::status::{INVALID_STATE, REFUSED_STATE, patch_status, set_condition};
+use super::status::{INVALID_STATE, REFUSED_STATE, patch_status, set_condition, state_name};
 use super::submit::{Submission, find_by_uid, submit_once};
 use super::{FINALIZER, JobsTuning, LABEL_JOB_ID};
 use crate::clock::WallClock;
@@ -373,7 +373,7 @@ async fn apply(
             .observe(lag.as_secs_f64().max(0.0));
     }
     let mut next = SpurJobStatus {
-        state: Some("PENDING".to_owned()),
+        state: Some(state_name(pb::JobState::JobPending).to_owned()),
         spur_job_id: Some(job_id),
         message: None,
         observed_generation: generation,
@@ -658,7 +658,7 @@ mod tests {
             (SpurJobStatus::default(), Some(1), T0, Gate::Submit),
             (
                 SpurJobStatus {
-                    state: Some("PENDING".into()),
+                    state: Some("Pending".into()),
                     ..Default::default()
                 },
                 Some(1),

@@ -22,11 +22,19 @@ use crate::controller::ControllerClient;
 use crate::metrics::{Metrics, ReconcileLabels};
 
 /// How a pod ended, as the controller is told.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodEnd {
     pub exit_code: i32,
     pub message: String,
+    /// The kubelet killed the job's container for exceeding its memory limit.
+    pub oom: bool,
 }
+
+/// spurd's OOM sentinel: bit 0x1000 OR'd into a completion report's signal (here over
+/// SIGKILL, what the kernel's OOM killer sends). spurctld strips the bit and ends the job
+/// OUT_OF_MEMORY instead of FAILED, as it does for spurd's own cgroup OOM kills, and as
+/// upstream's operator reports an OOMKilled container.
+pub const OOM_KILLED_SIGNAL: i32 = 0x1000 | 9;
 
 /// Container waiting reasons that mean the pod will never start.
 const NEVER_STARTS: [&str; 5] = [
@@ -47,10 +55,7 @@ pub fn pod_end(pod: &Pod) -> Option<PodEnd> {
         .iter()
         .find(|c| c.name == CONTAINER);
     match status.phase.as_deref() {
-        Some("Succeeded") => Some(PodEnd {
-            exit_code: 0,
-            message: String::new(),
-        }),
+        Some("Succeeded") => Some(PodEnd::default()),
         Some("Failed") => {
             let terminated = job_container
                 .and_then(|c| c.state.as_ref())
@@ -65,6 +70,7 @@ pub fn pod_end(pod: &Pod) -> Option<PodEnd> {
                             .to_owned(),
                         None => String::new(),
                     },
+                    oom: t.reason.as_deref() == Some("OOMKilled"),
                 }),
                 // Rejected by the kubelet before any container ran (admission).
                 None => Some(PodEnd {
@@ -74,6 +80,7 @@ pub fn pod_end(pod: &Pod) -> Option<PodEnd> {
                         status.reason.as_deref().unwrap_or("Failed"),
                         status.message.as_deref().unwrap_or("")
                     ),
+                    oom: false,
                 }),
             }
         }
@@ -85,6 +92,7 @@ pub fn pod_end(pod: &Pod) -> Option<PodEnd> {
             NEVER_STARTS.contains(&reason).then(|| PodEnd {
                 exit_code: 1,
                 message: format!("{reason}: {}", waiting.message.as_deref().unwrap_or("")),
+                oom: false,
             })
         }
     }
@@ -180,6 +188,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
         job_id,
         state: state as i32,
         exit_code: end.exit_code,
+        signal: if end.oom { OOM_KILLED_SIGNAL } else { 0 },
         message: end.message.clone(),
         reporting_node: node.clone(),
         run_attempt,
@@ -314,17 +323,20 @@ mod tests {
         assert_eq!(pod_end(&pod("Running", None)), None);
         assert_eq!(
             pod_end(&pod("Succeeded", terminated(0, "Completed"))),
-            Some(PodEnd {
-                exit_code: 0,
-                message: String::new()
-            })
+            Some(PodEnd::default())
         );
         assert_eq!(
             pod_end(&pod("Failed", terminated(137, "OOMKilled"))),
             Some(PodEnd {
                 exit_code: 137,
-                message: "OOMKilled".into()
+                message: "OOMKilled".into(),
+                oom: true,
             })
+        );
+        assert!(
+            !pod_end(&pod("Failed", terminated(137, "Error")))
+                .unwrap()
+                .oom
         );
         assert_eq!(
             pod_end(&pod("Failed", terminated(3, "Error")))

@@ -26,28 +26,47 @@ pub const REFUSED_STATE: &str = "Refused";
 /// 17), so how it ended is unknown. Final.
 pub const LOST_STATE: &str = "Lost";
 
-/// `JOB_RUNNING` → `RUNNING`.
+/// The state as status shows it: spurctld's own names (`Running`, `NodeFail`,
+/// `OutOfMemory`), which upstream's operator writes too, so `kubectl wait
+/// --for=jsonpath='{.status.state}'=Completed` and dashboards written for it match.
 pub fn state_name(state: pb::JobState) -> &'static str {
-    let name = state.as_str_name();
-    name.strip_prefix("JOB_").unwrap_or(name)
+    match state {
+        pb::JobState::JobPending => "Pending",
+        pb::JobState::JobRunning => "Running",
+        pb::JobState::JobCompleting => "Completing",
+        pb::JobState::JobCompleted => "Completed",
+        pb::JobState::JobFailed => "Failed",
+        pb::JobState::JobCancelled => "Cancelled",
+        pb::JobState::JobTimeout => "Timeout",
+        pb::JobState::JobNodeFail => "NodeFail",
+        pb::JobState::JobPreempted => "Preempted",
+        pb::JobState::JobSuspended => "Suspended",
+        pb::JobState::JobDeadline => "Deadline",
+        pb::JobState::JobOutOfMemory => "OutOfMemory",
+        pb::JobState::JobRequeued => "Requeued",
+    }
 }
 
 /// Whether a state (as status shows it) is final. As spurctld has it: PREEMPTED and
 /// REQUEUED end a run but send the job back to PENDING, so they are not final (the job
 /// is still mirrored, and cancelled when its SpurJob is deleted). [`LOST_STATE`] is the
-/// operator's own final state.
+/// operator's own final state. The names earlier versions wrote (`COMPLETED`,
+/// `NODE_FAIL`) count too, so a job that ended before an upgrade is not polled again.
 pub fn is_terminal(state: &str) -> bool {
+    let folded: String = state
+        .chars()
+        .filter(|c| *c != '_')
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
     matches!(
-        state,
-        "COMPLETED"
-            | "FAILED"
-            | "CANCELLED"
-            | "TIMEOUT"
-            | "NODE_FAIL"
-            | "DEADLINE"
-            | "OUT_OF_MEMORY"
-            | LOST_STATE
-    )
+        folded.as_str(),
+        "completed" | "failed" | "cancelled" | "timeout" | "nodefail" | "deadline" | "outofmemory"
+    ) || state == LOST_STATE
+}
+
+/// Whether a job in this state holds its nodes: `Running`, `Completing`.
+pub fn is_running(state: &str) -> bool {
+    matches!(state, "Running" | "Completing")
 }
 
 /// The node names of `JobInfo.nodelist`, a compressed hostlist (fidelity row 15).
@@ -95,7 +114,7 @@ pub fn mirrored(current: &SpurJobStatus, info: &pb::JobInfo, now: &str) -> Optio
     }
     let reason = info.state_reason.trim();
     next.message = (!reason.is_empty() && reason != "None").then(|| reason.to_owned());
-    let running = matches!(state, "RUNNING" | "COMPLETING");
+    let running = is_running(state);
     set_condition(&mut next.conditions, "Running", running, state, reason, now);
     if is_terminal(state) {
         let message = if info.exit_code != 0 {
@@ -405,7 +424,7 @@ mod tests {
     #[test]
     fn mirrors_state_nodes_and_conditions() {
         let pending = SpurJobStatus {
-            state: Some("PENDING".into()),
+            state: Some("Pending".into()),
             spur_job_id: Some(4),
             ..Default::default()
         };
@@ -415,7 +434,7 @@ mod tests {
             "t1",
         )
         .unwrap();
-        assert_eq!(running.state.as_deref(), Some("RUNNING"));
+        assert_eq!(running.state.as_deref(), Some("Running"));
         assert_eq!(running.assigned_nodes, ["a", "b"]);
         assert_eq!(running.message, None);
         assert_eq!(running.spur_job_id, Some(4));
@@ -441,7 +460,7 @@ mod tests {
             "t3",
         )
         .unwrap();
-        assert_eq!(failed.state.as_deref(), Some("FAILED"));
+        assert_eq!(failed.state.as_deref(), Some("Failed"));
         assert_eq!(failed.message.as_deref(), Some("exit code 137: OOMKilled"));
         let finished = failed
             .conditions
@@ -459,37 +478,45 @@ mod tests {
     }
 
     #[test]
-    fn terminal_states() {
-        for s in [
-            "COMPLETED",
-            "FAILED",
-            "CANCELLED",
-            "TIMEOUT",
-            "NODE_FAIL",
-            "OUT_OF_MEMORY",
-        ] {
-            assert!(is_terminal(s), "{s}");
+    fn terminal_states_in_upstreams_names_and_in_the_names_earlier_versions_wrote() {
+        let terminal = [
+            pb::JobState::JobCompleted,
+            pb::JobState::JobFailed,
+            pb::JobState::JobCancelled,
+            pb::JobState::JobTimeout,
+            pb::JobState::JobNodeFail,
+            pb::JobState::JobDeadline,
+            pb::JobState::JobOutOfMemory,
+        ];
+        for state in terminal {
+            assert!(is_terminal(state_name(state)), "{state:?}");
+            // `JOB_NODE_FAIL` → `NODE_FAIL`, as earlier versions wrote it.
+            let earlier = state.as_str_name().trim_start_matches("JOB_");
+            assert!(is_terminal(earlier), "{earlier}");
         }
         assert!(is_terminal(LOST_STATE));
-        for s in [
-            "PENDING",
-            "RUNNING",
-            "COMPLETING",
-            "SUSPENDED",
-            "REQUEUED",
-            "PREEMPTED",
-            INVALID_STATE,
-            REFUSED_STATE,
+        for state in [
+            pb::JobState::JobPending,
+            pb::JobState::JobRunning,
+            pb::JobState::JobCompleting,
+            pb::JobState::JobSuspended,
+            pb::JobState::JobRequeued,
+            pb::JobState::JobPreempted,
         ] {
-            assert!(!is_terminal(s), "{s}");
+            assert!(!is_terminal(state_name(state)), "{state:?}");
         }
-        assert_eq!(state_name(pb::JobState::JobNodeFail), "NODE_FAIL");
+        assert!(!is_terminal(INVALID_STATE));
+        assert!(!is_terminal(REFUSED_STATE));
+        // Upstream's spelling, which `kubectl wait` and dashboards match.
+        assert_eq!(state_name(pb::JobState::JobNodeFail), "NodeFail");
+        assert_eq!(state_name(pb::JobState::JobOutOfMemory), "OutOfMemory");
+        assert_eq!(state_name(pb::JobState::JobCompleted), "Completed");
     }
 
     #[test]
     fn nodelists_are_expanded_and_a_bad_one_keeps_the_nodes_shown() {
         let pending = SpurJobStatus {
-            state: Some("PENDING".into()),
+            state: Some("Pending".into()),
             ..Default::default()
         };
         let table: &[(&str, &[&str])] = &[
@@ -542,14 +569,14 @@ mod tests {
                 "t3",
             )
             .unwrap();
-            assert_eq!(back.state.as_deref(), Some("PENDING"));
+            assert_eq!(back.state.as_deref(), Some("Pending"));
         }
     }
 
     #[test]
     fn a_job_spurctld_forgot_is_lost_once() {
         let running = SpurJobStatus {
-            state: Some("RUNNING".into()),
+            state: Some("Running".into()),
             spur_job_id: Some(4),
             ..Default::default()
         };
@@ -557,7 +584,7 @@ mod tests {
         assert_eq!(lost_status.state.as_deref(), Some(LOST_STATE));
         let message = lost_status.message.as_deref().unwrap();
         assert!(
-            message.contains("job 4") && message.contains("RUNNING"),
+            message.contains("job 4") && message.contains("Running"),
             "{message}"
         );
         let finished = lost_status
@@ -595,9 +622,9 @@ mod tests {
         assert_eq!(
             counts.into_iter().collect::<Vec<_>>(),
             [
-                ("COMPLETED".into(), 1),
-                ("PENDING".into(), 1),
-                ("RUNNING".into(), 2)
+                ("Completed".into(), 1),
+                ("Pending".into(), 1),
+                ("Running".into(), 2)
             ]
         );
         assert!(array_tasks(&jobs, "u3").is_empty());

@@ -7,9 +7,11 @@ use spur_proto as pb;
 
 use crate::quantity;
 
-/// Extended resources that count GPUs, with the vendor name used when no type label says
-/// more.
-const GPU_RESOURCES: [(&str, &str); 2] = [("amd.com/gpu", "amd"), ("nvidia.com/gpu", "nvidia")];
+/// The extended resources that count GPUs, and the GPU type a node without a
+/// `spur.amd.com/gpu-type` label registers with: upstream's names, so a SpurJob asking
+/// for `gpuType: amd-gpu` finds the same nodes on either operator.
+const GPU_RESOURCES: [(&str, &str); 2] =
+    [("amd.com/gpu", "amd-gpu"), ("nvidia.com/gpu", "nvidia-gpu")];
 pub const GPU_TYPE_LABEL: &str = "spur.amd.com/gpu-type";
 pub const GPU_MEMORY_LABEL: &str = "spur.amd.com/gpu-memory-mb";
 pub const GPU_LINK_LABEL: &str = "spur.amd.com/gpu-link";
@@ -244,7 +246,7 @@ pub(crate) mod tests {
         assert!(
             res.gpus
                 .iter()
-                .all(|g| g.gpu_type == "nvidia" && g.peer_gpus.is_empty())
+                .all(|g| g.gpu_type == "nvidia-gpu" && g.peer_gpus.is_empty())
         );
         let cpu_only = node("c", &[("cpu", "2")], &[]);
         let res = registration(&cpu_only, &AGENT(), "v").0.resources.unwrap();
