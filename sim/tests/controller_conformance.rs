@@ -584,8 +584,8 @@ fn a_launch_names_sockets_in_peer_nodes_and_node_names_in_the_spec_and_the_job_e
 }
 
 /// spurd's OOM sentinel: a report whose signal carries bit 0x1000 ends the job
-/// OUT_OF_MEMORY (the bit is stripped from the stored signal); the operator reports an
-/// OOMKilled container this way, as upstream's operator does.
+/// OUT_OF_MEMORY with reason `OutOfMemory`, whatever its state and exit code; the
+/// operator reports an OOMKilled container this way.
 #[test]
 fn a_report_with_the_oom_bit_in_its_signal_ends_the_job_out_of_memory() {
     conformance(117, Replicas::Any, Setup::default(), |target| async move {

@@ -21,7 +21,7 @@ use tonic::{Code, Request, Response, Status};
 use super::Clock;
 use super::cluster::{Cluster, LostReply, ProposeError, RefusalKind, Role};
 use super::scheduler;
-use super::state::{AgentStop, Command, OOM_SIGNAL_BIT, Outcome, node_not_found};
+use super::state::{AgentStop, Command, Outcome, node_not_found};
 use crate::net::DialerConnector;
 
 type Client = SlurmControllerClient<Channel>;
@@ -679,7 +679,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                     job_id: req.job_id,
                     node: req.reporting_node,
                     exit_code: req.exit_code,
-                    oom: req.signal & OOM_SIGNAL_BIT != 0,
+                    oom: req.signal & pb::OOM_SIGNAL_FLAG != 0,
                     run_attempt: req.run_attempt,
                     at,
                 })

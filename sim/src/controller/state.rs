@@ -9,9 +9,6 @@ use std::time::SystemTime;
 use spur_proto as pb;
 use tonic::Status;
 
-/// spurd's OOM sentinel, OR'd into a completion report's signal: the job ends
-/// OUT_OF_MEMORY whatever its exit code.
-pub const OOM_SIGNAL_BIT: i32 = 0x1000;
 /// The `state_reason` spurctld gives a job that ended OUT_OF_MEMORY.
 const OOM_REASON: &str = "OutOfMemory";
 
@@ -189,25 +186,6 @@ pub struct Job {
     pub array: Option<(u32, u32)>,
 }
 
-/// spurctld's names for job states in its messages (`job 5 is already Completed`).
-pub fn state_display(state: pb::JobState) -> &'static str {
-    match state {
-        pb::JobState::JobPending => "Pending",
-        pb::JobState::JobRunning => "Running",
-        pb::JobState::JobCompleting => "Completing",
-        pb::JobState::JobCompleted => "Completed",
-        pb::JobState::JobFailed => "Failed",
-        pb::JobState::JobCancelled => "Cancelled",
-        pb::JobState::JobTimeout => "Timeout",
-        pb::JobState::JobNodeFail => "NodeFail",
-        pb::JobState::JobPreempted => "Preempted",
-        pb::JobState::JobSuspended => "Suspended",
-        pb::JobState::JobDeadline => "Deadline",
-        pb::JobState::JobOutOfMemory => "OutOfMemory",
-        pb::JobState::JobRequeued => "Requeued",
-    }
-}
-
 impl Job {
     /// Whether the job ended (PREEMPTED and REQUEUED come back to PENDING, so they are not).
     pub fn is_terminal(&self) -> bool {
@@ -352,7 +330,7 @@ impl StateMachine {
                 None => Err(Status::internal(format!("job {job_id} not found"))),
                 Some(job) if job.is_terminal() => Err(Status::internal(format!(
                     "job {job_id} is already {}",
-                    state_display(job.state)
+                    job.state.spurctld_name()
                 ))),
                 Some(_) => Ok(()),
             },

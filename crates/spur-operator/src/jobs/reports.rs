@@ -30,11 +30,10 @@ pub struct PodEnd {
     pub oom: bool,
 }
 
-/// spurd's OOM sentinel: bit 0x1000 OR'd into a completion report's signal (here over
-/// SIGKILL, what the kernel's OOM killer sends). spurctld strips the bit and ends the job
-/// OUT_OF_MEMORY instead of FAILED, as it does for spurd's own cgroup OOM kills, and as
-/// upstream's operator reports an OOMKilled container.
-pub const OOM_KILLED_SIGNAL: i32 = 0x1000 | 9;
+/// The signal an OOMKilled container is reported with: spurd's OOM sentinel over SIGKILL
+/// (what the kernel's OOM killer sends), so spurctld ends the job OUT_OF_MEMORY instead of
+/// FAILED, as for spurd's own cgroup OOM kills. Upstream's operator sets the same bit.
+pub const OOM_KILLED_SIGNAL: i32 = pb::OOM_SIGNAL_FLAG | 9;
 
 /// Container waiting reasons that mean the pod will never start.
 const NEVER_STARTS: [&str; 5] = [

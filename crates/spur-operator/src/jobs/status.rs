@@ -30,21 +30,7 @@ pub const LOST_STATE: &str = "Lost";
 /// `OutOfMemory`), which upstream's operator writes too, so `kubectl wait
 /// --for=jsonpath='{.status.state}'=Completed` and dashboards written for it match.
 pub fn state_name(state: pb::JobState) -> &'static str {
-    match state {
-        pb::JobState::JobPending => "Pending",
-        pb::JobState::JobRunning => "Running",
-        pb::JobState::JobCompleting => "Completing",
-        pb::JobState::JobCompleted => "Completed",
-        pb::JobState::JobFailed => "Failed",
-        pb::JobState::JobCancelled => "Cancelled",
-        pb::JobState::JobTimeout => "Timeout",
-        pb::JobState::JobNodeFail => "NodeFail",
-        pb::JobState::JobPreempted => "Preempted",
-        pb::JobState::JobSuspended => "Suspended",
-        pb::JobState::JobDeadline => "Deadline",
-        pb::JobState::JobOutOfMemory => "OutOfMemory",
-        pb::JobState::JobRequeued => "Requeued",
-    }
+    state.spurctld_name()
 }
 
 /// Whether a state (as status shows it) is final. As spurctld has it: PREEMPTED and
@@ -62,11 +48,6 @@ pub fn is_terminal(state: &str) -> bool {
         folded.as_str(),
         "completed" | "failed" | "cancelled" | "timeout" | "nodefail" | "deadline" | "outofmemory"
     ) || state == LOST_STATE
-}
-
-/// Whether a job in this state holds its nodes: `Running`, `Completing`.
-pub fn is_running(state: &str) -> bool {
-    matches!(state, "Running" | "Completing")
 }
 
 /// The node names of `JobInfo.nodelist`, a compressed hostlist (fidelity row 15).
@@ -114,7 +95,10 @@ pub fn mirrored(current: &SpurJobStatus, info: &pb::JobInfo, now: &str) -> Optio
     }
     let reason = info.state_reason.trim();
     next.message = (!reason.is_empty() && reason != "None").then(|| reason.to_owned());
-    let running = is_running(state);
+    let running = matches!(
+        info.state(),
+        pb::JobState::JobRunning | pb::JobState::JobCompleting
+    );
     set_condition(&mut next.conditions, "Running", running, state, reason, now);
     if is_terminal(state) {
         let message = if info.exit_code != 0 {
