@@ -10,6 +10,8 @@
 
 #[path = "real_e2e/stack.rs"]
 mod stack;
+#[path = "real_e2e/upstream.rs"]
+mod upstream;
 
 use std::future::Future;
 use std::time::Duration;
@@ -440,6 +442,159 @@ fn with_agent_auth_required_and_spurctlds_jwt_key_jobs_run() {
         let created = Instant::now();
         stack.create_spurjob("authed", job_spec(json!({})));
         let (state, job) = run_to_end(&stack, "authed", 1, created).await;
+        assert_eq!(state, "Completed", "{job}{}", stack.logs());
+    });
+}
+
+/// A swap from upstream's operator with a job in flight: spurctld launched it through
+/// upstream's agent, whose pod (upstream's name, labels and container) is running, and
+/// whose SpurJob carries upstream's finalizer, label and status. Ours takes over: the
+/// job is not submitted again, the pod is neither replaced nor orphaned, its end is
+/// reported, and the SpurJob ends `Completed`; a SpurJob upstream had already finished is
+/// not touched at all.
+#[test]
+fn a_swap_from_upstreams_operator_adopts_its_running_job_and_pod_without_resubmitting() {
+    let config = StackConfig {
+        start_operator: false,
+        ..StackConfig::default()
+    };
+    e2e(config, |mut stack| async move {
+        let agent_addr =
+            std::net::SocketAddr::new(stack.cluster.spare_ip(3).into(), pb::AGENT_PORT);
+        let agent = upstream::serve(
+            upstream::UpstreamAgent {
+                api: stack.api.clone(),
+            },
+            agent_addr,
+        )
+        .await;
+        let leader = stack
+            .cluster
+            .leader()
+            .expect("a single replica leads at once");
+        let mut controller = stack.replica(leader).await;
+        controller
+            .register_agent(upstream::registration("node-0", agent_addr))
+            .await
+            .expect("upstream registers node-0");
+        let spec = json!({
+            "name": "swap", "image": "busybox:1.36", "command": ["sh", "-c", "true"],
+            "numNodes": 1, "tasksPerNode": 1, "cpusPerTask": 1,
+            "env": {"SIM_RUN_SECONDS": "12"},
+        });
+        let job_id = controller
+            .submit_job(pb::SubmitJobRequest {
+                spec: Some(pb::JobSpec {
+                    name: "swap".to_owned(),
+                    num_nodes: 1,
+                    num_tasks: 1,
+                    tasks_per_node: 1,
+                    cpus_per_task: 1,
+                    argv: vec!["sh".into(), "-c".into(), "true".into()],
+                    container_image: "busybox:1.36".to_owned(),
+                    environment: [("SIM_RUN_SECONDS".to_owned(), "12".to_owned())].into(),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .expect("upstream submits the job")
+            .into_inner()
+            .job_id;
+        upstream::create_spurjob(&stack.api, "swap", spec.clone(), job_id, "Pending");
+        let finished = upstream::create_spurjob(
+            &stack.api,
+            "finished",
+            json!({"name": "finished", "image": "busybox:1.36"}),
+            job_id + 1000,
+            "Completed",
+        );
+        let pod_name = upstream::pod_name(job_id, "node-0");
+        let started = Instant::now();
+        stack
+            .until(
+                "upstream's pod running",
+                started,
+                Duration::from_secs(30),
+                |s| {
+                    s.api
+                        .get("v1", "Pod", Some(NAMESPACE), &pod_name)
+                        .is_ok_and(|p| p["status"]["phase"] == "Running")
+                },
+            )
+            .await;
+        stack
+            .api
+            .merge_patch(
+                SPURJOB.0,
+                SPURJOB.1,
+                Some(NAMESPACE),
+                "swap",
+                &json!({"status": {"state": "Running", "assignedNodes": ["node-0"], "pods": [pod_name]}}),
+                true,
+            )
+            .expect("upstream mirrors Running");
+        let running = stack
+            .api
+            .get("v1", "Pod", Some(NAMESPACE), &pod_name)
+            .expect("the pod");
+        let pod_uid = running["metadata"]["uid"].clone();
+
+        // The swap: upstream's operator stops, ours starts while the pod still runs.
+        agent.abort();
+        stack.start_operator();
+        let swapped = Instant::now();
+        stack
+            .until(
+                "the adopted SpurJob completes",
+                swapped,
+                Duration::from_secs(60),
+                |s| s.state("swap").is_some_and(|st| terminal(&st)),
+            )
+            .await;
+        assert_eq!(
+            stack.state("swap").as_deref(),
+            Some("Completed"),
+            "{}",
+            stack.logs()
+        );
+        let pod = stack
+            .api
+            .get("v1", "Pod", Some(NAMESPACE), &pod_name)
+            .expect("upstream's pod is still there");
+        assert_eq!(
+            pod["metadata"]["uid"], pod_uid,
+            "the same pod, not a new one"
+        );
+        assert_eq!(pod["status"]["phase"], "Succeeded", "{pod}");
+        assert_eq!(
+            pod["metadata"]["annotations"]["spur.amd.com/reported"], "true",
+            "its end was reported: {pod}"
+        );
+        let ours: Vec<Value> = stack
+            .api
+            .list("v1", "Pod")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| p["metadata"]["labels"]["spur.amd.com/managed-by"] == "spur-operator")
+            .collect();
+        assert!(ours.is_empty(), "no second pod: {ours:?}");
+        let jobs = stack.controller_jobs("swap").await;
+        assert_eq!(jobs.len(), 1, "submitted once: {jobs:?}");
+        assert_eq!(jobs[0].job_id, job_id);
+        assert_eq!(jobs[0].state, pb::JobState::JobCompleted as i32, "{jobs:?}");
+        let after = stack.spurjob("finished").expect("the finished SpurJob");
+        assert_eq!(
+            after["metadata"]["resourceVersion"], finished["metadata"]["resourceVersion"],
+            "a SpurJob upstream finished is left alone: {after}"
+        );
+        eprintln!(
+            "e2e swap: completed {:.1}s after our operator started",
+            swapped.elapsed().as_secs_f64()
+        );
+        // The nodes are ours now: a new SpurJob runs through our agent.
+        let created = Instant::now();
+        stack.create_spurjob("after-swap", job_spec(json!({})));
+        let (state, job) = run_to_end(&stack, "after-swap", 1, created).await;
         assert_eq!(state, "Completed", "{job}{}", stack.logs());
     });
 }

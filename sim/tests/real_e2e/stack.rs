@@ -49,6 +49,9 @@ pub struct StackConfig {
     pub agent_key: Option<String>,
     /// Extra flags for `spur-operator run`.
     pub operator_flags: Vec<String>,
+    /// Start the operator with the rest; when false, the case starts it itself with
+    /// [`Stack::start_operator`] (a swap from upstream's operator prepares the world first).
+    pub start_operator: bool,
 }
 
 impl Default for StackConfig {
@@ -58,6 +61,7 @@ impl Default for StackConfig {
             nodes: 2,
             agent_key: None,
             operator_flags: Vec::new(),
+            start_operator: true,
         }
     }
 }
@@ -65,7 +69,9 @@ impl Default for StackConfig {
 pub struct Stack {
     pub cluster: RealCluster,
     pub api: ApiServer,
-    operator: Child,
+    operator: Option<Child>,
+    /// The operator's command until it is started.
+    operator_command: Option<Command>,
     operator_log: PathBuf,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -171,21 +177,33 @@ impl Stack {
                 .arg("--agent-auth-key-file")
                 .arg(&key_file);
         }
-        let operator_log = dir.join("operator.log");
-        let out = std::fs::File::create(&operator_log).expect("operator log");
+        let mut stack = Stack {
+            cluster,
+            api,
+            operator: None,
+            operator_command: Some(command),
+            operator_log: dir.join("operator.log"),
+            tasks,
+        };
+        if config.start_operator {
+            stack.start_operator();
+        }
+        stack
+    }
+
+    /// Starts the operator (once; a second call does nothing).
+    pub fn start_operator(&mut self) {
+        let Some(mut command) = self.operator_command.take() else {
+            return;
+        };
+        let out = std::fs::File::create(&self.operator_log).expect("operator log");
         let operator = command
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log"))
             .stderr(out)
             .spawn()
             .expect("start spur-operator");
-        Stack {
-            cluster,
-            api,
-            operator,
-            operator_log,
-            tasks,
-        }
+        self.operator = Some(operator);
     }
 
     /// The operator's log and the replicas' logs' tails, for a failure message.
@@ -290,8 +308,10 @@ impl Stack {
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        let _ = self.operator.kill();
-        let _ = self.operator.wait();
+        if let Some(operator) = &mut self.operator {
+            let _ = operator.kill();
+            let _ = operator.wait();
+        }
         for task in &self.tasks {
             task.abort();
         }
