@@ -598,3 +598,182 @@ fn a_swap_from_upstreams_operator_adopts_its_running_job_and_pod_without_resubmi
         assert_eq!(state, "Completed", "{job}{}", stack.logs());
     });
 }
+
+/// The SpurJobs under `deploy/examples/upstream/`, as teams on upstream's operator write
+/// them (single node, GPU, two-node torchrun, array, secretEnv with volumes), by name.
+fn upstream_examples() -> Vec<(String, Value)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/upstream");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.expect("a directory entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(&path).expect("read an example");
+            let object: Value = serde_yaml_ng::from_str(&text)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let name = object["metadata"]["name"]
+                .as_str()
+                .expect("a name")
+                .to_owned();
+            (name, object)
+        })
+        .collect()
+}
+
+fn container(pod: &Value) -> &Value {
+    &pod["spec"]["containers"][0]
+}
+
+/// Upstream's SpurJobs, unchanged, run to `Completed` on the real spurctld, each with the
+/// pods its fields ask for.
+#[test]
+fn upstreams_example_spurjobs_run_unchanged() {
+    let examples = upstream_examples();
+    let names: Vec<&str> = examples.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["sweep", "finetune", "evaluate", "preprocess", "pretrain"],
+        "one example of each kind"
+    );
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        // Every field the examples use is one our CRD declares: a real API server would
+        // prune an unknown one silently (the simulated one keeps it).
+        let crd =
+            serde_json::to_value(<spur_operator::jobs::SpurJob as kube::CustomResourceExt>::crd())
+                .expect("the CRD");
+        let declared = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"];
+        for (name, object) in &examples {
+            for field in object["spec"].as_object().expect("a spec").keys() {
+                assert!(
+                    declared.get(field).is_some(),
+                    "{name}: spec.{field} is not in the CRD"
+                );
+            }
+            stack
+                .api
+                .create(object.clone())
+                .expect("create the example");
+        }
+        let pods_of = [
+            ("sweep", 4),
+            ("finetune", 1),
+            ("evaluate", 1),
+            ("preprocess", 1),
+            ("pretrain", 2),
+        ];
+        for (name, pods) in pods_of {
+            let (state, job) = run_to_end(&stack, name, pods, created).await;
+            assert_eq!(state, "Completed", "{name}: {job}{}", stack.logs());
+        }
+
+        let preprocess = &stack.pods("preprocess")[0];
+        assert_eq!(
+            container(preprocess)["command"],
+            json!(["python", "-c", "print('shards ready')"]),
+            "args alone are the whole command"
+        );
+        assert_eq!(
+            env_of(preprocess).get("SHARDS").map(String::as_str),
+            Some("64")
+        );
+
+        let finetune = &stack.pods("finetune")[0];
+        assert_eq!(
+            container(finetune)["command"],
+            json!(["python", "/workspace/finetune.py", "--epochs", "3"])
+        );
+        assert_eq!(
+            container(finetune)["resources"]["limits"]["amd.com/gpu"],
+            "2"
+        );
+        let shm = finetune["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["emptyDir"]["medium"] == "Memory");
+        assert_eq!(
+            shm.map(|v| v["emptyDir"]["sizeLimit"].clone()),
+            Some(json!("16Gi")),
+            "{finetune}"
+        );
+
+        let pretrain = stack.pods("pretrain");
+        let mut ranks: Vec<String> = pretrain
+            .iter()
+            .map(|pod| {
+                let env = env_of(pod);
+                for var in [
+                    "MASTER_ADDR",
+                    "MASTER_PORT",
+                    "WORLD_SIZE",
+                    "NODE_RANK",
+                    "NPROC_PER_NODE",
+                    "NCCL_SOCKET_IFNAME",
+                    "GPU_ENABLE_PAL",
+                ] {
+                    assert!(env.contains_key(var), "{var} missing: {env:?}");
+                }
+                assert_eq!(env["WORLD_SIZE"], "2");
+                assert_eq!(env["NPROC_PER_NODE"], "8");
+                assert_eq!(container(pod)["resources"]["limits"]["amd.com/gpu"], "8");
+                assert_eq!(pod["spec"]["hostIPC"], true);
+                env["NODE_RANK"].clone()
+            })
+            .collect();
+        ranks.sort();
+        assert_eq!(ranks, ["0", "1"]);
+        let masters: std::collections::BTreeSet<String> = pretrain
+            .iter()
+            .map(|pod| env_of(pod)["MASTER_ADDR"].clone())
+            .collect();
+        assert_eq!(masters.len(), 1, "one rendezvous address: {masters:?}");
+
+        let mut tasks: Vec<String> = stack
+            .pods("sweep")
+            .iter()
+            .map(|pod| {
+                env_of(pod)
+                    .get("SLURM_ARRAY_TASK_ID")
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .collect();
+        tasks.sort();
+        assert_eq!(tasks, ["0", "1", "2", "3"]);
+
+        let evaluate = &stack.pods("evaluate")[0];
+        let token = container(evaluate)["env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["name"] == "HF_TOKEN")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            token["valueFrom"]["secretKeyRef"],
+            json!({"name": "hf-creds", "key": "token", "optional": true}),
+            "{evaluate}"
+        );
+        let volumes = evaluate["spec"]["volumes"].clone();
+        let volumes = volumes.as_array().cloned().unwrap_or_default();
+        assert!(
+            volumes
+                .iter()
+                .any(|v| v["hostPath"]
+                    == json!({"path": "/mnt/datasets", "type": "DirectoryOrCreate"})),
+            "{volumes:?}"
+        );
+        assert!(
+            volumes
+                .iter()
+                .any(|v| v["persistentVolumeClaim"]["claimName"] == "checkpoints"),
+            "{volumes:?}"
+        );
+    });
+}
