@@ -777,3 +777,121 @@ fn upstreams_example_spurjobs_run_unchanged() {
         );
     });
 }
+
+/// What spur's CLI does with a running job reaches its pod: `spur exec` through spurctld
+/// (ExecInJob, relayed to our agent) runs in the job's pod and returns its output and exit
+/// code; `sattach --output-only` (StreamJobOutput at the first node's agent) follows the
+/// pod's log until the job ends; `scontrol suspend` is accepted and the job still ends.
+#[test]
+fn spur_exec_and_output_streaming_reach_the_jobs_pod() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        stack.create_spurjob(
+            "io",
+            job_spec(json!({"env": {"SIM_RUN_SECONDS": "8", "SIM_STDOUT": "step 1/1 loss=0.25"}})),
+        );
+        stack
+            .until("io: a running pod", created, Duration::from_secs(60), |s| {
+                s.pods("io")
+                    .iter()
+                    .any(|p| p["status"]["phase"] == "Running")
+            })
+            .await;
+        let id = id_of(&stack.spurjob("io").expect("the SpurJob"));
+        let leader = stack.cluster.leader().unwrap_or(0);
+        let mut controller = stack.replica(leader).await;
+        let exec = |command: &[&str]| pb::ExecInJobRequest {
+            job_id: id,
+            command: command.iter().map(|w| (*w).to_owned()).collect(),
+            user: "k8s".to_owned(),
+        };
+        let answer = controller
+            .exec_in_job(exec(&["printenv", "SPUR_JOB_ID"]))
+            .await
+            .unwrap_or_else(|e| panic!("spur exec: {e}{}", stack.logs()))
+            .into_inner();
+        assert_eq!(
+            (answer.success, answer.exit_code, answer.stdout.as_str()),
+            (true, 0, format!("{id}\n").as_str()),
+            "{answer:?}"
+        );
+        let answer = controller
+            .exec_in_job(exec(&["sh", "-c", "exit 3"]))
+            .await
+            .expect("spur exec of a failing command")
+            .into_inner();
+        assert_eq!((answer.success, answer.exit_code), (false, 3), "{answer:?}");
+        let answer = controller
+            .exec_in_job(exec(&["nvidia-smi"]))
+            .await
+            .expect("spur exec of a missing command")
+            .into_inner();
+        assert_eq!(answer.exit_code, 127, "{answer:?}");
+        assert!(answer.stderr.contains("nvidia-smi"), "{answer:?}");
+
+        // scontrol suspend: spurctld marks the job and tells the agent, which accepts (a
+        // pod cannot be paused); the job then ends as its pod does.
+        controller
+            .suspend_job(pb::SuspendJobRequest {
+                job_id: id,
+                user: "k8s".to_owned(),
+            })
+            .await
+            .expect("scontrol suspend");
+        assert_eq!(
+            controller_state(&stack, "io", id).await,
+            pb::JobState::JobSuspended
+        );
+        stack
+            .until(
+                "the agent told of the suspension",
+                created,
+                Duration::from_secs(30),
+                |s| s.operator_log().contains("Kubernetes cannot pause a pod"),
+            )
+            .await;
+
+        // sattach dials the first node's agent: ours, at the address it registered.
+        let agent = format!("http://{}:{}", stack.cluster.spare_ip(0), pb::AGENT_PORT);
+        let mut agent = pb::SlurmAgentClient::connect(agent)
+            .await
+            .expect("connect to the agent");
+        let mut stream = agent
+            .stream_job_output(pb::StreamJobOutputRequest {
+                job_id: id,
+                stream: "stdout".to_owned(),
+                user: "k8s".to_owned(),
+            })
+            .await
+            .expect("StreamJobOutput")
+            .into_inner();
+        let mut output = Vec::new();
+        let mut eof = false;
+        while let Some(chunk) = stream.message().await.expect("a chunk") {
+            assert!(!eof, "nothing after eof");
+            output.extend(chunk.data);
+            eof = chunk.eof;
+        }
+        assert!(eof, "the stream ends with an eof chunk");
+        assert_eq!(String::from_utf8_lossy(&output), "step 1/1 loss=0.25\n");
+        // The log was followed to the container's end, so the job is over by now.
+        let (state, job) = run_to_end(&stack, "io", 1, created).await;
+        assert_eq!(state, "Completed", "{job}{}", stack.logs());
+        let stderr = agent
+            .stream_job_output(pb::StreamJobOutputRequest {
+                job_id: id,
+                stream: "stderr".to_owned(),
+                user: "k8s".to_owned(),
+            })
+            .await
+            .expect("StreamJobOutput of stderr")
+            .into_inner()
+            .message()
+            .await
+            .expect("a chunk");
+        assert_eq!(
+            stderr.map(|c| (c.data.is_empty(), c.eof)),
+            Some((true, true))
+        );
+    });
+}

@@ -46,6 +46,8 @@ pub struct Agent {
     /// How long a LaunchJob may wait on the Kubernetes API before it is answered
     /// UNAVAILABLE: spurctld waits on it without a bound of its own.
     launch_timeout: Duration,
+    /// Bounds on an exec into a job's pod (`--agent-exec-*`).
+    exec_limits: crate::job_io::ExecLimits,
     /// Held (shared) by every call while it runs: [`Agent::drained`] takes it exclusively,
     /// so a replica shutting down lets the launches in flight finish (their writes still
     /// pass the fence) before it closes the fence and releases the Lease.
@@ -63,6 +65,10 @@ impl Agent {
             jobs,
             registered,
             launch_timeout: DEFAULT_LAUNCH_TIMEOUT,
+            exec_limits: crate::job_io::ExecLimits {
+                timeout: Duration::from_secs(60),
+                output_bytes: 1 << 20,
+            },
             in_flight: std::sync::Arc::default(),
         }
     }
@@ -76,6 +82,12 @@ impl Agent {
     /// Bounds each LaunchJob's Kubernetes work by `timeout`.
     pub fn with_launch_timeout(mut self, timeout: Duration) -> Agent {
         self.launch_timeout = timeout;
+        self
+    }
+
+    /// Bounds each exec into a job's pod by `limits`.
+    pub fn with_exec_limits(mut self, limits: crate::job_io::ExecLimits) -> Agent {
+        self.exec_limits = limits;
         self
     }
 
@@ -271,6 +283,108 @@ impl pb::SlurmAgent for Agent {
         tracing::info!(job_id, "cancelled at the controller's request");
         Ok(Response::new(()))
     }
+
+    /// Accepted, as upstream's agent does: a pod cannot be paused, so the job's pods keep
+    /// running while spurctld shows the job suspended (spurctld only logs a refusal, so
+    /// refusing would change nothing but the log).
+    async fn suspend_job(
+        &self,
+        request: Request<pb::AgentSuspendJobRequest>,
+    ) -> Result<Response<()>, Status> {
+        let request = request.into_inner();
+        let what = if request.resume { "resume" } else { "suspend" };
+        tracing::warn!(
+            job_id = request.job_id,
+            what,
+            "spurctld asked to {what} the job; Kubernetes cannot pause a pod, so its pods run on"
+        );
+        Ok(Response::new(()))
+    }
+
+    /// What the nodes this agent serves offer in all (their registrations summed); `used`
+    /// is left empty: spurctld keeps the allocations. spurctld does not call it today.
+    async fn get_node_resources(
+        &self,
+        _request: Request<()>,
+    ) -> Result<Response<pb::NodeResourcesResponse>, Status> {
+        let nodes: Api<Node> = Api::all(self.kube.clone());
+        let endpoint = crate::nodes::resources::AgentEndpoint {
+            address: String::new(),
+            port: 0,
+        };
+        let mut total = pb::ResourceSet::default();
+        for (name, _) in self.registered.snapshot() {
+            let Some(node) = nodes
+                .get_opt(&name)
+                .await
+                .map_err(|e| kube_status("reading a registered node", e))?
+            else {
+                continue;
+            };
+            let (registration, _) = crate::nodes::resources::registration(&node, &endpoint, "");
+            let resources = registration.resources.unwrap_or_default();
+            total.cpus = total.cpus.saturating_add(resources.cpus);
+            total.memory_mb = total.memory_mb.saturating_add(resources.memory_mb);
+            total.gpus.extend(resources.gpus);
+            for (name, count) in resources.generic {
+                let sum = total.generic.entry(name).or_default();
+                *sum = sum.saturating_add(count);
+            }
+        }
+        Ok(Response::new(pb::NodeResourcesResponse {
+            total: Some(total),
+            used: Some(pb::ResourceAllocations::default()),
+        }))
+    }
+
+    /// `spur exec`: runs the command in the job's first pod (see [`crate::job_io`]).
+    async fn exec_in_job(
+        &self,
+        request: Request<pb::ExecInJobRequest>,
+    ) -> Result<Response<pb::ExecInJobResponse>, Status> {
+        let request = request.into_inner();
+        self.store()?;
+        let pod = crate::job_io::find_first_pod(&self.kube, request.job_id).await?;
+        tracing::info!(job_id = request.job_id, pod = %pod.name_any(), user = %request.user, command = ?request.command, "exec into the job's pod");
+        crate::job_io::exec(&self.kube, &pod, request.command, self.exec_limits)
+            .await
+            .map(Response::new)
+    }
+
+    /// `sattach`, `srun`: the job's first pod's log, followed until the container ends.
+    async fn stream_job_output(
+        &self,
+        request: Request<pb::StreamJobOutputRequest>,
+    ) -> Result<Response<tonic::codegen::BoxStream<pb::StreamJobOutputChunk>>, Status> {
+        let request = request.into_inner();
+        self.store()?;
+        let pod = crate::job_io::find_first_pod(&self.kube, request.job_id).await?;
+        let chunks = crate::job_io::output(&self.kube, &pod, &request.stream).await?;
+        let chunks = futures::stream::unfold(chunks, |mut chunks| async move {
+            chunks.recv().await.map(|chunk| (chunk, chunks))
+        });
+        Ok(Response::new(Box::pin(chunks)))
+    }
+
+    /// As upstream's agent: a job's pods start their own ranks (torchrun, mpirun) and
+    /// meet through MASTER_ADDR; there is no PMIx server to prepare.
+    async fn prepare_pmix(
+        &self,
+        request: Request<pb::PreparePmixRequest>,
+    ) -> Result<Response<pb::PreparePmixResponse>, Status> {
+        Err(Status::unimplemented(format!(
+            "job {}: PMIx is not served by the Kubernetes agent; start the ranks in the pods (torchrun, mpirun), which rendezvous through MASTER_ADDR",
+            request.into_inner().job_id
+        )))
+    }
+
+    /// Nothing was prepared, so nothing to release.
+    async fn release_pmix(
+        &self,
+        _request: Request<pb::ReleasePmixRequest>,
+    ) -> Result<Response<pb::ReleasePmixResponse>, Status> {
+        Ok(Response::new(pb::ReleasePmixResponse {}))
+    }
 }
 
 /// Serves the agent on `listener` until `shutdown` completes; `auth` checks each call's
@@ -424,6 +538,63 @@ mod tests {
             refused.message()
         );
         assert!(writes.is_empty(), "{writes:?}");
+    }
+
+    #[tokio::test]
+    async fn suspend_and_pmix_are_answered_as_upstreams_agent_answers_them() {
+        let writes = Writes::default();
+        let agent = agent(api_server(Arc::clone(&writes), Duration::ZERO));
+        for resume in [false, true] {
+            let answer = agent
+                .suspend_job(Request::new(pb::AgentSuspendJobRequest {
+                    job_id: 7,
+                    resume,
+                }))
+                .await;
+            assert!(answer.is_ok(), "{answer:?}");
+        }
+        let refused = agent
+            .prepare_pmix(Request::new(pb::PreparePmixRequest {
+                job_id: 7,
+                run_attempt: 1,
+            }))
+            .await
+            .expect_err("no PMIx server here");
+        assert_eq!(refused.code(), tonic::Code::Unimplemented);
+        assert!(refused.message().contains("job 7"), "{}", refused.message());
+        let released = agent
+            .release_pmix(Request::new(pb::ReleasePmixRequest { job_id: 7 }))
+            .await;
+        assert!(released.is_ok(), "{released:?}");
+        assert!(
+            writes.lock().expect("writes").is_empty(),
+            "none of them writes"
+        );
+    }
+
+    #[tokio::test]
+    async fn exec_and_output_of_a_job_without_pods_say_so() {
+        // The API server lists nothing (every GET is NotFound), so no pod is found.
+        let agent = agent(api_server(Writes::default(), Duration::ZERO));
+        let refused = agent
+            .exec_in_job(Request::new(pb::ExecInJobRequest {
+                job_id: 7,
+                command: vec!["true".into()],
+                user: "k8s".into(),
+            }))
+            .await
+            .expect_err("no pod to exec into");
+        assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
+        let refused = agent
+            .stream_job_output(Request::new(pb::StreamJobOutputRequest {
+                job_id: 7,
+                stream: "stdout".into(),
+                user: "k8s".into(),
+            }))
+            .await
+            .err()
+            .expect("no pod to read");
+        assert_eq!(refused.code(), tonic::Code::NotFound, "{refused:?}");
     }
 
     fn node() -> impl Strategy<Value = String> {

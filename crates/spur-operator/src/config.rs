@@ -594,6 +594,20 @@ pub struct RunArgs {
     #[arg(long, env = "SPUR_OPERATOR_AGENT_LAUNCH_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub agent_launch_timeout: Duration,
 
+    /// Bound on one `spur exec` into a job's pod (ExecInJob, relayed by spurctld), from the
+    /// call to the command's exit; past it the agent answers DEADLINE_EXCEEDED. spur exec
+    /// runs one-shot commands (`nvidia-smi`, `rocm-smi`, `cat` a log) and spurctld waits on
+    /// the call with no bound of its own. 60 s: such commands end in seconds, and a hung one
+    /// holds no more than a minute of the caller's time.
+    #[arg(long, env = "SPUR_OPERATOR_AGENT_EXEC_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub agent_exec_timeout: Duration,
+
+    /// The most of each of an exec's stdout and stderr returned, in bytes; the rest is read
+    /// and dropped, and the answer says it was cut. 1 MiB: ExecInJobResponse carries both in
+    /// one message, and two of these stay well inside the 4 MiB gRPC clients take by default.
+    #[arg(long, env = "SPUR_OPERATOR_AGENT_EXEC_OUTPUT_LIMIT", default_value_t = 1 << 20)]
+    pub agent_exec_output_limit: usize,
+
     /// The user a SpurJob's job runs as at spurctld when its `spur.amd.com/user` annotation
     /// names none. `k8s`: spurctld takes the user of an unauthenticated submission as given
     /// and does not check it, an empty user would make every job ownerless (any caller could
@@ -851,6 +865,8 @@ pub struct OperatorConfig {
     pub jobs: JobsTuning,
     /// Bound on one LaunchJob's Kubernetes work (`--agent-launch-timeout`).
     pub agent_launch_timeout: Duration,
+    /// Bounds on one exec into a job's pod (`--agent-exec-*`).
+    pub agent_exec: crate::job_io::ExecLimits,
     /// The user a SpurJob without a `spur.amd.com/user` annotation submits as.
     pub default_user: String,
 }
@@ -918,6 +934,18 @@ impl RunArgs {
             return Err(ConfigError::Invalid {
                 flag: "--agent-launch-timeout",
                 reason: "must be above zero".into(),
+            });
+        }
+        if self.agent_exec_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                flag: "--agent-exec-timeout",
+                reason: "must be above zero".into(),
+            });
+        }
+        if self.agent_exec_output_limit == 0 {
+            return Err(ConfigError::Invalid {
+                flag: "--agent-exec-output-limit",
+                reason: "must be above zero (a command's output would always be dropped)".into(),
             });
         }
         if self.default_user.trim().is_empty() {
@@ -999,6 +1027,10 @@ impl RunArgs {
                 lost_after: self.job_lost_after,
             },
             agent_launch_timeout: self.agent_launch_timeout,
+            agent_exec: crate::job_io::ExecLimits {
+                timeout: self.agent_exec_timeout,
+                output_bytes: self.agent_exec_output_limit,
+            },
             default_user: self.default_user.trim().to_owned(),
         })
     }
@@ -1150,6 +1182,17 @@ mod tests {
         assert_eq!(config.default_user, "batch");
         let err = parse_run(&["--agent-launch-timeout", "0s"]).unwrap_err();
         assert!(err.contains("--agent-launch-timeout"), "{err}");
+        assert_eq!(
+            config.agent_exec,
+            crate::job_io::ExecLimits {
+                timeout: Duration::from_secs(60),
+                output_bytes: 1 << 20
+            }
+        );
+        let err = parse_run(&["--agent-exec-timeout", "0s"]).unwrap_err();
+        assert!(err.contains("--agent-exec-timeout"), "{err}");
+        let err = parse_run(&["--agent-exec-output-limit", "0"]).unwrap_err();
+        assert!(err.contains("--agent-exec-output-limit"), "{err}");
         let err = parse_run(&["--default-user", " "]).unwrap_err();
         assert!(err.contains("--default-user"), "{err}");
     }

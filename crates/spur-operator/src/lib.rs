@@ -13,6 +13,7 @@ pub mod events;
 pub mod fence;
 pub mod health;
 pub mod hostlist;
+pub mod job_io;
 pub mod jobs;
 pub mod lease;
 pub mod metrics;

@@ -494,3 +494,80 @@ fn service_paths_are_in_package_slurm() {
     );
     assert_eq!(slurm_agent_server::SERVICE_NAME, "slurm.SlurmAgent");
 }
+
+/// The agent calls served beside LaunchJob and CancelJob, with upstream's field numbers
+/// (ROCm/spur proto/slurm.proto): what spurctld and spur's CLI send, and what they decode.
+#[test]
+fn the_agents_other_calls() {
+    let suspend = AgentSuspendJobRequest {
+        job_id: 9,
+        resume: true,
+    };
+    assert_golden(
+        &suspend,
+        Wire::default().varint(1, 9).varint(2, 1),
+        "AgentSuspendJobRequest",
+    );
+    let exec = ExecInJobRequest {
+        job_id: 9,
+        command: vec!["rocm-smi".into(), "-a".into()],
+        user: "alice".into(),
+    };
+    let expected = Wire::default()
+        .varint(1, 9)
+        .string(2, "rocm-smi")
+        .string(2, "-a")
+        .string(3, "alice");
+    assert_golden(&exec, expected, "ExecInJobRequest");
+    let answer = ExecInJobResponse {
+        success: false,
+        exit_code: -1,
+        stdout: "o".into(),
+        stderr: "e".into(),
+    };
+    let expected = Wire::default().int32(2, -1).string(3, "o").string(4, "e");
+    assert_golden(&answer, expected, "ExecInJobResponse");
+    let stream = StreamJobOutputRequest {
+        job_id: 9,
+        stream: "stdout".into(),
+        user: "alice".into(),
+    };
+    let expected = Wire::default()
+        .varint(1, 9)
+        .string(2, "stdout")
+        .string(3, "alice");
+    assert_golden(&stream, expected, "StreamJobOutputRequest");
+    let chunk = StreamJobOutputChunk {
+        data: b"loss=0.25\n".to_vec(),
+        eof: true,
+    };
+    let expected = Wire::default().bytes(1, b"loss=0.25\n").varint(2, 1);
+    assert_golden(&chunk, expected, "StreamJobOutputChunk");
+    let resources = NodeResourcesResponse {
+        total: Some(ResourceSet {
+            cpus: 8,
+            ..Default::default()
+        }),
+        used: Some(ResourceAllocations {
+            cpus: 2,
+            ..Default::default()
+        }),
+    };
+    let expected = Wire::default()
+        .message(1, Wire::default().varint(1, 8))
+        .message(2, Wire::default().varint(1, 2));
+    assert_golden(&resources, expected, "NodeResourcesResponse");
+    // PreparePmixRequest's plan (field 2) is not declared: a request carrying one decodes.
+    let sent = Wire::default()
+        .varint(1, 9)
+        .message(2, Wire::default().string(1, "plan"))
+        .varint(3, 2);
+    let prepare = PreparePmixRequest::decode(sent.0.as_slice()).expect("decodes");
+    assert_eq!((prepare.job_id, prepare.run_attempt), (9, 2));
+    let suspend_at_controller = SuspendJobRequest {
+        job_id: 9,
+        user: "alice".into(),
+    };
+    let expected = Wire::default().varint(1, 9).string(2, "alice");
+    assert_golden(&suspend_at_controller, expected, "SuspendJobRequest");
+}

@@ -24,6 +24,7 @@
 //!   are deleted at once (the garbage collector without its delay); no foreground deletion;
 //! - list pages after the first are read from the current state (their resourceVersion is
 //!   the first page's, so a watch from it replays what changed meanwhile);
+//! - a pod's log and exec come from its spec ([`pod_io`]: `SIM_STDOUT`, a tiny shell);
 //! - `dryRun` is refused; the OpenAPI v2 document is empty (kubectl validates nothing);
 //!   watches ignore `as=Table`.
 
@@ -34,6 +35,7 @@ mod discovery;
 pub mod error;
 pub mod faults;
 pub mod patch;
+pub mod pod_io;
 pub mod resources;
 pub mod seed;
 pub mod selectors;

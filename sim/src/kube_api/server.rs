@@ -34,6 +34,7 @@ use super::{
     error::{ApiError, ApiResult},
     faults::{CutKind, Faults},
     patch::{PatchKind, parse_patch_body},
+    pod_io,
     resources::{ResourceKey, ResourceType},
     seed,
     selectors::{FieldSelector, Filter, LabelSelector},
@@ -194,7 +195,11 @@ impl ApiServer {
                 .http1()
                 .timer(TokioTimer::new())
                 .header_read_timeout(None);
-            if let Err(error) = builder.serve_connection(TokioIo::new(io), service).await {
+            // With upgrades: a pods/exec answer switches its connection to a WebSocket.
+            if let Err(error) = builder
+                .serve_connection_with_upgrades(TokioIo::new(io), service)
+                .await
+            {
                 tracing::debug!(%error, "API server connection ended with an error");
             }
         }
@@ -355,6 +360,27 @@ fn shape(headers: &HeaderMap) -> Shape {
 }
 
 async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
+    {
+        let path = req.uri().path().to_owned();
+        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        if let Some((ns, name, sub)) = pod_io::pod_subresource(&segments) {
+            let (ns, name) = (ns.to_owned(), name.to_owned());
+            if sub == "exec" {
+                return pod_io::exec_response(shared, &ns, &name, req);
+            }
+            let query: BTreeMap<String, String> = Query::try_from_uri(req.uri())
+                .map(|q| q.0)
+                .map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?;
+            let follow = matches!(query.get("follow").map(String::as_str), Some("true" | "1"));
+            return pod_io::log_response(
+                shared,
+                &ns,
+                &name,
+                query.get("container").map(String::as_str),
+                follow,
+            );
+        }
+    }
     let (parts, body) = req.into_parts();
     let peer = parts.extensions.get::<Peer>().and_then(|p| p.0.clone());
     let path = parts.uri.path().to_owned();

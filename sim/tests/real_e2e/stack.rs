@@ -206,9 +206,14 @@ impl Stack {
         self.operator = Some(operator);
     }
 
+    /// The operator's whole log so far.
+    pub fn operator_log(&self) -> String {
+        std::fs::read_to_string(&self.operator_log).unwrap_or_default()
+    }
+
     /// The operator's log and the replicas' logs' tails, for a failure message.
     pub fn logs(&self) -> String {
-        let operator = std::fs::read_to_string(&self.operator_log).unwrap_or_default();
+        let operator = self.operator_log();
         let tail: Vec<&str> = operator.lines().rev().take(40).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
         format!(
