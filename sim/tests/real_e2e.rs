@@ -895,3 +895,111 @@ fn spur_exec_and_output_streaming_reach_the_jobs_pod() {
         );
     });
 }
+
+/// spurctld's own view of `node`: its state and reason.
+async fn node_state(stack: &Stack, node: &str) -> Option<(pb::NodeState, String)> {
+    let slot = stack.cluster.leader().unwrap_or(0);
+    let nodes = stack
+        .replica(slot)
+        .await
+        .get_nodes(pb::GetNodesRequest::default())
+        .await
+        .ok()?
+        .into_inner()
+        .nodes;
+    nodes
+        .into_iter()
+        .find(|n| n.name == node)
+        .map(|n| (n.state(), n.state_reason))
+}
+
+/// `kubectl cordon` (with a reason annotated) drains the node in the real spurctld, so new
+/// jobs go elsewhere; uncordoning makes it IDLE again; a configured node condition
+/// (a node-problem-detector's `GPUProblem`) drains it by itself, naming the condition.
+#[test]
+fn a_cordoned_or_gpu_problem_node_is_drained_in_spurctld_and_lifted_after() {
+    let config = StackConfig {
+        operator_flags: vec!["--drain-on-node-condition".into(), "GPUProblem".into()],
+        ..StackConfig::default()
+    };
+    e2e(config, |stack| async move {
+        // Conditions are the Node's status, a subresource of their own.
+        let patch_node = |patch: Value| {
+            stack
+                .api
+                .merge_patch(
+                    "v1",
+                    "Node",
+                    None,
+                    "node-1",
+                    &patch,
+                    patch.get("status").is_some(),
+                )
+                .expect("patch node-1");
+        };
+        let wait_for = |want: pb::NodeState, reason: &'static str| {
+            let stack = &stack;
+            async move {
+                let since = Instant::now();
+                loop {
+                    let seen = node_state(stack, "node-1").await;
+                    if seen
+                        .as_ref()
+                        .is_some_and(|(s, r)| *s == want && r.contains(reason))
+                    {
+                        return since.elapsed();
+                    }
+                    assert!(
+                        since.elapsed() < Duration::from_secs(20),
+                        "node-1: {want:?} with {reason:?} not within 20 s (saw {seen:?}){}",
+                        stack.logs()
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        wait_for(pb::NodeState::NodeIdle, "").await;
+
+        patch_node(json!({
+            "metadata": {"annotations": {"spur.amd.com/drain-reason": "RMA ticket 4411"}},
+            "spec": {"unschedulable": true},
+        }));
+        let took = wait_for(
+            pb::NodeState::NodeDrain,
+            "Kubernetes: cordoned: RMA ticket 4411",
+        )
+        .await;
+        eprintln!(
+            "e2e cordon: node drained in spurctld {:.1}s after the cordon",
+            took.as_secs_f64()
+        );
+        // Two one-node jobs at once: both run on node-0, none on the drained node.
+        let created = Instant::now();
+        for name in ["c1", "c2"] {
+            stack.create_spurjob(name, job_spec(json!({"numNodes": 1})));
+        }
+        for name in ["c1", "c2"] {
+            let (state, job) = run_to_end(&stack, name, 1, created).await;
+            assert_eq!(state, "Completed", "{job}{}", stack.logs());
+            assert_eq!(stack.pods(name)[0]["spec"]["nodeName"], "node-0", "{name}");
+        }
+
+        patch_node(json!({"spec": {"unschedulable": false}}));
+        wait_for(pb::NodeState::NodeIdle, "").await;
+
+        patch_node(json!({"status": {"conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "GPUProblem", "status": "True", "message": "GPU 3: uncorrectable ECC errors"},
+        ]}}));
+        wait_for(
+            pb::NodeState::NodeDrain,
+            "Kubernetes: node condition GPUProblem: GPU 3: uncorrectable ECC errors",
+        )
+        .await;
+        patch_node(json!({"status": {"conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "GPUProblem", "status": "False", "message": "healthy"},
+        ]}}));
+        wait_for(pb::NodeState::NodeIdle, "").await;
+    });
+}

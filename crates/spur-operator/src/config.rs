@@ -755,6 +755,19 @@ pub struct RunArgs {
     )]
     pub not_ready_node_state: NotReadyState,
 
+    /// Node condition types that drain a node in spurctld while their status is `True`
+    /// (comma-separated), e.g. the `GPUProblem` a node-problem-detector sets. The drain
+    /// reason spurctld shows is the condition's type and message, and IDLE lifts it once the
+    /// condition clears. Empty: which conditions mean "take no new work" is the cluster's
+    /// to say. A cordoned node (`kubectl cordon`) is drained regardless, with the reason of
+    /// its `spur.amd.com/drain-reason` annotation.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_DRAIN_ON_NODE_CONDITION",
+        value_delimiter = ','
+    )]
+    pub drain_on_node_condition: Vec<String>,
+
     /// After spurctld refused a SpurJob's submission with FAILED_PRECONDITION (a condition
     /// outside the spec, such as a user unknown on the controller's host), how long before
     /// the same spec is tried again. 5 min: an administrator's fix is picked up without a
@@ -1009,6 +1022,12 @@ impl RunArgs {
                 },
                 version: concat!("spur-operator/", env!("CARGO_PKG_VERSION")).to_owned(),
                 not_ready: self.not_ready_node_state,
+                drain_conditions: self
+                    .drain_on_node_condition
+                    .iter()
+                    .map(|c| c.trim().to_owned())
+                    .filter(|c| !c.is_empty())
+                    .collect(),
             },
             heartbeat: HeartbeatConfig {
                 interval: self.heartbeat_interval,

@@ -306,6 +306,10 @@ mod tests {
             .get_or_create(&spur_operator::metrics::ReconcileLabels { kind: "node" })
             .inc();
         metrics
+            .nodes_drained
+            .get_or_create(&spur_operator::metrics::DrainLabels { reason: "cordoned" })
+            .set(0);
+        metrics
             .heartbeat_age_seconds
             .get_or_create(&spur_operator::metrics::NodeLabels {
                 node: "node-0".to_owned(),

@@ -34,6 +34,12 @@ pub struct FenceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DrainLabels {
+    /// Why: `cordoned`, `condition` (a `--drain-on-node-condition`), `not_ready`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AgentCallLabels {
     /// The token check's result: `verified`, `without_token`, `unchecked`, `refused`.
     pub result: &'static str,
@@ -69,6 +75,8 @@ pub struct Metrics {
     /// Each time a rule of the controller channel's policy fired (`controller::policy`).
     pub channel_rules: Family<RuleLabels, Counter>,
     pub nodes_registered: Gauge,
+    /// Registered nodes spurctld holds (DRAIN, or DOWN) at the operator's word, by why.
+    pub nodes_drained: Family<DrainLabels, Gauge>,
     pub registration_lag_seconds: Histogram,
     pub heartbeat_failures: Counter,
     /// Per node: seconds since spurctld last accepted its heartbeat, as of the latest round.
@@ -135,6 +143,12 @@ impl Metrics {
             "Kubernetes nodes the controller has accepted",
             nodes_registered.clone(),
         );
+        let nodes_drained = Family::<DrainLabels, Gauge>::default();
+        registry.register(
+            "nodes_drained",
+            "Nodes spurctld holds from new work at the operator's word (DRAIN, or DOWN for not_ready if so configured), by reason: cordoned, condition, not_ready",
+            nodes_drained.clone(),
+        );
         let registration_lag_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 16));
         registry.register(
             "node_registration_lag_seconds",
@@ -196,6 +210,7 @@ impl Metrics {
             channel_drops,
             channel_rules,
             nodes_registered,
+            nodes_drained,
             registration_lag_seconds,
             heartbeat_failures,
             heartbeat_age_seconds,
@@ -299,8 +314,12 @@ mod tests {
                 node: "gpu-1".into(),
             })
             .set(30.5);
+        m.nodes_drained
+            .get_or_create(&DrainLabels { reason: "cordoned" })
+            .set(2);
         let text = m.encode();
         for needle in [
+            "spur_operator_nodes_drained{reason=\"cordoned\"} 2",
             "spur_operator_controller_rpcs_total{method=\"Ping\",code=\"OK\"} 1",
             "spur_operator_controller_rpcs_total{method=\"SubmitJob\",code=\"UNAVAILABLE\"} 1",
             "spur_operator_controller_rpc_duration_seconds_count{method=\"SubmitJob\"} 1",

@@ -146,6 +146,10 @@ fn rbac_grants_exactly_the_calls_the_operator_makes() {
                 "/pods",
                 &["create", "delete", "get", "list", "watch", "patch"]
             ),
+            // spur exec (a WebSocket exec: create from Kubernetes 1.30, get before).
+            ("/pods/exec", &["create", "get"]),
+            // sattach and srun following a job's output.
+            ("/pods/log", &["get"]),
             ("/services", &["create", "delete", "get", "list", "watch"]),
             ("events.k8s.io/events", &["create", "patch"]),
             ("spur.amd.com/spurjobs", &["get", "list", "watch", "patch"]),

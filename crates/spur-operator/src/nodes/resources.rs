@@ -139,25 +139,91 @@ pub fn registration(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Availability {
     Up,
-    Down { reason: String },
+    /// Not ready (a NotReady or unreachable taint): told as `--not-ready-node-state` says.
+    Down {
+        reason: String,
+    },
+    /// Cordoned, or one of the `--drain-on-node-condition` conditions holds: DRAIN, so the
+    /// jobs running there finish and no new one starts, which is what a cordon means.
+    Drain {
+        reason: String,
+    },
 }
 
-/// DOWN while a NotReady or unreachable taint is on the node.
-pub fn availability(node: &Node) -> Availability {
-    let taints = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_deref())
-        .unwrap_or_default();
-    match taints
+impl Availability {
+    /// The label of `spur_operator_nodes_drained` this availability counts under.
+    pub fn drain_kind(&self) -> Option<&'static str> {
+        match self {
+            Availability::Up => None,
+            Availability::Down { .. } => Some("not_ready"),
+            Availability::Drain { reason } if reason.starts_with(CONDITION_REASON) => {
+                Some("condition")
+            }
+            Availability::Drain { .. } => Some("cordoned"),
+        }
+    }
+}
+
+/// On a node: why it is cordoned, for the drain reason spurctld shows (`sinfo -R`).
+pub const DRAIN_REASON_ANNOTATION: &str = "spur.amd.com/drain-reason";
+const CORDON_REASON: &str = "Kubernetes: cordoned";
+const CONDITION_REASON: &str = "Kubernetes: node condition";
+
+/// What the node's taints, cordon and conditions make it, most severe first: not ready
+/// (DOWN or DRAIN as configured), then a `drain_conditions` condition that is `True`, then
+/// a cordon (with the reason of its `spur.amd.com/drain-reason` annotation).
+pub fn availability(node: &Node, drain_conditions: &[String]) -> Availability {
+    let spec = node.spec.as_ref();
+    let taints = spec.and_then(|s| s.taints.as_deref()).unwrap_or_default();
+    if let Some(taint) = taints
         .iter()
         .find(|t| NOT_READY_TAINTS.contains(&t.key.as_str()))
     {
-        Some(taint) => Availability::Down {
+        return Availability::Down {
             reason: format!("Kubernetes taint {}:{}", taint.key, taint.effect),
-        },
-        None => Availability::Up,
+        };
     }
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    // In the configured order, so the reason shown does not depend on the node's.
+    for wanted in drain_conditions {
+        if let Some(condition) = conditions
+            .iter()
+            .find(|c| &c.type_ == wanted && c.status == "True")
+        {
+            let detail = condition
+                .message
+                .as_deref()
+                .or(condition.reason.as_deref())
+                .map(str::trim)
+                .filter(|d| !d.is_empty());
+            return Availability::Drain {
+                reason: match detail {
+                    Some(detail) => format!("{CONDITION_REASON} {wanted}: {detail}"),
+                    None => format!("{CONDITION_REASON} {wanted}"),
+                },
+            };
+        }
+    }
+    if spec.and_then(|s| s.unschedulable) == Some(true) {
+        let annotated = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DRAIN_REASON_ANNOTATION))
+            .map(|r| r.trim())
+            .filter(|r| !r.is_empty());
+        return Availability::Drain {
+            reason: match annotated {
+                Some(why) => format!("{CORDON_REASON}: {why}"),
+                None => CORDON_REASON.to_owned(),
+            },
+        };
+    }
+    Availability::Up
 }
 
 fn saturate_u32(v: u128) -> u32 {
@@ -280,7 +346,7 @@ pub(crate) mod tests {
     #[test]
     fn not_ready_taints_mean_down() {
         let mut n = node("n", &[], &[]);
-        assert_eq!(availability(&n), Availability::Up);
+        assert_eq!(availability(&n, &[]), Availability::Up);
         n.spec = Some(NodeSpec {
             taints: Some(vec![
                 Taint {
@@ -297,10 +363,92 @@ pub(crate) mod tests {
             ..Default::default()
         });
         assert_eq!(
-            availability(&n),
+            availability(&n, &[]),
             Availability::Down {
                 reason: "Kubernetes taint node.kubernetes.io/not-ready:NoExecute".into()
             }
         );
+    }
+
+    fn condition(
+        type_: &str,
+        status: &str,
+        message: &str,
+    ) -> k8s_openapi::api::core::v1::NodeCondition {
+        k8s_openapi::api::core::v1::NodeCondition {
+            type_: type_.into(),
+            status: status.into(),
+            message: Some(message.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_cordon_or_a_configured_condition_drains_with_its_reason() {
+        let gpu_problem = vec!["GPUProblem".to_owned()];
+        let mut n = node("n", &[], &[]);
+        n.status.get_or_insert_with(Default::default).conditions = Some(vec![
+            condition("Ready", "True", "kubelet is posting ready status"),
+            condition("GPUProblem", "False", "all GPUs healthy"),
+        ]);
+        assert_eq!(availability(&n, &gpu_problem), Availability::Up);
+
+        n.spec = Some(NodeSpec {
+            unschedulable: Some(true),
+            ..Default::default()
+        });
+        let cordoned = availability(&n, &gpu_problem);
+        assert_eq!(
+            cordoned,
+            Availability::Drain {
+                reason: "Kubernetes: cordoned".into()
+            }
+        );
+        assert_eq!(cordoned.drain_kind(), Some("cordoned"));
+        n.metadata.annotations = Some(
+            [(
+                DRAIN_REASON_ANNOTATION.to_owned(),
+                " RMA ticket 4411 ".to_owned(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            availability(&n, &gpu_problem),
+            Availability::Drain {
+                reason: "Kubernetes: cordoned: RMA ticket 4411".into()
+            }
+        );
+
+        // A condition drains by itself, cordoned or not, and names itself.
+        n.spec = None;
+        n.status.as_mut().unwrap().conditions = Some(vec![condition(
+            "GPUProblem",
+            "True",
+            "GPU 3: uncorrectable ECC errors",
+        )]);
+        let sick = availability(&n, &gpu_problem);
+        assert_eq!(
+            sick,
+            Availability::Drain {
+                reason: "Kubernetes: node condition GPUProblem: GPU 3: uncorrectable ECC errors"
+                    .into()
+            }
+        );
+        assert_eq!(sick.drain_kind(), Some("condition"));
+        // Only configured conditions count.
+        assert_eq!(availability(&n, &[]), Availability::Up);
+
+        // Not ready wins over both.
+        n.spec = Some(NodeSpec {
+            unschedulable: Some(true),
+            taints: Some(vec![Taint {
+                key: "node.kubernetes.io/unreachable".into(),
+                effect: "NoExecute".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let unreachable = availability(&n, &gpu_problem);
+        assert_eq!(unreachable.drain_kind(), Some("not_ready"));
     }
 }

@@ -37,6 +37,8 @@ pub struct NodeSyncConfig {
     pub version: String,
     /// What a NotReady (or unreachable) taint is told to the controller as.
     pub not_ready: NotReadyState,
+    /// Node conditions that drain a node while `True` (`--drain-on-node-condition`).
+    pub drain_conditions: Vec<String>,
 }
 
 /// The state a node with a NotReady or unreachable taint is given at the controller
@@ -226,6 +228,7 @@ impl NodeSync {
         let mut forgotten_open = true;
         loop {
             self.launch_ready();
+            self.publish_drained();
             let next_retry = self.delayed.first().map(|(at, _)| *at);
             tokio::select! {
                 () = &mut stop => {
@@ -251,6 +254,26 @@ impl NodeSync {
                 }
                 else => return,
             }
+        }
+    }
+
+    /// `spur_operator_nodes_drained`: the registered nodes spurctld acknowledged a hold
+    /// for, by why.
+    fn publish_drained(&self) {
+        let mut counts = [("cordoned", 0i64), ("condition", 0), ("not_ready", 0)];
+        for tracked in self.nodes.values() {
+            let Some(kind) = tracked.acked.as_ref().and_then(Availability::drain_kind) else {
+                continue;
+            };
+            if let Some((_, count)) = counts.iter_mut().find(|(k, _)| *k == kind) {
+                *count += 1;
+            }
+        }
+        for (reason, count) in counts {
+            self.metrics
+                .nodes_drained
+                .get_or_create(&crate::metrics::DrainLabels { reason })
+                .set(count);
         }
     }
 
@@ -291,9 +314,12 @@ impl NodeSync {
             return;
         };
         let (desired, warnings) = registration(node, &self.config.agent, &self.config.version);
-        let availability = match self.config.not_ready {
-            NotReadyState::Ignore => Availability::Up,
-            _ => super::resources::availability(node),
+        let availability = match super::resources::availability(node, &self.config.drain_conditions)
+        {
+            Availability::Down { .. } if self.config.not_ready == NotReadyState::Ignore => {
+                Availability::Up
+            }
+            availability => availability,
         };
         let now = Instant::now();
         let entropy = self.entropy.clone();
@@ -541,6 +567,7 @@ fn node_update(
     match availability {
         Availability::Up => Some((pb::NodeState::NodeIdle, String::new())),
         Availability::Down { reason } => not_ready.node_state().map(|s| (s, reason.clone())),
+        Availability::Drain { reason } => Some((pb::NodeState::NodeDrain, reason.clone())),
     }
 }
 
@@ -638,6 +665,13 @@ mod tests {
                 Some((pb::NodeState::NodeDown, reason())),
             ),
             (down, NotReadyState::Ignore, None),
+            (
+                Availability::Drain {
+                    reason: "Kubernetes: cordoned".into(),
+                },
+                NotReadyState::Ignore,
+                Some((pb::NodeState::NodeDrain, "Kubernetes: cordoned".into())),
+            ),
         ];
         for (availability, mode, expected) in table {
             assert_eq!(

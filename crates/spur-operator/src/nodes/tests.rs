@@ -75,6 +75,7 @@ fn start_with(
             },
             version: "test".into(),
             not_ready,
+            drain_conditions: vec!["GPUProblem".into()],
         },
         client.clone(),
         metrics.clone(),
@@ -283,6 +284,59 @@ async fn not_ready_taint_drains_and_comes_back_idle() {
             "UpdateNode a NODE_DRAIN"
         ]
     );
+}
+
+fn drained(h: &Harness, reason: &'static str) -> i64 {
+    h.metrics
+        .nodes_drained
+        .get_or_create(&crate::metrics::DrainLabels { reason })
+        .get()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cordon_or_a_gpu_problem_drains_and_lifting_it_comes_back_idle() {
+    // Ignore concerns NotReady taints only: a cordon still drains.
+    let h = start_with(32, NotReadyState::Ignore, ScriptedController::default());
+    let mut cordoned = gpu_node("a");
+    cordoned.spec = Some(NodeSpec {
+        unschedulable: Some(true),
+        ..Default::default()
+    });
+    h.list(vec![cordoned, gpu_node("b")]);
+    settle(Duration::from_millis(100)).await;
+    // (b, known to this controller, is told IDLE at its first registration, as any node.)
+    assert_eq!(h.calls("UpdateNode a"), ["UpdateNode a NODE_DRAIN"]);
+    assert_eq!((drained(&h, "cordoned"), drained(&h, "condition")), (1, 0));
+    h.apply(gpu_node("a"));
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(
+        h.calls("UpdateNode a"),
+        ["UpdateNode a NODE_DRAIN", "UpdateNode a NODE_IDLE"]
+    );
+    assert_eq!(drained(&h, "cordoned"), 0);
+
+    let mut sick = gpu_node("b");
+    sick.status.as_mut().unwrap().conditions =
+        Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+            type_: "GPUProblem".into(),
+            status: "True".into(),
+            message: Some("GPU 3: uncorrectable ECC errors".into()),
+            ..Default::default()
+        }]);
+    h.apply(sick);
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(
+        h.calls("UpdateNode").last().unwrap(),
+        "UpdateNode b NODE_DRAIN"
+    );
+    assert_eq!(drained(&h, "condition"), 1);
+    h.apply(gpu_node("b"));
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(
+        h.calls("UpdateNode").last().unwrap(),
+        "UpdateNode b NODE_IDLE"
+    );
+    assert_eq!(drained(&h, "condition"), 0);
 }
 
 #[tokio::test(start_paused = true)]
