@@ -252,7 +252,7 @@ fn a_failing_pod_ends_its_job_failed_with_the_exit_code_in_status() {
         let created = Instant::now();
         stack.create_spurjob(
             "fails",
-            job_spec(json!({"env": {"SIM_RUN_SECONDS": "1", "SIM_EXIT_CODE": "3"}})),
+            job_spec(json!({"env": {"SIM_RUN_SECONDS": "3", "SIM_EXIT_CODE": "3"}})),
         );
         let (state, job) = run_to_end(&stack, "fails", 1, created).await;
         assert_eq!(state, "Failed", "{job}{}", stack.logs());
@@ -262,6 +262,46 @@ fn a_failing_pod_ends_its_job_failed_with_the_exit_code_in_status() {
         assert_eq!(
             controller_state(&stack, "fails", id).await,
             pb::JobState::JobFailed
+        );
+        // When it ran, from spurctld's own clock.
+        let (start, end) = (
+            job["status"]["startTime"].as_str().unwrap_or_default(),
+            job["status"]["endTime"].as_str().unwrap_or_default(),
+        );
+        let start: k8s_openapi::jiff::Timestamp = start.parse().expect("status.startTime");
+        let end: k8s_openapi::jiff::Timestamp = end.parse().expect("status.endTime");
+        assert!(start <= end, "{job}");
+        // kubectl describe: an Event for each state it went through, the end a Warning.
+        let uid = job["metadata"]["uid"].clone();
+        let events: Vec<(String, String, String)> = stack
+            .api
+            .list("events.k8s.io/v1", "Event")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e["regarding"]["uid"] == uid)
+            .map(|e| {
+                let text = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+                (text("type"), text("reason"), text("note"))
+            })
+            .collect();
+        let failed = events.iter().find(|(_, reason, _)| reason == "Failed");
+        let failed = failed.unwrap_or_else(|| panic!("no Failed event: {events:?}"));
+        assert_eq!(failed.0, "Warning", "{events:?}");
+        assert!(failed.2.contains("exit code 3"), "{events:?}");
+        // It ran for 3 s, longer than the 2 s status poll, so Running was seen; each
+        // state is told once.
+        let running = events.iter().filter(|(_, reason, _)| reason == "Running");
+        assert_eq!(
+            running.map(|(t, _, _)| t.as_str()).collect::<Vec<_>>(),
+            ["Normal"],
+            "{events:?}"
+        );
+        assert_eq!(
+            events
+                .iter()
+                .filter(|(_, reason, _)| reason == "Failed")
+                .count(),
+            1
         );
     });
 }

@@ -299,6 +299,7 @@ fn start_leader_tasks<N: Network>(
             config.job_lost_after,
             world.clock.clone(),
             metrics.clone(),
+            events.clone(),
         ),
     ));
     tasks.spawn(until_drained(

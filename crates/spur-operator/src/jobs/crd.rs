@@ -18,6 +18,9 @@ use serde::{Deserialize, Serialize};
     shortname = "sj",
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state"}"#,
     printcolumn = r#"{"name":"Job ID","type":"integer","jsonPath":".status.spurJobId"}"#,
+    printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.assignedNodes"}"#,
+    printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".spec.gpus.count"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -148,6 +151,12 @@ pub struct SpurJobStatus {
     pub assigned_nodes: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pods: Vec<String>,
+    /// When the job started running at spurctld (RFC 3339), once it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<String>,
+    /// When the job ended at spurctld (RFC 3339), once it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_time: Option<String>,
     /// Why the job is where it is: the controller's reason, or what is wrong with the spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

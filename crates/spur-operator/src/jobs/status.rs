@@ -16,6 +16,7 @@ use spur_proto as pb;
 use super::crd::{Condition, SpurJob, SpurJobStatus};
 use crate::clock::WallClock;
 use crate::controller::ControllerClient;
+use crate::events::EventPublisher;
 use crate::metrics::Metrics;
 
 pub const INVALID_STATE: &str = "Invalid";
@@ -93,6 +94,8 @@ pub fn mirrored(current: &SpurJobStatus, info: &pb::JobInfo, now: &str) -> Optio
     if let Ok(nodes) = nodes_of(&info.nodelist) {
         next.assigned_nodes = nodes;
     }
+    next.start_time = timestamp(info.start_time.as_ref()).or(next.start_time);
+    next.end_time = timestamp(info.end_time.as_ref()).or(next.end_time);
     let reason = info.state_reason.trim();
     next.message = (!reason.is_empty() && reason != "None").then(|| reason.to_owned());
     let running = matches!(
@@ -119,6 +122,38 @@ pub fn mirrored(current: &SpurJobStatus, info: &pb::JobInfo, now: &str) -> Optio
         next.message = (!message.is_empty()).then_some(message);
     }
     (next != *current).then_some(next)
+}
+
+/// A controller timestamp as RFC 3339; `None` when unset (spurctld leaves zero).
+fn timestamp(at: Option<&pb::Timestamp>) -> Option<String> {
+    let at = at.filter(|t| t.seconds > 0)?;
+    k8s_openapi::jiff::Timestamp::new(at.seconds, at.nanos.clamp(0, 999_999_999))
+        .ok()
+        .map(|t| t.to_string())
+}
+
+/// The Event a status change is told with, when its state changed: `(warning, reason,
+/// note)`. The reason is the new state; a job's end that is not a success is a Warning.
+pub fn state_event(
+    before: &SpurJobStatus,
+    after: &SpurJobStatus,
+    job_id: u32,
+) -> Option<(bool, String, String)> {
+    let state = after.state.as_deref()?;
+    if before.state.as_deref() == Some(state) {
+        return None;
+    }
+    let from = before.state.as_deref().unwrap_or("Submitted");
+    let mut note = format!("job {job_id}: {from} -> {state}");
+    if !after.assigned_nodes.is_empty() && !is_terminal(state) {
+        note.push_str(&format!(" on {}", after.assigned_nodes.join(",")));
+    }
+    if let Some(message) = after.message.as_deref().filter(|m| !m.is_empty()) {
+        note.push_str(&format!(": {message}"));
+    }
+    let warning = is_terminal(state) && !matches!(state, "Completed" | "Cancelled");
+    let warning = warning || matches!(state, "Preempted" | "Requeued");
+    Some((warning, state.to_owned(), note))
 }
 
 /// The status of a SpurJob whose job spurctld no longer knows; `None` when it already
@@ -235,13 +270,23 @@ pub async fn run_poller(
     lost_after: Duration,
     clock: WallClock,
     metrics: Metrics,
+    events: EventPublisher,
 ) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut memory = PollMemory::new(lost_after);
     loop {
         ticks.tick().await;
-        poll_once(&store, &kube, &controller, &clock, &metrics, &mut memory).await;
+        poll_once(
+            &store,
+            &kube,
+            &controller,
+            &clock,
+            &metrics,
+            &events,
+            &mut memory,
+        )
+        .await;
     }
 }
 
@@ -251,6 +296,7 @@ pub async fn poll_once(
     controller: &ControllerClient,
     clock: &WallClock,
     metrics: &Metrics,
+    events: &EventPublisher,
     memory: &mut PollMemory,
 ) {
     // The store iterates in no fixed order; sort so calls and writes are reproducible.
@@ -339,7 +385,7 @@ pub async fn poll_once(
                 next.array_tasks = array_tasks(tasks, &job.uid().unwrap_or_default());
             }
             if next != current {
-                write(kube, job, &next, info.job_id, metrics).await;
+                write(kube, job, &next, info.job_id, metrics, events).await;
             }
         }
     }
@@ -353,14 +399,14 @@ pub async fn poll_once(
             Err(e) if e.code() == tonic::Code::NotFound => {
                 let current = job.status.clone().unwrap_or_default();
                 if let Some(next) = lost(&current, *job_id, &now) {
-                    write(kube, job, &next, *job_id, metrics).await;
+                    write(kube, job, &next, *job_id, metrics, events).await;
                 }
             }
             Ok(info) if info.job_id == *job_id => {
                 memory.seen(*job_id);
                 let current = job.status.clone().unwrap_or_default();
                 if let Some(next) = mirrored(&current, &info, &now) {
-                    write(kube, job, &next, *job_id, metrics).await;
+                    write(kube, job, &next, *job_id, metrics, events).await;
                 }
             }
             Ok(_) => {}
@@ -377,11 +423,20 @@ async fn write(
     next: &SpurJobStatus,
     job_id: u32,
     metrics: &Metrics,
+    events: &EventPublisher,
 ) {
     let api: Api<SpurJob> = Api::namespaced(kube.clone(), &job.namespace().unwrap_or_default());
     match patch_status(&api, &job.name_any(), next).await {
         Ok(()) => {
-            tracing::info!(spurjob = %job.name_any(), job_id, state = ?next.state, "mirrored the job's state")
+            tracing::info!(spurjob = %job.name_any(), job_id, state = ?next.state, "mirrored the job's state");
+            let before = job.status.clone().unwrap_or_default();
+            if let Some((warning, reason, note)) = state_event(&before, next, job_id) {
+                if warning {
+                    events.warning(job, &reason, &note).await;
+                } else {
+                    events.normal(job, &reason, &note).await;
+                }
+            }
         }
         Err(e) => {
             metrics.reconcile_error("spurjob", "status_patch");
@@ -459,6 +514,89 @@ mod tests {
             .unwrap();
         assert_eq!(running_cond.status, "False");
         assert_eq!(running_cond.last_transition_time.as_deref(), Some("t3"));
+    }
+
+    #[test]
+    fn each_state_change_is_one_event_and_an_unsuccessful_end_a_warning() {
+        let status = |state: Option<&str>, nodes: &[&str], message: Option<&str>| SpurJobStatus {
+            state: state.map(str::to_owned),
+            assigned_nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            message: message.map(str::to_owned),
+            ..SpurJobStatus::default()
+        };
+        let event = |warning: bool, reason: &str, note: &str| {
+            Some((warning, reason.to_owned(), note.to_owned()))
+        };
+        let table = [
+            (
+                status(None, &[], None),
+                status(Some("Pending"), &[], Some("Priority")),
+                event(false, "Pending", "job 7: Submitted -> Pending: Priority"),
+            ),
+            (
+                status(Some("Pending"), &[], None),
+                status(Some("Running"), &["gpu-1", "gpu-2"], None),
+                event(false, "Running", "job 7: Pending -> Running on gpu-1,gpu-2"),
+            ),
+            (
+                status(Some("Running"), &["gpu-1"], None),
+                status(Some("Running"), &["gpu-1"], Some("new words")),
+                None,
+            ),
+            (
+                status(Some("Running"), &["gpu-1"], None),
+                status(Some("Completed"), &["gpu-1"], None),
+                event(false, "Completed", "job 7: Running -> Completed"),
+            ),
+            (
+                status(Some("Running"), &["gpu-1"], None),
+                status(Some("Failed"), &["gpu-1"], Some("exit code 3")),
+                event(true, "Failed", "job 7: Running -> Failed: exit code 3"),
+            ),
+            (
+                status(Some("Running"), &[], None),
+                status(Some("OutOfMemory"), &[], Some("OutOfMemory")),
+                event(
+                    true,
+                    "OutOfMemory",
+                    "job 7: Running -> OutOfMemory: OutOfMemory",
+                ),
+            ),
+            (
+                status(Some("Running"), &[], None),
+                status(Some("Requeued"), &[], None),
+                event(true, "Requeued", "job 7: Running -> Requeued"),
+            ),
+            (
+                status(Some("Running"), &[], None),
+                status(Some("Cancelled"), &[], None),
+                event(false, "Cancelled", "job 7: Running -> Cancelled"),
+            ),
+        ];
+        for (before, after, expected) in table {
+            assert_eq!(state_event(&before, &after, 7), expected, "{after:?}");
+        }
+    }
+
+    #[test]
+    fn start_and_end_times_are_mirrored_once_spurctld_has_them() {
+        let mut running = info(pb::JobState::JobRunning, "n1", "", 0);
+        running.start_time = Some(pb::Timestamp {
+            seconds: 1_764_000_000,
+            nanos: 0,
+        });
+        let next = mirrored(&SpurJobStatus::default(), &running, "now").unwrap();
+        assert_eq!(next.start_time.as_deref(), Some("2025-11-24T16:00:00Z"));
+        assert_eq!(next.end_time, None);
+        let mut done = info(pb::JobState::JobCompleted, "n1", "", 0);
+        done.end_time = Some(pb::Timestamp {
+            seconds: 1_764_000_600,
+            nanos: 0,
+        });
+        // A later answer without the start keeps it.
+        let next = mirrored(&next, &done, "now").unwrap();
+        assert_eq!(next.start_time.as_deref(), Some("2025-11-24T16:00:00Z"));
+        assert_eq!(next.end_time.as_deref(), Some("2025-11-24T16:10:00Z"));
     }
 
     #[test]
