@@ -291,16 +291,15 @@ fn start_leader_tasks<N: Network>(
     tasks.spawn(until_drained(drain.clone(), jobs_run));
     tasks.spawn(until_drained(
         drain.clone(),
-        crate::jobs::status::run_poller(
-            store.clone(),
-            kube.clone(),
-            controller.clone(),
-            config.status_poll_interval,
-            config.job_lost_after,
-            world.clock.clone(),
-            metrics.clone(),
-            events.clone(),
-        ),
+        crate::jobs::status::Poller {
+            store: store.clone(),
+            kube: kube.clone(),
+            controller: controller.clone(),
+            clock: world.clock.clone(),
+            metrics: metrics.clone(),
+            events: events.clone(),
+        }
+        .run(config.status_poll_interval, config.job_lost_after),
     ));
     tasks.spawn(until_drained(
         drain.clone(),

@@ -260,33 +260,37 @@ pub async fn patch_status(
     .map(|_| ())
 }
 
-/// Every `interval`, reads the state of all tracked active jobs with one GetJobs and
-/// mirrors what changed. Runs until dropped.
-pub async fn run_poller(
-    store: Store<SpurJob>,
-    kube: kube::Client,
-    controller: ControllerClient,
-    interval: Duration,
-    lost_after: Duration,
-    clock: WallClock,
-    metrics: Metrics,
-    events: EventPublisher,
-) {
-    let mut ticks = tokio::time::interval(interval);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut memory = PollMemory::new(lost_after);
-    loop {
-        ticks.tick().await;
-        poll_once(
-            &store,
-            &kube,
-            &controller,
-            &clock,
-            &metrics,
-            &events,
-            &mut memory,
-        )
-        .await;
+/// What the status poller reads from and writes to.
+pub struct Poller {
+    pub store: Store<SpurJob>,
+    pub kube: kube::Client,
+    pub controller: ControllerClient,
+    pub clock: WallClock,
+    pub metrics: Metrics,
+    pub events: EventPublisher,
+}
+
+impl Poller {
+    /// Every `interval`, reads the state of all tracked active jobs with one GetJobs and
+    /// mirrors what changed; a job missing for `lost_after` is asked about alone. Runs
+    /// until dropped.
+    pub async fn run(self, interval: Duration, lost_after: Duration) {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut memory = PollMemory::new(lost_after);
+        loop {
+            ticks.tick().await;
+            poll_once(
+                &self.store,
+                &self.kube,
+                &self.controller,
+                &self.clock,
+                &self.metrics,
+                &self.events,
+                &mut memory,
+            )
+            .await;
+        }
     }
 }
 
