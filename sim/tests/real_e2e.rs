@@ -205,6 +205,29 @@ fn a_gpu_job_gets_its_gpus_and_a_two_node_gpu_job_two_ranked_pods_and_a_headless
             .get("v1", "Service", Some(NAMESPACE), &format!("spur-job-{id}"));
         let service = service.expect("the job's headless Service");
         assert_eq!(service["spec"]["clusterIP"], "None", "{service}");
+
+        // The job-level metrics saw both: ended (as of the poller's next round), started,
+        // and their GPU-seconds (2 GPUs for about 2 s, 16 GPUs for about 3 s).
+        let completed = "spur_operator_spurjobs{namespace=\"default\",state=\"Completed\"} 2";
+        let since = Instant::now();
+        let mut metrics = stack.metrics().await;
+        while !metrics.contains(completed) && since.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            metrics = stack.metrics().await;
+        }
+        let value = |series: &str| -> f64 {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+                .unwrap_or_else(|| panic!("{series} not in\n{metrics}"))
+        };
+        assert_eq!(
+            value("spur_operator_spurjobs{namespace=\"default\",state=\"Completed\"}"),
+            2.0
+        );
+        assert!(value("spur_operator_spurjob_start_lag_seconds_count") >= 2.0);
+        let gpu_seconds = value("spur_operator_gpu_seconds_total{namespace=\"default\"}");
+        assert!((20.0..=200.0).contains(&gpu_seconds), "{gpu_seconds}");
     });
 }
 

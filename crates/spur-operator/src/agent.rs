@@ -48,6 +48,8 @@ pub struct Agent {
     launch_timeout: Duration,
     /// Bounds on an exec into a job's pod (`--agent-exec-*`).
     exec_limits: crate::job_io::ExecLimits,
+    /// Counts the launches it refuses (`spur_operator_launch_failures_total`).
+    metrics: Metrics,
     /// Held (shared) by every call while it runs: [`Agent::drained`] takes it exclusively,
     /// so a replica shutting down lets the launches in flight finish (their writes still
     /// pass the fence) before it closes the fence and releases the Lease.
@@ -69,6 +71,7 @@ impl Agent {
                 timeout: Duration::from_secs(60),
                 output_bytes: 1 << 20,
             },
+            metrics: Metrics::new(),
             in_flight: std::sync::Arc::default(),
         }
     }
@@ -82,6 +85,12 @@ impl Agent {
     /// Bounds each LaunchJob's Kubernetes work by `timeout`.
     pub fn with_launch_timeout(mut self, timeout: Duration) -> Agent {
         self.launch_timeout = timeout;
+        self
+    }
+
+    /// Counts refused launches in `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Agent {
+        self.metrics = metrics;
         self
     }
 
@@ -192,6 +201,67 @@ impl Agent {
         }))
     }
 
+    /// A LaunchJob's checks and work; a refusal comes with its reason for
+    /// `spur_operator_launch_failures_total`.
+    async fn launch_job_checked(
+        &self,
+        launch: pb::LaunchJobRequest,
+    ) -> Result<Response<pb::LaunchJobResponse>, (&'static str, Status)> {
+        let _in_flight = self.in_flight.read().await;
+        let store = self.store().map_err(|s| ("not_acting", s))?;
+        if !self.registered.contains(&launch.target_node) {
+            return Err((
+                "not_registered",
+                Status::permission_denied(format!(
+                    "node {} is not one this operator registered",
+                    launch.target_node
+                )),
+            ));
+        }
+        let Some(job) = self.find_job(&store, &launch) else {
+            return Err((
+                "no_spurjob",
+                Status::not_found(format!("no SpurJob for job {}", launch.job_id)),
+            ));
+        };
+        // A SpurJob being deleted gets no new pods: its cleanup may already have run.
+        if job.metadata.deletion_timestamp.is_some() {
+            return Err((
+                "deleting",
+                Status::failed_precondition(format!(
+                    "SpurJob {} is being deleted; job {} is not launched",
+                    job.name_any(),
+                    launch.job_id
+                )),
+            ));
+        }
+        let placement = placement(&launch).map_err(|e| ("invalid", Status::invalid_argument(e)))?;
+        // spurctld awaits every LaunchJob, one assignment after another, with no bound:
+        // an API server that does not answer must not hold up all its scheduling.
+        match tokio::time::timeout(self.launch_timeout, self.launch(&job, &launch, &placement))
+            .await
+        {
+            Ok(answer) => answer.map_err(|status| {
+                let reason = if status.code() == tonic::Code::InvalidArgument {
+                    "invalid"
+                } else {
+                    "kubernetes_api"
+                };
+                (reason, status)
+            }),
+            Err(_) => {
+                tracing::warn!(job_id = launch.job_id, node = %launch.target_node, timeout = ?self.launch_timeout, "LaunchJob timed out waiting on the Kubernetes API");
+                Err((
+                    "timeout",
+                    Status::unavailable(format!(
+                        "job {} on node {}: the Kubernetes API did not answer within {:?}; a retry finds a pod that was created meanwhile",
+                        launch.job_id, launch.target_node, self.launch_timeout
+                    )),
+                ))
+            }
+        }
+    }
+
     async fn gpu_resource(&self, node: &str) -> &'static str {
         let nodes: Api<Node> = Api::all(self.kube.clone());
         let allocatable = nodes
@@ -219,44 +289,11 @@ impl pb::SlurmAgent for Agent {
         &self,
         request: Request<pb::LaunchJobRequest>,
     ) -> Result<Response<pb::LaunchJobResponse>, Status> {
-        let launch = request.into_inner();
-        let _in_flight = self.in_flight.read().await;
-        let store = self.store()?;
-        if !self.registered.contains(&launch.target_node) {
-            return Err(Status::permission_denied(format!(
-                "node {} is not one this operator registered",
-                launch.target_node
-            )));
+        let answer = self.launch_job_checked(request.into_inner()).await;
+        if let Err((reason, _)) = &answer {
+            self.metrics.launch_failed(reason);
         }
-        let Some(job) = self.find_job(&store, &launch) else {
-            return Err(Status::not_found(format!(
-                "no SpurJob for job {}",
-                launch.job_id
-            )));
-        };
-        // A SpurJob being deleted gets no new pods: its cleanup may already have run.
-        if job.metadata.deletion_timestamp.is_some() {
-            return Err(Status::failed_precondition(format!(
-                "SpurJob {} is being deleted; job {} is not launched",
-                job.name_any(),
-                launch.job_id
-            )));
-        }
-        let placement = placement(&launch).map_err(Status::invalid_argument)?;
-        // spurctld awaits every LaunchJob, one assignment after another, with no bound:
-        // an API server that does not answer must not hold up all its scheduling.
-        match tokio::time::timeout(self.launch_timeout, self.launch(&job, &launch, &placement))
-            .await
-        {
-            Ok(answer) => answer,
-            Err(_) => {
-                tracing::warn!(job_id = launch.job_id, node = %launch.target_node, timeout = ?self.launch_timeout, "LaunchJob timed out waiting on the Kubernetes API");
-                Err(Status::unavailable(format!(
-                    "job {} on node {}: the Kubernetes API did not answer within {:?}; a retry finds a pod that was created meanwhile",
-                    launch.job_id, launch.target_node, self.launch_timeout
-                )))
-            }
-        }
+        answer.map_err(|(_, status)| status)
     }
 
     async fn cancel_job(
@@ -538,6 +575,34 @@ mod tests {
             refused.message()
         );
         assert!(writes.is_empty(), "{writes:?}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_launch_is_counted_by_its_reason() {
+        let metrics = Metrics::new();
+        let agent =
+            agent(api_server(Writes::default(), Duration::ZERO)).with_metrics(metrics.clone());
+        let mut elsewhere = launch();
+        elsewhere.target_node = "node-b".into();
+        let refused = agent.launch_job(Request::new(elsewhere)).await;
+        assert_eq!(
+            refused.expect_err("not registered").code(),
+            tonic::Code::PermissionDenied
+        );
+        let mut unknown = launch();
+        unknown.spec.as_mut().unwrap().comment = "spurjob-uid=uid-2".into();
+        let refused = agent.launch_job(Request::new(unknown)).await;
+        assert_eq!(
+            refused.expect_err("no SpurJob").code(),
+            tonic::Code::NotFound
+        );
+        let text = metrics.encode();
+        for line in [
+            "spur_operator_launch_failures_total{reason=\"not_registered\"} 1",
+            "spur_operator_launch_failures_total{reason=\"no_spurjob\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
     }
 
     #[tokio::test]

@@ -294,33 +294,7 @@ mod tests {
             .nth(1)
             .and_then(|rest| rest.split("\n## ").next())
             .expect("README.md has a Metrics section");
-        // A labelled family shows in the exposition once it has a series.
-        let metrics = spur_operator::metrics::Metrics::new();
-        metrics.observe_rpc("Ping", tonic::Code::Ok, std::time::Duration::from_millis(1));
-        metrics.reconcile_error("node", "register");
-        metrics.agent_auth("verified");
-        metrics.channel_rule("hedge");
-        metrics.fence_refused("closed");
-        metrics
-            .reconciles
-            .get_or_create(&spur_operator::metrics::ReconcileLabels { kind: "node" })
-            .inc();
-        metrics
-            .nodes_drained
-            .get_or_create(&spur_operator::metrics::DrainLabels { reason: "cordoned" })
-            .set(0);
-        metrics
-            .heartbeat_age_seconds
-            .get_or_create(&spur_operator::metrics::NodeLabels {
-                node: "node-0".to_owned(),
-            })
-            .set(1.0);
-        let exported: std::collections::BTreeSet<String> = metrics
-            .encode()
-            .lines()
-            .filter_map(|l| l.strip_prefix("# HELP "))
-            .map(|l| l.split(' ').next().unwrap().to_owned())
-            .collect();
+        let exported = spur_operator::metrics::Metrics::with_a_series_of_each().family_names();
         let listed: std::collections::BTreeSet<String> = section
             .lines()
             .filter_map(|l| l.strip_prefix("| `"))

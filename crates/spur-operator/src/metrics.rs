@@ -34,6 +34,26 @@ pub struct FenceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SpurJobLabels {
+    pub namespace: String,
+    /// `status.state`, or `New` before the operator wrote one.
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabels {
+    pub namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LaunchFailureLabels {
+    /// Why a launch failed: the agent's refusal (`not_acting`, `not_registered`,
+    /// `no_spurjob`, `deleting`, `invalid`, `kubernetes_api`, `timeout`) or the pod's waiting reason
+    /// (`ImagePullBackOff`, `CreateContainerConfigError`, ...).
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DrainLabels {
     /// Why: `cordoned`, `condition` (a `--drain-on-node-condition`), `not_ready`.
     pub reason: &'static str,
@@ -83,6 +103,13 @@ pub struct Metrics {
     pub heartbeat_age_seconds: Family<NodeLabels, Gauge<f64, AtomicU64>>,
     pub agent_calls: Family<AgentCallLabels, Counter>,
     pub submission_lag_seconds: Histogram,
+    /// SpurJobs by namespace and state, as of the status poller's latest round.
+    pub spurjobs: Family<SpurJobLabels, Gauge>,
+    /// From a SpurJob's creation to the poller seeing its job run.
+    pub start_lag_seconds: Histogram,
+    pub launch_failures: Family<LaunchFailureLabels, Counter>,
+    /// GPU-seconds of the jobs that ended, by namespace.
+    pub gpu_seconds: Family<NamespaceLabels, Counter<f64, AtomicU64>>,
     pub reconciles: Family<ReconcileLabels, Counter>,
     pub reconcile_errors: Family<ReconcileErrorLabels, Counter>,
     pub leader: Gauge,
@@ -175,6 +202,31 @@ impl Metrics {
             "From a SpurJob's creation to spurctld accepting its job (or the operator adopting the job a lost reply left)",
             submission_lag_seconds.clone(),
         );
+        let spurjobs = Family::<SpurJobLabels, Gauge>::default();
+        registry.register(
+            "spurjobs",
+            "SpurJobs by namespace and state (status.state; New before the operator wrote one), as of the status poller's latest round",
+            spurjobs.clone(),
+        );
+        // 100 ms to ~27 min: a job that starts at once, one that queued for minutes.
+        let start_lag_seconds = Histogram::new(exponential_buckets(0.1, 2.0, 15));
+        registry.register(
+            "spurjob_start_lag_seconds",
+            "From a SpurJob's creation to the status poller seeing its job Running",
+            start_lag_seconds.clone(),
+        );
+        let launch_failures = Family::<LaunchFailureLabels, Counter>::default();
+        registry.register(
+            "launch_failures",
+            "Launches that failed, by reason: the agent's refusal of a LaunchJob, or the waiting reason of a pod that will never start",
+            launch_failures.clone(),
+        );
+        let gpu_seconds = Family::<NamespaceLabels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "gpu_seconds",
+            "GPU-seconds of the SpurJobs that ended (GPUs per node x nodes x spurctld's run time), by namespace",
+            gpu_seconds.clone(),
+        );
         let agent_calls = Family::<AgentCallLabels, Counter>::default();
         registry.register(
             "agent_calls",
@@ -211,6 +263,10 @@ impl Metrics {
             channel_rules,
             nodes_registered,
             nodes_drained,
+            spurjobs,
+            start_lag_seconds,
+            launch_failures,
+            gpu_seconds,
             registration_lag_seconds,
             heartbeat_failures,
             heartbeat_age_seconds,
@@ -246,6 +302,67 @@ impl Metrics {
     /// Counts one firing of the channel rule `rule`.
     pub fn channel_rule(&self, rule: &'static str) {
         self.channel_rules.get_or_create(&RuleLabels { rule }).inc();
+    }
+
+    /// A registry with one series in every family (a labelled family shows in the
+    /// exposition only once it has one): what the README's list and the dashboard in
+    /// `deploy/dashboards/` are checked against.
+    pub fn with_a_series_of_each() -> Metrics {
+        let metrics = Metrics::new();
+        metrics.observe_rpc("Ping", tonic::Code::Ok, std::time::Duration::from_millis(1));
+        metrics.reconcile_error("node", "register");
+        metrics.agent_auth("verified");
+        metrics.channel_rule("hedge");
+        metrics.fence_refused("closed");
+        metrics
+            .reconciles
+            .get_or_create(&ReconcileLabels { kind: "node" })
+            .inc();
+        metrics.launch_failed("timeout");
+        metrics
+            .spurjobs
+            .get_or_create(&SpurJobLabels {
+                namespace: "ml".to_owned(),
+                state: "Running".to_owned(),
+            })
+            .set(1);
+        metrics
+            .gpu_seconds
+            .get_or_create(&NamespaceLabels {
+                namespace: "ml".to_owned(),
+            })
+            .inc_by(1.0);
+        metrics
+            .nodes_drained
+            .get_or_create(&DrainLabels { reason: "cordoned" })
+            .set(0);
+        metrics
+            .heartbeat_age_seconds
+            .get_or_create(&NodeLabels {
+                node: "node-0".to_owned(),
+            })
+            .set(1.0);
+        metrics
+    }
+
+    /// The names of the families in the exposition (`spur_operator_...`, without the
+    /// `_total` a counter's series add).
+    pub fn family_names(&self) -> std::collections::BTreeSet<String> {
+        self.encode()
+            .lines()
+            .filter_map(|l| l.strip_prefix("# HELP "))
+            .filter_map(|l| l.split(' ').next())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// One failed launch, by `reason`.
+    pub fn launch_failed(&self, reason: &str) {
+        self.launch_failures
+            .get_or_create(&LaunchFailureLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
     pub fn agent_auth(&self, result: &'static str) {

@@ -120,7 +120,8 @@ pub async fn run_with_handles<N: Network>(
     let agent_listener = listen(&world.network, config.agent_listen, "the agent").await?;
     let agent = Agent::new(acting_kube.clone(), jobs_rx, registered.clone())
         .with_launch_timeout(config.agent_launch_timeout)
-        .with_exec_limits(config.agent_exec);
+        .with_exec_limits(config.agent_exec)
+        .with_metrics(metrics.clone());
     let auth = &config.agent_auth;
     let agent_auth = AgentAuth::new(
         auth.mode,

@@ -466,3 +466,48 @@ fn the_dockerfile_reads_as_a_locked_build_onto_an_empty_base_run_as_nonroot() {
         assert!(text.contains(label), "the image names its {label}");
     }
 }
+
+/// The Grafana dashboard in `deploy/dashboards/` is valid JSON, and every metric its
+/// queries name is one the operator exports (a renamed family fails here, not on a blank
+/// panel).
+#[test]
+fn the_dashboard_queries_only_exported_metrics() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/dashboards/spur-operator.json");
+    let text = std::fs::read_to_string(&path).expect("the dashboard");
+    let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let exported = spur_operator::metrics::Metrics::with_a_series_of_each().family_names();
+    let mut queried = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{}", panel["title"]);
+        for target in targets {
+            let expr = target["expr"].as_str().expect("an expr");
+            // Every `spur_operator_...` word, less what PromQL adds to a family's name.
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if !word.starts_with("spur_operator_") {
+                    continue;
+                }
+                let family = ["_bucket", "_count", "_sum", "_total"]
+                    .iter()
+                    .fold(word, |w, suffix| w.strip_suffix(suffix).unwrap_or(w));
+                assert!(
+                    exported.contains(family),
+                    "panel {}: {word} is not an exported family",
+                    panel["title"]
+                );
+                queried.insert(family.to_owned());
+            }
+        }
+    }
+    // The job-level families are what the dashboard is for.
+    for family in [
+        "spur_operator_spurjobs",
+        "spur_operator_spurjob_start_lag_seconds",
+        "spur_operator_launch_failures",
+        "spur_operator_gpu_seconds",
+        "spur_operator_nodes_drained",
+    ] {
+        assert!(queried.contains(family), "no panel draws {family}");
+    }
+}

@@ -206,6 +206,25 @@ impl Stack {
         self.operator = Some(operator);
     }
 
+    /// The operator's /metrics exposition (its health port on the agent's address).
+    pub async fn metrics(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = SocketAddr::new(self.cluster.spare_ip(0).into(), 8080);
+        let mut stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connect to /metrics");
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: operator\r\n\r\n")
+            .await
+            .expect("ask for /metrics");
+        let mut answer = String::new();
+        stream
+            .read_to_string(&mut answer)
+            .await
+            .expect("read /metrics");
+        answer
+    }
+
     /// The operator's whole log so far.
     pub fn operator_log(&self) -> String {
         std::fs::read_to_string(&self.operator_log).unwrap_or_default()

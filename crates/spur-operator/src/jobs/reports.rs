@@ -84,17 +84,37 @@ pub fn pod_end(pod: &Pod) -> Option<PodEnd> {
             }
         }
         _ => {
+            let reason = never_starts(pod)?;
             let waiting = job_container
                 .and_then(|c| c.state.as_ref())
                 .and_then(|s| s.waiting.as_ref())?;
-            let reason = waiting.reason.as_deref()?;
-            NEVER_STARTS.contains(&reason).then(|| PodEnd {
+            Some(PodEnd {
                 exit_code: 1,
                 message: format!("{reason}: {}", waiting.message.as_deref().unwrap_or("")),
                 oom: false,
             })
         }
     }
+}
+
+/// Why the pod's job container will never start (`ImagePullBackOff`, ...), if it will not.
+pub fn never_starts(pod: &Pod) -> Option<&str> {
+    let status = pod.status.as_ref()?;
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    let reason = status
+        .container_statuses
+        .as_deref()?
+        .iter()
+        .find(|c| c.name == CONTAINER)?
+        .state
+        .as_ref()?
+        .waiting
+        .as_ref()?
+        .reason
+        .as_deref()?;
+    NEVER_STARTS.contains(&reason).then_some(reason)
 }
 
 pub struct ReportContext {
@@ -230,6 +250,9 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
         &Patch::Merge(&mark),
     )
     .await?;
+    if let Some(reason) = never_starts(&pod) {
+        ctx.metrics.launch_failed(reason);
+    }
     tracing::info!(pod = %pod.name_any(), job_id, node = %node, exit_code = end.exit_code, message = %end.message, "reported the pod's end");
     Ok(Action::await_change())
 }
@@ -373,5 +396,19 @@ mod tests {
             }),
         );
         assert_eq!(pod_end(&creating), None);
+        // Counted as a launch failure by its reason; a pod on its way is not one.
+        let pulling = pod(
+            "Pending",
+            Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ImagePullBackOff".into()),
+                    message: None,
+                }),
+                ..Default::default()
+            }),
+        );
+        assert_eq!(never_starts(&pulling), Some("ImagePullBackOff"));
+        assert_eq!(never_starts(&creating), None);
+        assert_eq!(never_starts(&pod("Failed", terminated(1, "Error"))), None);
     }
 }

@@ -124,6 +124,45 @@ pub fn mirrored(current: &SpurJobStatus, info: &pb::JobInfo, now: &str) -> Optio
     (next != *current).then_some(next)
 }
 
+/// `spur_operator_spurjobs`: every SpurJob not being deleted, by namespace and state.
+fn count_by_state(store: &Store<SpurJob>, metrics: &Metrics) {
+    let mut counts: BTreeMap<(String, String), i64> = BTreeMap::new();
+    for job in store.state() {
+        if job.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let state = job
+            .status
+            .as_ref()
+            .and_then(|s| s.state.clone())
+            .unwrap_or_else(|| "New".to_owned());
+        *counts
+            .entry((job.namespace().unwrap_or_default(), state))
+            .or_default() += 1;
+    }
+    metrics.spurjobs.clear();
+    for ((namespace, state), count) in counts {
+        metrics
+            .spurjobs
+            .get_or_create(&crate::metrics::SpurJobLabels { namespace, state })
+            .set(count);
+    }
+}
+
+/// The GPU-seconds a job that ran from `start` to `end` (RFC 3339) used: its GPUs per node
+/// times its nodes times the run time. `None` for an array (its tasks' times are their own)
+/// or without both times.
+pub fn gpu_seconds(job: &SpurJob, start: Option<&str>, end: Option<&str>) -> Option<f64> {
+    if job.spec.array_spec.is_some() {
+        return None;
+    }
+    let gpus = job.spec.gpus.as_ref().map_or(0, |g| g.count);
+    let start: k8s_openapi::jiff::Timestamp = start?.parse().ok()?;
+    let end: k8s_openapi::jiff::Timestamp = end?.parse().ok()?;
+    let seconds = end.duration_since(start).as_secs_f64().max(0.0);
+    Some(f64::from(gpus) * f64::from(job.spec.num_nodes) * seconds)
+}
+
 /// A controller timestamp as RFC 3339; `None` when unset (spurctld leaves zero).
 fn timestamp(at: Option<&pb::Timestamp>) -> Option<String> {
     let at = at.filter(|t| t.seconds > 0)?;
@@ -303,6 +342,7 @@ pub async fn poll_once(
     events: &EventPublisher,
     memory: &mut PollMemory,
 ) {
+    count_by_state(store, metrics);
     // The store iterates in no fixed order; sort so calls and writes are reproducible.
     let mut active: Vec<(u32, std::sync::Arc<SpurJob>)> = store
         .state()
@@ -389,7 +429,7 @@ pub async fn poll_once(
                 next.array_tasks = array_tasks(tasks, &job.uid().unwrap_or_default());
             }
             if next != current {
-                write(kube, job, &next, info.job_id, metrics, events).await;
+                write(kube, job, &next, info.job_id, clock, metrics, events).await;
             }
         }
     }
@@ -403,14 +443,14 @@ pub async fn poll_once(
             Err(e) if e.code() == tonic::Code::NotFound => {
                 let current = job.status.clone().unwrap_or_default();
                 if let Some(next) = lost(&current, *job_id, &now) {
-                    write(kube, job, &next, *job_id, metrics, events).await;
+                    write(kube, job, &next, *job_id, clock, metrics, events).await;
                 }
             }
             Ok(info) if info.job_id == *job_id => {
                 memory.seen(*job_id);
                 let current = job.status.clone().unwrap_or_default();
                 if let Some(next) = mirrored(&current, &info, &now) {
-                    write(kube, job, &next, *job_id, metrics, events).await;
+                    write(kube, job, &next, *job_id, clock, metrics, events).await;
                 }
             }
             Ok(_) => {}
@@ -421,11 +461,44 @@ pub async fn poll_once(
     }
 }
 
+/// The job-level metrics of a status change: its start lag when it starts running, its
+/// GPU-seconds when it ends.
+fn record_transition(
+    job: &SpurJob,
+    before: &SpurJobStatus,
+    after: &SpurJobStatus,
+    clock: &WallClock,
+    metrics: &Metrics,
+) {
+    let was = before.state.as_deref();
+    let now = after.state.as_deref();
+    if now == Some("Running")
+        && was != Some("Running")
+        && let Some(created) = &job.metadata.creation_timestamp
+    {
+        let lag = clock.timestamp().duration_since(created.0).as_secs_f64();
+        metrics.start_lag_seconds.observe(lag.max(0.0));
+    }
+    let ended = now.is_some_and(is_terminal) && !was.is_some_and(is_terminal);
+    if ended
+        && let Some(used) = gpu_seconds(job, after.start_time.as_deref(), after.end_time.as_deref())
+        && used > 0.0
+    {
+        metrics
+            .gpu_seconds
+            .get_or_create(&crate::metrics::NamespaceLabels {
+                namespace: job.namespace().unwrap_or_default(),
+            })
+            .inc_by(used);
+    }
+}
+
 async fn write(
     kube: &kube::Client,
     job: &SpurJob,
     next: &SpurJobStatus,
     job_id: u32,
+    clock: &WallClock,
     metrics: &Metrics,
     events: &EventPublisher,
 ) {
@@ -434,6 +507,7 @@ async fn write(
         Ok(()) => {
             tracing::info!(spurjob = %job.name_any(), job_id, state = ?next.state, "mirrored the job's state");
             let before = job.status.clone().unwrap_or_default();
+            record_transition(job, &before, next, clock, metrics);
             if let Some((warning, reason, note)) = state_event(&before, next, job_id) {
                 if warning {
                     events.warning(job, &reason, &note).await;
@@ -580,6 +654,41 @@ mod tests {
         for (before, after, expected) in table {
             assert_eq!(state_event(&before, &after, 7), expected, "{after:?}");
         }
+    }
+
+    #[test]
+    fn gpu_seconds_are_gpus_per_node_times_nodes_times_the_run() {
+        let job = |gpus: Option<u32>, nodes: u32, array: bool| {
+            let mut job = SpurJob::new(
+                "j",
+                crate::jobs::SpurJobSpec {
+                    image: "x".into(),
+                    gpus: gpus.map(|count| crate::jobs::crd::GpuSpec {
+                        count,
+                        gpu_type: None,
+                    }),
+                    num_nodes: nodes,
+                    array_spec: array.then(|| "0-3".to_owned()),
+                    ..Default::default()
+                },
+            );
+            job.metadata.namespace = Some("ml".into());
+            job
+        };
+        let (start, end) = (Some("2026-01-01T00:00:00Z"), Some("2026-01-01T00:10:00Z"));
+        assert_eq!(
+            gpu_seconds(&job(Some(8), 2, false), start, end),
+            Some(9600.0)
+        );
+        assert_eq!(gpu_seconds(&job(None, 1, false), start, end), Some(0.0));
+        assert_eq!(gpu_seconds(&job(Some(8), 1, true), start, end), None);
+        assert_eq!(gpu_seconds(&job(Some(8), 1, false), start, None), None);
+        assert_eq!(
+            gpu_seconds(&job(Some(8), 1, false), Some("soon"), end),
+            None
+        );
+        // A clock step backwards never counts negative time.
+        assert_eq!(gpu_seconds(&job(Some(8), 1, false), end, start), Some(0.0));
     }
 
     #[test]
