@@ -67,10 +67,7 @@ impl Agent {
             jobs,
             registered,
             launch_timeout: DEFAULT_LAUNCH_TIMEOUT,
-            exec_limits: crate::job_io::ExecLimits {
-                timeout: Duration::from_secs(60),
-                output_bytes: 1 << 20,
-            },
+            exec_limits: crate::job_io::ExecLimits::default(),
             metrics: Metrics::new(),
             in_flight: std::sync::Arc::default(),
         }

@@ -1201,13 +1201,9 @@ mod tests {
         assert_eq!(config.default_user, "batch");
         let err = parse_run(&["--agent-launch-timeout", "0s"]).unwrap_err();
         assert!(err.contains("--agent-launch-timeout"), "{err}");
-        assert_eq!(
-            config.agent_exec,
-            crate::job_io::ExecLimits {
-                timeout: Duration::from_secs(60),
-                output_bytes: 1 << 20
-            }
-        );
+        assert_eq!(config.agent_exec, crate::job_io::ExecLimits::default());
+        assert_eq!(config.agent_exec.timeout, Duration::from_secs(60));
+        assert_eq!(config.agent_exec.output_bytes, 1 << 20);
         let err = parse_run(&["--agent-exec-timeout", "0s"]).unwrap_err();
         assert!(err.contains("--agent-exec-timeout"), "{err}");
         let err = parse_run(&["--agent-exec-output-limit", "0"]).unwrap_err();

@@ -21,12 +21,23 @@ use tonic::Status;
 use crate::jobs::pods::{ANNOTATION_RUN_ATTEMPT, CONTAINER};
 use crate::jobs::{LABEL_JOB_ID, LABEL_MANAGED_BY, MANAGED_BY, MANAGED_BY_UPSTREAM};
 
-/// Bounds on one exec (`--agent-exec-timeout`, `--agent-exec-output-limit`).
+/// Bounds on one exec (`--agent-exec-timeout`, `--agent-exec-output-limit`, where the
+/// defaults' reasons are).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExecLimits {
     pub timeout: Duration,
     /// The most of each of stdout and stderr returned.
     pub output_bytes: usize,
+}
+
+impl Default for ExecLimits {
+    /// The flags' defaults (a config test holds them equal).
+    fn default() -> Self {
+        ExecLimits {
+            timeout: Duration::from_secs(60),
+            output_bytes: 1 << 20,
+        }
+    }
 }
 
 /// Chunks of output in flight to one StreamJobOutput caller before reading the pod's log
