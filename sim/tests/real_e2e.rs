@@ -361,6 +361,83 @@ fn a_spurjob_deleted_while_running_is_cancelled_and_its_pods_and_finalizer_go_wi
     });
 }
 
+/// spurctld does not deduplicate, and a SubmitJob the operator gave up on in a network cut
+/// lands when a kernel retransmits it after the heal: a second job carrying the SpurJob's
+/// UID. Planted here as that late submission would arrive; the agent refuses its launch
+/// and cancels it, and the SpurJob's own job runs on untouched.
+#[test]
+fn a_late_second_job_of_a_spurjob_is_refused_at_launch_and_cancelled_without_a_pod() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        stack.create_spurjob("dup", job_spec(json!({"env": {"SIM_RUN_SECONDS": "6"}})));
+        stack
+            .until("dup: running", created, Duration::from_secs(60), |s| {
+                s.state("dup").as_deref() == Some("Running")
+            })
+            .await;
+        let job = stack.spurjob("dup").expect("the SpurJob");
+        let id = id_of(&job);
+        let uid = job["metadata"]["uid"].as_str().expect("a uid").to_owned();
+        let leader = stack.cluster.leader().expect("a single replica leads");
+        let planted = Instant::now();
+        let second = stack
+            .replica(leader)
+            .await
+            .submit_job(pb::SubmitJobRequest {
+                spec: Some(pb::JobSpec {
+                    name: "dup".to_owned(),
+                    num_nodes: 1,
+                    num_tasks: 1,
+                    tasks_per_node: 1,
+                    cpus_per_task: 1,
+                    argv: vec!["sh".into(), "-c".into(), "true".into()],
+                    container_image: "busybox:1.36".to_owned(),
+                    comment: format!("spurjob-uid={uid}"),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .expect("the late submission is applied")
+            .into_inner()
+            .job_id;
+        assert_ne!(second, id);
+        let cancelled = loop {
+            let state = controller_state(&stack, "dup", second).await;
+            if state == pb::JobState::JobCancelled {
+                break planted.elapsed();
+            }
+            assert!(
+                planted.elapsed() < Duration::from_secs(30),
+                "job {second} still {state:?} 30 s after it was planted{}",
+                stack.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        eprintln!(
+            "e2e dup: the second job cancelled {:.1}s after it was applied",
+            cancelled.as_secs_f64()
+        );
+        let (state, job) = run_to_end(&stack, "dup", 1, created).await;
+        assert_eq!(state, "Completed");
+        assert_eq!(id_of(&job), id, "the SpurJob keeps its own job");
+        let pods_of_second = stack
+            .api
+            .list("v1", "Pod")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| {
+                p["metadata"]["labels"]["spur.amd.com/job-id"] == second.to_string().as_str()
+            })
+            .count();
+        assert_eq!(pods_of_second, 0, "the second job got no pod");
+        let metrics = stack.metrics().await;
+        assert!(
+            metrics.contains("spur_operator_duplicate_jobs_cancelled_total{found_at=\"launch\"} 1"),
+            "{metrics}"
+        );
+    });
+}
+
 #[test]
 fn a_spurjob_deleted_after_its_job_ended_loses_its_finalizer() {
     e2e(StackConfig::default(), |stack| async move {

@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 
 use crate::agent_auth::AgentAuth;
 use crate::jobs::convert::uid_in_comment;
+use crate::jobs::duplicates;
 use crate::jobs::pods::{
     MAX_POD_GENERATIONS, Placement, build_pod, build_service, is_launched_pod, placement,
 };
@@ -50,6 +51,10 @@ pub struct Agent {
     exec_limits: crate::job_io::ExecLimits,
     /// Counts the launches it refuses (`spur_operator_launch_failures_total`).
     metrics: Metrics,
+    /// Cancels a duplicate it refused to launch ([`crate::jobs::duplicates`]); fenced, as
+    /// CancelJob is a leader-only write. `None`: refused only (spurctld then holds the job
+    /// after its dispatch retries).
+    controller: Option<crate::controller::ControllerClient>,
     /// Held (shared) by every call while it runs: [`Agent::drained`] takes it exclusively,
     /// so a replica shutting down lets the launches in flight finish (their writes still
     /// pass the fence) before it closes the fence and releases the Lease.
@@ -69,8 +74,15 @@ impl Agent {
             launch_timeout: DEFAULT_LAUNCH_TIMEOUT,
             exec_limits: crate::job_io::ExecLimits::default(),
             metrics: Metrics::new(),
+            controller: None,
             in_flight: std::sync::Arc::default(),
         }
+    }
+
+    /// Cancels, through `controller`, each duplicate job it refuses to launch.
+    pub fn with_controller(mut self, controller: crate::controller::ControllerClient) -> Agent {
+        self.controller = Some(controller);
+        self
     }
 
     /// Completes once no call is in flight. Calls that start after the replica stopped
@@ -232,6 +244,10 @@ impl Agent {
                 )),
             ));
         }
+        let recorded = job.status.as_ref().and_then(|s| s.spur_job_id);
+        if duplicates::launch_is_duplicate(recorded, job.spec.array_spec.is_some(), &launch) {
+            return Err(("duplicate", self.refuse_duplicate(&job, &launch, recorded)));
+        }
         let placement = placement(&launch).map_err(|e| ("invalid", Status::invalid_argument(e)))?;
         // spurctld awaits every LaunchJob, one assignment after another, with no bound:
         // an API server that does not answer must not hold up all its scheduling.
@@ -257,6 +273,38 @@ impl Agent {
                 ))
             }
         }
+    }
+
+    /// Refuses a duplicate's launch and cancels it in the background: the answer goes
+    /// back at once (spurctld awaits it before it schedules anything else), and the
+    /// cancel, a Raft write, is not made from inside spurctld's own dispatch.
+    fn refuse_duplicate(
+        &self,
+        job: &SpurJob,
+        launch: &pb::LaunchJobRequest,
+        recorded: Option<u32>,
+    ) -> Status {
+        let job_id = launch.job_id;
+        let spurjob = job.name_any();
+        tracing::warn!(%spurjob, job_id, ?recorded, "LaunchJob for a second job of a SpurJob: refused, and the job cancelled");
+        if let Some(controller) = self.controller.clone() {
+            let metrics = self.metrics.clone();
+            tokio::spawn(async move {
+                match duplicates::cancel(&controller, job_id).await {
+                    Ok(true) => metrics.duplicate_cancelled("launch"),
+                    Ok(false) => {}
+                    // spurctld's dispatch retries bring the launch, and this, back.
+                    Err(error) => {
+                        tracing::warn!(%spurjob, job_id, %error, "could not cancel a duplicate job; its next launch tries again")
+                    }
+                }
+            });
+        }
+        Status::already_exists(format!(
+            "job {job_id} is a second job of SpurJob {}, which runs as job {}; not launched, and cancelled",
+            job.name_any(),
+            recorded.unwrap_or_default()
+        ))
     }
 
     async fn gpu_resource(&self, node: &str) -> &'static str {
@@ -443,7 +491,7 @@ pub async fn serve<L: Listener>(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
     use kube::runtime::reflector::store::Writer;
     use kube::runtime::watcher;
@@ -455,44 +503,10 @@ mod tests {
     use super::*;
     use crate::fence::Fence;
     use crate::jobs::crd::SpurJobSpec;
+    use crate::kube_testing::{Writes, api_server};
 
     /// How long the API server takes to answer the Node read a LaunchJob starts with.
     const NODE_READ: Duration = Duration::from_secs(3);
-
-    /// What reached the API server: `METHOD path`, and each write's body.
-    type Writes = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
-
-    /// An API server that answers reads NotFound after `read_delay` and every write at
-    /// once (as created), recording it.
-    fn api_server(writes: Writes, read_delay: Duration) -> kube::Client {
-        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-            let writes = writes.clone();
-            async move {
-                if request.method() == http::Method::GET {
-                    tokio::time::sleep(read_delay).await;
-                    let status = serde_json::json!({
-                        "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "reason": "NotFound", "code": 404, "message": "not found",
-                    });
-                    return Ok::<_, kube::Error>(
-                        http::Response::builder()
-                            .status(404)
-                            .body(kube::client::Body::from(status.to_string().into_bytes()))
-                            .expect("response"),
-                    );
-                }
-                let what = format!("{} {}", request.method(), request.uri().path());
-                let created = request.into_body().collect_bytes().await?;
-                let body = serde_json::from_slice(&created).unwrap_or_default();
-                writes.lock().expect("writes").push((what, body));
-                Ok(http::Response::builder()
-                    .status(201)
-                    .body(kube::client::Body::from(created))
-                    .expect("response"))
-            }
-        });
-        kube::Client::new(service, "default")
-    }
 
     fn job_store() -> Store<SpurJob> {
         let mut job = SpurJob::new(
@@ -572,6 +586,80 @@ mod tests {
             refused.message()
         );
         assert!(writes.is_empty(), "{writes:?}");
+    }
+
+    #[tokio::test]
+    async fn a_launch_of_a_second_job_of_a_spurjob_is_refused_and_the_job_cancelled() {
+        use crate::controller::testing::{MemoryNetwork, ScriptedController};
+        let controller = ScriptedController::default();
+        let client = crate::controller::ControllerClient::new(
+            crate::controller::ControllerAddr::new("spurctld", 6817),
+            crate::config::ChannelConfig::default(),
+            None,
+            MemoryNetwork::start(controller.clone()),
+        )
+        .expect("client");
+        // The SpurJob of `job_store` ran as job 5; a late duplicate of it is job 7.
+        let mut recorded = (*job_store().state()[0]).clone();
+        recorded.status = Some(crate::jobs::SpurJobStatus {
+            spur_job_id: Some(5),
+            ..Default::default()
+        });
+        let mut writer = Writer::default();
+        writer.apply_watcher_event(&watcher::Event::Apply(recorded));
+        let (_jobs_tx, jobs) = watch::channel(Some(writer.as_reader()));
+        let registered = Registered::default();
+        registered.insert("node-a", "token".into());
+        let writes = Writes::default();
+        let metrics = Metrics::new();
+        let agent = Agent::new(
+            api_server(Arc::clone(&writes), Duration::ZERO),
+            jobs,
+            registered,
+        )
+        .with_metrics(metrics.clone())
+        .with_controller(client);
+        let refused = agent
+            .launch_job(Request::new(launch()))
+            .await
+            .expect_err("a duplicate is not launched");
+        assert_eq!(refused.code(), tonic::Code::AlreadyExists);
+        assert!(
+            refused
+                .message()
+                .contains("job 7 is a second job of SpurJob train, which runs as job 5"),
+            "{}",
+            refused.message()
+        );
+        assert!(
+            writes.lock().expect("writes").is_empty(),
+            "no pod, no Service"
+        );
+        // The cancel goes out in the background.
+        for _ in 0..100 {
+            if controller.log().contains(&"CancelJob 7".to_owned()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(controller.log(), ["CancelJob 7"]);
+        let exposition = metrics.encode();
+        assert!(
+            exposition
+                .contains("spur_operator_duplicate_jobs_cancelled_total{found_at=\"launch\"} 1"),
+            "{exposition}"
+        );
+        assert!(
+            exposition.contains("spur_operator_launch_failures_total{reason=\"duplicate\"} 1"),
+            "{exposition}"
+        );
+        // Its own job launches as before.
+        let mut own = launch();
+        own.job_id = 5;
+        agent
+            .launch_job(Request::new(own))
+            .await
+            .expect("job 5 launches");
     }
 
     #[tokio::test]

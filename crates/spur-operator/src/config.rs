@@ -737,6 +737,24 @@ pub struct RunArgs {
     #[arg(long, env = "SPUR_OPERATOR_SUBMIT_READ_BACK", default_value = "1s")]
     pub submit_read_back: Bound,
 
+    /// After a SubmitJob that went unanswered (abandoned, timed out, its connection lost),
+    /// how long the SpurJob's jobs are read back for a second one carrying its UID, which
+    /// is then cancelled. spurctld does not deduplicate, and forwards a write to its leader
+    /// with no deadline, so a SubmitJob held by a network cut lands when the cut heals and a
+    /// kernel retransmits it: after the cut's whole length plus up to two minutes of
+    /// retransmission backoff. 10 minutes outlasts any cut the operator rides out without
+    /// losing its nodes (spurctld marks them DOWN after 90 s without a heartbeat); a later
+    /// duplicate is still refused and cancelled at launch. `0s`: no watch.
+    #[arg(long, env = "SPUR_OPERATOR_DUPLICATE_WATCH", default_value = "10m", value_parser = parse_duration)]
+    pub duplicate_watch: Duration,
+
+    /// How often a watched SpurJob's jobs are read (one GetJobs by name). A duplicate that
+    /// spurctld can schedule is launched within a second and refused then; this read is
+    /// for one waiting in the queue. 30 s: at most 20 reads per watched SpurJob, and only
+    /// SpurJobs whose submission went unanswered are watched.
+    #[arg(long, env = "SPUR_OPERATOR_DUPLICATE_WATCH_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub duplicate_watch_interval: Duration,
+
     /// At most one summary line of node sync failures per this interval.
     #[arg(long, env = "SPUR_OPERATOR_FAILURE_LOG_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub failure_log_interval: Duration,
@@ -943,6 +961,12 @@ impl RunArgs {
                 reason: "must be above zero".into(),
             });
         }
+        if !self.duplicate_watch.is_zero() && self.duplicate_watch_interval.is_zero() {
+            return Err(ConfigError::Invalid {
+                flag: "--duplicate-watch-interval",
+                reason: "must be above zero while --duplicate-watch is on".into(),
+            });
+        }
         if self.agent_launch_timeout.is_zero() {
             return Err(ConfigError::Invalid {
                 flag: "--agent-launch-timeout",
@@ -1044,6 +1068,8 @@ impl RunArgs {
                 report_refusal_retries: self.report_refusal_retries,
                 report_refusal_delay: self.report_refusal_delay,
                 lost_after: self.job_lost_after,
+                duplicate_watch: self.duplicate_watch,
+                duplicate_watch_interval: self.duplicate_watch_interval,
             },
             agent_launch_timeout: self.agent_launch_timeout,
             agent_exec: crate::job_io::ExecLimits {

@@ -15,6 +15,8 @@ pub mod health;
 pub mod hostlist;
 pub mod job_io;
 pub mod jobs;
+#[cfg(test)]
+mod kube_testing;
 pub mod lease;
 pub mod metrics;
 pub mod net;

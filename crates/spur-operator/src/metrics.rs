@@ -34,6 +34,13 @@ pub struct FenceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DuplicateLabels {
+    /// Where it was found: `launch` (the agent), `watch` (the reconciler's read-back after
+    /// an unanswered SubmitJob) or `deletion` (the finalizer).
+    pub found_at: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SpurJobLabels {
     pub namespace: String,
     /// `status.state`, or `New` before the operator wrote one.
@@ -114,6 +121,7 @@ pub struct Metrics {
     pub reconcile_errors: Family<ReconcileErrorLabels, Counter>,
     pub leader: Gauge,
     pub fence_refusals: Family<FenceLabels, Counter>,
+    pub duplicates_cancelled: Family<DuplicateLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -253,6 +261,12 @@ impl Metrics {
             "Writes on behalf of leadership refused because this replica's hold on the Lease had ended, ran out, or was closed for shutdown",
             fence_refusals.clone(),
         );
+        let duplicates_cancelled = Family::<DuplicateLabels, Counter>::default();
+        registry.register(
+            "duplicate_jobs_cancelled",
+            "Second controller jobs of one SpurJob (a SubmitJob given up on and applied later) cancelled, by where they were found",
+            duplicates_cancelled.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             rpcs,
@@ -276,7 +290,15 @@ impl Metrics {
             reconcile_errors,
             leader,
             fence_refusals,
+            duplicates_cancelled,
         }
+    }
+
+    /// Counts one duplicate job cancelled, found at `found_at`.
+    pub fn duplicate_cancelled(&self, found_at: &'static str) {
+        self.duplicates_cancelled
+            .get_or_create(&DuplicateLabels { found_at })
+            .inc();
     }
 
     /// Counts one write the fence refused, for `reason`.
@@ -314,6 +336,7 @@ impl Metrics {
         metrics.agent_auth("verified");
         metrics.channel_rule("hedge");
         metrics.fence_refused("closed");
+        metrics.duplicate_cancelled("launch");
         metrics
             .reconciles
             .get_or_create(&ReconcileLabels { kind: "node" })

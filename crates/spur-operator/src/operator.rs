@@ -121,7 +121,8 @@ pub async fn run_with_handles<N: Network>(
     let agent = Agent::new(acting_kube.clone(), jobs_rx, registered.clone())
         .with_launch_timeout(config.agent_launch_timeout)
         .with_exec_limits(config.agent_exec)
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_controller(controller.clone());
     let auth = &config.agent_auth;
     let agent_auth = AgentAuth::new(
         auth.mode,

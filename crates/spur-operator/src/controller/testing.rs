@@ -455,8 +455,23 @@ impl pb::SlurmController for ScriptedController {
             .collect();
         self.answer(pb::GetJobsResponse { jobs })
     }
-    async fn cancel_job(&self, _: Request<pb::CancelJobRequest>) -> Result<Response<()>, Status> {
-        self.answer(())
+    async fn cancel_job(&self, r: Request<pb::CancelJobRequest>) -> Result<Response<()>, Status> {
+        let job_id = r.into_inner().job_id;
+        self.enter(format!("CancelJob {job_id}")).await;
+        let answer = self.answer(())?;
+        let mut jobs = self.jobs.lock().unwrap();
+        if let Some(job) = jobs.iter_mut().find(|j| j.job_id == job_id) {
+            if job.state != pb::JobState::JobPending as i32
+                && job.state != pb::JobState::JobRunning as i32
+            {
+                return Err(Status::internal(format!(
+                    "job {job_id} is already {:?}",
+                    job.state()
+                )));
+            }
+            job.state = pb::JobState::JobCancelled as i32;
+        }
+        Ok(answer)
     }
     async fn report_job_status(
         &self,

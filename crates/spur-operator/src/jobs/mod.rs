@@ -3,6 +3,7 @@
 
 pub mod convert;
 pub mod crd;
+pub mod duplicates;
 pub mod pods;
 pub mod reconcile;
 pub mod reports;
@@ -70,6 +71,11 @@ pub struct JobsTuning {
     /// How long CancelJob may answer "job N not found" before the job counts as gone
     /// (`--job-lost-after`: a stale replica does not know newer jobs).
     pub lost_after: std::time::Duration,
+    /// How long after an unanswered SubmitJob the SpurJob's jobs are read back for a
+    /// late duplicate (`--duplicate-watch`, see [`duplicates`]).
+    pub duplicate_watch: std::time::Duration,
+    /// How often they are read meanwhile (`--duplicate-watch-interval`).
+    pub duplicate_watch_interval: std::time::Duration,
 }
 
 impl Default for JobsTuning {
@@ -79,6 +85,8 @@ impl Default for JobsTuning {
             report_refusal_retries: 15,
             report_refusal_delay: std::time::Duration::from_secs(2),
             lost_after: std::time::Duration::from_secs(120),
+            duplicate_watch: std::time::Duration::from_secs(600),
+            duplicate_watch_interval: std::time::Duration::from_secs(30),
         }
     }
 }

@@ -17,8 +17,9 @@ use tonic::Code;
 
 use super::convert;
 use super::crd::{SpurJob, SpurJobStatus};
+use super::duplicates;
 use super::status::{INVALID_STATE, REFUSED_STATE, patch_status, set_condition, state_name};
-use super::submit::{Submission, find_by_uid, submit_once};
+use super::submit::{Submission, submit_once};
 use super::{FINALIZER, JobsTuning, LABEL_JOB_ID};
 use crate::clock::WallClock;
 use crate::controller::{ControllerClient, ControllerError};
@@ -45,6 +46,8 @@ pub struct JobsContext {
     backoffs: Mutex<BTreeMap<String, Backoff>>,
     /// Since when CancelJob has answered "not found" for each job id.
     not_found_since: Mutex<BTreeMap<u32, tokio::time::Instant>>,
+    /// The SpurJobs whose submission went unanswered, read back for a late duplicate.
+    watch: duplicates::Watch,
 }
 
 impl JobsContext {
@@ -70,6 +73,7 @@ impl JobsContext {
             default_user: convert::DEFAULT_USER.to_owned(),
             backoffs: Mutex::default(),
             not_found_since: Mutex::default(),
+            watch: duplicates::Watch::default(),
         }
     }
 
@@ -311,11 +315,12 @@ async fn apply(
     ctx: &JobsContext,
 ) -> Result<Action, ReconcileError> {
     let status = job.status.clone().unwrap_or_default();
-    if status.spur_job_id.is_some() {
-        // Submitted: from here on the poller mirrors its state.
-        return Ok(Action::await_change());
-    }
     let uid = job.uid().unwrap_or_default();
+    if let Some(recorded) = status.spur_job_id {
+        // Submitted: from here on the poller mirrors its state; the reconciler only looks
+        // for a late duplicate while the submission is watched.
+        return watch_for_duplicates(job, &uid, recorded, ctx).await;
+    }
     let generation = job.metadata.generation;
     let now = ctx.clock.timestamp().to_string();
     let spec = match convert::job_spec_as(job, &uid, &ctx.default_user) {
@@ -362,7 +367,12 @@ async fn apply(
         Ok(submission) => submission,
         Err(error) => match Refusal::of(&error) {
             Some(refusal) => return refused(job, api, ctx, &status, refusal, &error).await,
-            None => return Err(error.into()),
+            None => {
+                if duplicates::may_still_apply(&error) && !ctx.tuning.duplicate_watch.is_zero() {
+                    ctx.watch.uncertain(&uid, tokio::time::Instant::now());
+                }
+                return Err(error.into());
+            }
         },
     };
     let job_id = submission.job_id();
@@ -396,7 +406,47 @@ async fn apply(
     ctx.events
         .normal(job, how, &format!("spurctld job {job_id}"))
         .await;
+    if ctx.watch.is_watched(&uid) {
+        return Ok(Action::requeue(ctx.tuning.duplicate_watch_interval));
+    }
     Ok(Action::await_change())
+}
+
+/// While `uid`'s submission is watched ([`duplicates`]): cancels every other live job
+/// carrying it and comes back after the watch's interval. An array is left to the launch
+/// check (a read by name cannot tell its tasks from a second array's).
+async fn watch_for_duplicates(
+    job: &SpurJob,
+    uid: &str,
+    recorded: u32,
+    ctx: &JobsContext,
+) -> Result<Action, ReconcileError> {
+    let tuning = &ctx.tuning;
+    let step = ctx.watch.step(
+        uid,
+        tokio::time::Instant::now(),
+        tuning.duplicate_watch,
+        tuning.duplicate_watch_interval,
+    );
+    let duplicates::WatchStep::Sweep(again) = step else {
+        return Ok(Action::await_change());
+    };
+    if job.spec.array_spec.is_some() {
+        ctx.watch.forget(uid);
+        return Ok(Action::await_change());
+    }
+    let name = super::status::job_name(job);
+    for job_id in duplicates::cancel_duplicates(&ctx.controller, &name, uid, recorded).await? {
+        ctx.metrics.duplicate_cancelled("watch");
+        let message = format!(
+            "spurctld job {job_id} was a second job of this SpurJob (a submission given up on and applied later); cancelled, job {recorded} runs on"
+        );
+        tracing::warn!(spurjob = %job.name_any(), job_id, recorded, "late duplicate cancelled");
+        ctx.events
+            .warning(job, "DuplicateCancelled", &message)
+            .await;
+    }
+    Ok(Action::requeue(again))
 }
 
 /// Records spurctld's refusal of the submission on the SpurJob (state `Refused`, its
@@ -462,6 +512,8 @@ async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileEr
         .is_some_and(super::status::is_terminal);
     // (id, whether it may still need cancelling)
     let mut jobs: Vec<(u32, bool)> = Vec::new();
+    // Second jobs of a watched submission, counted once cancelled.
+    let mut duplicates_found: Vec<u32> = Vec::new();
     if job.spec.array_spec.is_some() {
         let name = super::status::job_name(job);
         let found = ctx
@@ -486,16 +538,35 @@ async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileEr
         if let Some(id) = recorded {
             jobs.push((id, false));
         }
+    } else if let (Some(id), false) = (recorded, ctx.watch.is_watched(&uid)) {
+        jobs.push((id, !terminal));
     } else {
-        let job_id = match recorded {
-            Some(id) => Some(id),
-            // A submission whose status write was lost must still be cancelled.
-            None => match convert::job_spec_as(job, &uid, &ctx.default_user) {
-                Ok(spec) => find_by_uid(&ctx.controller, &spec.name, &uid).await?,
-                Err(_) => None,
-            },
-        };
-        jobs.extend(job_id.map(|id| (id, !terminal)));
+        // A submission whose status write was lost must still be cancelled, and so must a
+        // late duplicate of a watched one ([`duplicates`]).
+        if let Some(id) = recorded {
+            jobs.push((id, !terminal));
+        }
+        if let Ok(spec) = convert::job_spec_as(job, &uid, &ctx.default_user) {
+            let found = ctx
+                .controller
+                .get_jobs(pb::GetJobsRequest {
+                    name: spec.name,
+                    ..Default::default()
+                })
+                .await?;
+            for found in &found.jobs {
+                if convert::uid_in_comment(&found.comment) != Some(uid.as_str())
+                    || Some(found.job_id) == recorded
+                {
+                    continue;
+                }
+                let live = !super::status::is_terminal(super::status::state_name(found.state()));
+                if live && recorded.is_some() {
+                    duplicates_found.push(found.job_id);
+                }
+                jobs.push((found.job_id, live));
+            }
+        }
     }
     jobs.sort_unstable();
     jobs.dedup_by_key(|(id, _)| *id);
@@ -512,7 +583,12 @@ async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileEr
             })
             .await
         {
-            Ok(()) => tracing::info!(spurjob = %job.name_any(), job_id, "job cancelled"),
+            Ok(()) => {
+                if duplicates_found.contains(&job_id) {
+                    ctx.metrics.duplicate_cancelled("deletion");
+                }
+                tracing::info!(spurjob = %job.name_any(), job_id, "job cancelled")
+            }
             Err(e) => {
                 let refusal = cancel_refusal(&e, job_id);
                 let unknown_for = {
@@ -541,6 +617,7 @@ async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileEr
     for &(job_id, _) in &jobs {
         delete_job_objects(&ctx.kube, &namespace, job_id).await?;
     }
+    ctx.watch.forget(&uid);
     Ok(Action::await_change())
 }
 
@@ -579,6 +656,100 @@ mod tests {
 
     use super::*;
     use crate::jobs::crd::Condition;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watched_submission_has_its_late_duplicate_cancelled_until_the_watch_ends() {
+        use crate::controller::testing::{MemoryNetwork, ScriptedController};
+        use crate::kube_testing::{Writes, api_server};
+        let controller = ScriptedController::default();
+        let client = ControllerClient::new(
+            crate::controller::ControllerAddr::new("spurctld", 6817),
+            crate::config::ChannelConfig::default(),
+            None,
+            MemoryNetwork::start(controller.clone()),
+        )
+        .expect("client");
+        // Job 7 is the one the SpurJob records; job 8, the same submission applied later.
+        for _ in 0..2 {
+            let spec = pb::JobSpec {
+                name: "train".into(),
+                comment: "spurjob-uid=uid-1".into(),
+                ..Default::default()
+            };
+            client
+                .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+                .await
+                .expect("submitted");
+        }
+        let writes = Writes::default();
+        let kube = api_server(Arc::clone(&writes), Duration::ZERO);
+        let metrics = Metrics::new();
+        let ctx = JobsContext::new(
+            kube.clone(),
+            client,
+            metrics.clone(),
+            EventPublisher::new(kube, WallClock::system(), "test".into()),
+            WallClock::system(),
+            BackoffPolicy {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(30),
+                jitter: 0.0,
+                transient: None,
+            },
+            Entropy::from_seed(1),
+        );
+        let mut job = SpurJob::new("train", crate::jobs::SpurJobSpec::default());
+        job.metadata.namespace = Some("ml".into());
+        job.metadata.uid = Some("uid-1".into());
+
+        // Not watched: nothing is read.
+        let action = watch_for_duplicates(&job, "uid-1", 7, &ctx).await.unwrap();
+        assert_eq!(action, Action::await_change());
+        assert_eq!(controller.log(), ["SubmitJob train", "SubmitJob train"]);
+
+        ctx.watch.uncertain("uid-1", tokio::time::Instant::now());
+        let action = watch_for_duplicates(&job, "uid-1", 7, &ctx).await.unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+        assert_eq!(
+            controller.log().last().map(String::as_str),
+            Some("CancelJob 8")
+        );
+        let states: Vec<_> = controller
+            .jobs()
+            .iter()
+            .map(|j| (j.job_id, j.state()))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                (7, pb::JobState::JobPending),
+                (8, pb::JobState::JobCancelled)
+            ]
+        );
+        let event = writes.lock().unwrap().last().cloned().expect("an event");
+        assert_eq!(event.1["reason"], "DuplicateCancelled", "{event:?}");
+        assert!(
+            metrics
+                .encode()
+                .contains("duplicate_jobs_cancelled_total{found_at=\"watch\"} 1")
+        );
+
+        // Watched on: read again, nothing more to cancel.
+        let calls = controller.log().len();
+        let action = watch_for_duplicates(&job, "uid-1", 7, &ctx).await.unwrap();
+        assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+        assert_eq!(
+            controller.log().len(),
+            calls,
+            "a read is not logged; no cancel"
+        );
+
+        // Ten minutes after the unanswered submission the watch is over.
+        tokio::time::advance(Duration::from_secs(600)).await;
+        let action = watch_for_duplicates(&job, "uid-1", 7, &ctx).await.unwrap();
+        assert_eq!(action, Action::await_change());
+        assert!(!ctx.watch.is_watched("uid-1"));
+    }
 
     fn status_error(method: &'static str, code: Code, message: &str) -> ControllerError {
         ControllerError::Status {
