@@ -326,6 +326,40 @@ fn a_failing_pod_ends_its_job_failed_with_the_exit_code_in_status() {
                 .count(),
             1
         );
+        // Its way through spurctld as conditions.
+        let condition = |type_: &str| {
+            job["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == type_)
+                .map(|c| {
+                    let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+                    (text("status"), text("reason"), text("message"))
+                })
+                .unwrap_or_else(|| panic!("no {type_} condition: {job}"))
+        };
+        assert_eq!(condition("Submitted").0, "True", "{job}");
+        assert_eq!(condition("Queued").0, "False", "{job}");
+        let scheduled = condition("Scheduled");
+        assert_eq!(
+            (scheduled.0.as_str(), scheduled.2.as_str()),
+            ("True", "on node-0"),
+            "{job}"
+        );
+        let failed = condition("Failed");
+        assert_eq!(failed.0, "True", "{job}");
+        assert!(
+            failed.2.contains("exit code 3") && failed.2.contains("node-0"),
+            "{job}"
+        );
+        assert!(
+            job["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["type"] != "Succeeded")
+        );
     });
 }
 

@@ -171,7 +171,8 @@ pub struct SpurJobStatus {
     pub array_tasks: BTreeMap<String, u32>,
 }
 
-/// `Submitted`, `Running`, `Finished`.
+/// `Submitted`, `Queued`, `Scheduled`, `Running`, `Requeued`, `Finished`, `Succeeded`,
+/// `Failed`.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {

@@ -401,6 +401,16 @@ async fn apply(
         &format!("spurctld job {job_id}"),
         &now,
     );
+    // What the poller's first look will say of a job waiting for no named reason, so
+    // that look costs no write.
+    set_condition(
+        &mut next.conditions,
+        "Queued",
+        true,
+        "Pending",
+        &super::status::queued_message("Pending"),
+        &now,
+    );
     patch_status(api, &job.name_any(), &next).await?;
     tracing::info!(spurjob = %job.name_any(), job_id, how, "SpurJob submitted");
     ctx.events

@@ -103,6 +103,7 @@ pub fn mirrored(current: &SpurJobStatus, info: &pb::JobInfo, now: &str) -> Optio
         pb::JobState::JobRunning | pb::JobState::JobCompleting
     );
     set_condition(&mut next.conditions, "Running", running, state, reason, now);
+    progress_conditions(current, &mut next, info, now);
     if is_terminal(state) {
         let message = if info.exit_code != 0 {
             format!(
@@ -118,10 +119,116 @@ pub fn mirrored(current: &SpurJobStatus, info: &pb::JobInfo, now: &str) -> Optio
             reason.to_owned()
         };
         set_condition(&mut next.conditions, "Finished", true, state, &message, now);
+        let succeeded = info.state() == pb::JobState::JobCompleted;
+        let (kind, detail) = if succeeded {
+            ("Succeeded", message.clone())
+        } else {
+            let on = if next.assigned_nodes.is_empty() {
+                String::new()
+            } else {
+                format!(" (nodes {})", next.assigned_nodes.join(","))
+            };
+            ("Failed", format!("{message}{on}").trim().to_owned())
+        };
+        set_condition(&mut next.conditions, kind, true, state, &detail, now);
         // The exit code is what a person looks for first in a failed job's message.
         next.message = (!message.is_empty()).then_some(message);
     }
     (next != *current).then_some(next)
+}
+
+/// The `Queued` condition's message while the job waits for `why`.
+pub fn queued_message(why: &str) -> String {
+    format!("waiting in spurctld's queue: {why}")
+}
+
+/// The conditions of a job's way through spurctld's queue, from `info`:
+///
+/// - `Queued`: True while it waits (PENDING), with spurctld's reason for waiting
+///   (`Resources`, `Priority`, a dependency...); False once it left the queue.
+/// - `Scheduled`: True once spurctld allocated it nodes (named in the message); False
+///   again when it was put back in the queue.
+/// - `Requeued`: True once spurctld put it back after it had started (a node failed, it
+///   was preempted), with its reason; `Preempted` when spurctld says it was. Kept True
+///   afterwards: its transition time says when it last happened.
+fn progress_conditions(
+    current: &SpurJobStatus,
+    next: &mut SpurJobStatus,
+    info: &pb::JobInfo,
+    now: &str,
+) {
+    let state = info.state();
+    let reason = info.state_reason.trim();
+    let reason = (!reason.is_empty() && reason != "None").then_some(reason);
+    let waiting = matches!(state, pb::JobState::JobPending | pb::JobState::JobRequeued);
+    let (queued_reason, queued_message) = if waiting {
+        let why = reason.unwrap_or("Pending");
+        (why, queued_message(why))
+    } else {
+        (
+            state_name(state),
+            format!("left the queue: {}", state_name(state)),
+        )
+    };
+    set_condition(
+        &mut next.conditions,
+        "Queued",
+        waiting,
+        queued_reason,
+        &queued_message,
+        now,
+    );
+    let was_started = matches!(
+        current.state.as_deref(),
+        Some("Running") | Some("Completing") | Some("Suspended")
+    );
+    let put_back = matches!(
+        state,
+        pb::JobState::JobPreempted | pb::JobState::JobRequeued
+    ) || (waiting && was_started);
+    if put_back {
+        let kind = if state == pb::JobState::JobPreempted {
+            "Preempted"
+        } else {
+            reason.unwrap_or("Requeued")
+        };
+        set_condition(
+            &mut next.conditions,
+            "Requeued",
+            true,
+            kind,
+            &format!(
+                "spurctld put the job back in its queue: {}",
+                reason.unwrap_or(kind)
+            ),
+            now,
+        );
+    }
+    let allocated = !waiting && !next.assigned_nodes.is_empty();
+    if allocated {
+        set_condition(
+            &mut next.conditions,
+            "Scheduled",
+            true,
+            "NodesAllocated",
+            &format!("on {}", next.assigned_nodes.join(",")),
+            now,
+        );
+    } else if put_back
+        && next
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Scheduled" && c.status == "True")
+    {
+        set_condition(
+            &mut next.conditions,
+            "Scheduled",
+            false,
+            "Requeued",
+            "back in spurctld's queue",
+            now,
+        );
+    }
 }
 
 /// `spur_operator_spurjobs`: every SpurJob not being deleted, by namespace and state.
@@ -592,6 +699,132 @@ mod tests {
             .unwrap();
         assert_eq!(running_cond.status, "False");
         assert_eq!(running_cond.last_transition_time.as_deref(), Some("t3"));
+    }
+
+    fn condition<'a>(
+        status: &'a SpurJobStatus,
+        type_: &str,
+    ) -> Option<(&'a str, &'a str, &'a str)> {
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| (c.status.as_str(), c.reason.as_str(), c.message.as_str()))
+    }
+
+    #[test]
+    fn a_job_queued_scheduled_requeued_and_failed_shows_each_step_as_a_condition() {
+        let submitted = SpurJobStatus {
+            state: Some("Pending".into()),
+            spur_job_id: Some(4),
+            ..Default::default()
+        };
+        let waiting = mirrored(
+            &submitted,
+            &info(pb::JobState::JobPending, "", "Resources", 0),
+            "t1",
+        )
+        .unwrap();
+        assert_eq!(
+            condition(&waiting, "Queued"),
+            Some((
+                "True",
+                "Resources",
+                "waiting in spurctld's queue: Resources"
+            ))
+        );
+        assert_eq!(condition(&waiting, "Scheduled"), None);
+
+        let running = mirrored(
+            &waiting,
+            &info(pb::JobState::JobRunning, "gpu-[1-2]", "None", 0),
+            "t2",
+        )
+        .unwrap();
+        assert_eq!(
+            condition(&running, "Queued"),
+            Some(("False", "Running", "left the queue: Running"))
+        );
+        assert_eq!(
+            condition(&running, "Scheduled"),
+            Some(("True", "NodesAllocated", "on gpu-1,gpu-2"))
+        );
+        assert_eq!(condition(&running, "Requeued"), None);
+
+        // A node failed under it: spurctld puts it back in the queue.
+        let requeued = mirrored(
+            &running,
+            &info(pb::JobState::JobPending, "", "NodeFail", 0),
+            "t3",
+        )
+        .unwrap();
+        assert_eq!(
+            condition(&requeued, "Requeued"),
+            Some((
+                "True",
+                "NodeFail",
+                "spurctld put the job back in its queue: NodeFail"
+            ))
+        );
+        assert_eq!(
+            condition(&requeued, "Scheduled"),
+            Some(("False", "Requeued", "back in spurctld's queue"))
+        );
+        assert_eq!(condition(&requeued, "Queued").map(|c| c.0), Some("True"));
+
+        let again = mirrored(
+            &requeued,
+            &info(pb::JobState::JobRunning, "gpu-3", "None", 0),
+            "t4",
+        )
+        .unwrap();
+        assert_eq!(condition(&again, "Scheduled").map(|c| c.0), Some("True"));
+        // Kept, with when it last happened.
+        let kept = again
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Requeued")
+            .unwrap();
+        assert_eq!(
+            (kept.status.as_str(), kept.last_transition_time.as_deref()),
+            ("True", Some("t3"))
+        );
+
+        let failed = mirrored(
+            &again,
+            &info(pb::JobState::JobFailed, "gpu-3", "NonZeroExitCode", 3),
+            "t5",
+        )
+        .unwrap();
+        assert_eq!(
+            condition(&failed, "Failed"),
+            Some((
+                "True",
+                "Failed",
+                "exit code 3: NonZeroExitCode (nodes gpu-3)"
+            ))
+        );
+        assert_eq!(condition(&failed, "Succeeded"), None);
+
+        let preempted = mirrored(
+            &running,
+            &info(pb::JobState::JobPreempted, "gpu-[1-2]", "", 0),
+            "t6",
+        )
+        .unwrap();
+        assert_eq!(
+            condition(&preempted, "Requeued").map(|c| c.1),
+            Some("Preempted")
+        );
+
+        let done = mirrored(
+            &running,
+            &info(pb::JobState::JobCompleted, "gpu-[1-2]", "None", 0),
+            "t7",
+        )
+        .unwrap();
+        assert_eq!(condition(&done, "Succeeded").map(|c| c.0), Some("True"));
+        assert_eq!(condition(&done, "Failed"), None);
     }
 
     #[test]
