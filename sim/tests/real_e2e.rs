@@ -60,6 +60,21 @@ fn job_spec(extra: Value) -> Value {
     spec
 }
 
+/// A one-node, one-task busybox job as spurctld takes it straight from a client (not
+/// through our operator): what upstream's operator submits, or a late duplicate.
+fn one_node_busybox(name: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        name: name.to_owned(),
+        num_nodes: 1,
+        num_tasks: 1,
+        tasks_per_node: 1,
+        cpus_per_task: 1,
+        argv: vec!["sh".into(), "-c".into(), "true".into()],
+        container_image: "busybox:1.36".to_owned(),
+        ..Default::default()
+    }
+}
+
 fn terminal(state: &str) -> bool {
     spur_operator::jobs::status::is_terminal(state)
 }
@@ -421,15 +436,8 @@ fn a_late_second_job_of_a_spurjob_is_refused_at_launch_and_cancelled_without_a_p
             .await
             .submit_job(pb::SubmitJobRequest {
                 spec: Some(pb::JobSpec {
-                    name: "dup".to_owned(),
-                    num_nodes: 1,
-                    num_tasks: 1,
-                    tasks_per_node: 1,
-                    cpus_per_task: 1,
-                    argv: vec!["sh".into(), "-c".into(), "true".into()],
-                    container_image: "busybox:1.36".to_owned(),
                     comment: format!("spurjob-uid={uid}"),
-                    ..Default::default()
+                    ..one_node_busybox("dup")
                 }),
             })
             .await
@@ -661,15 +669,8 @@ fn a_swap_from_upstreams_operator_adopts_its_running_job_and_pod_without_resubmi
         let job_id = controller
             .submit_job(pb::SubmitJobRequest {
                 spec: Some(pb::JobSpec {
-                    name: "swap".to_owned(),
-                    num_nodes: 1,
-                    num_tasks: 1,
-                    tasks_per_node: 1,
-                    cpus_per_task: 1,
-                    argv: vec!["sh".into(), "-c".into(), "true".into()],
-                    container_image: "busybox:1.36".to_owned(),
                     environment: [("SIM_RUN_SECONDS".to_owned(), "12".to_owned())].into(),
-                    ..Default::default()
+                    ..one_node_busybox("swap")
                 }),
             })
             .await

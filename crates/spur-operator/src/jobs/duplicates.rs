@@ -97,14 +97,9 @@ pub async fn cancel_duplicates(
     uid: &str,
     keep: u32,
 ) -> Result<Vec<u32>, ControllerError> {
-    let found = controller
-        .get_jobs(pb::GetJobsRequest {
-            name: name.to_owned(),
-            ..Default::default()
-        })
-        .await?;
+    let found = super::submit::jobs_of(controller, name, uid).await?;
     let mut cancelled = Vec::new();
-    for job_id in duplicates_of(&found.jobs, uid, keep) {
+    for job_id in duplicates_of(&found, uid, keep) {
         if cancel(controller, job_id).await? {
             cancelled.push(job_id);
         }

@@ -19,7 +19,7 @@ use super::convert;
 use super::crd::{SpurJob, SpurJobStatus};
 use super::duplicates;
 use super::status::{INVALID_STATE, REFUSED_STATE, patch_status, set_condition, state_name};
-use super::submit::{Submission, submit_once};
+use super::submit::{Submission, jobs_of, submit_once};
 use super::{FINALIZER, JobsTuning, LABEL_JOB_ID};
 use crate::clock::WallClock;
 use crate::controller::{ControllerClient, ControllerError};
@@ -525,26 +525,13 @@ async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileEr
     // Second jobs of a watched submission, counted once cancelled.
     let mut duplicates_found: Vec<u32> = Vec::new();
     if job.spec.array_spec.is_some() {
-        let name = super::status::job_name(job);
-        let found = ctx
-            .controller
-            .get_jobs(pb::GetJobsRequest {
-                name,
-                ..Default::default()
-            })
-            .await?;
-        jobs.extend(
-            found
-                .jobs
-                .iter()
-                .filter(|j| convert::uid_in_comment(&j.comment) == Some(uid.as_str()))
-                .map(|j| {
-                    (
-                        j.job_id,
-                        !super::status::is_terminal(super::status::state_name(j.state())),
-                    )
-                }),
-        );
+        let found = jobs_of(&ctx.controller, &super::status::job_name(job), &uid).await?;
+        jobs.extend(found.iter().map(|j| {
+            (
+                j.job_id,
+                !super::status::is_terminal(super::status::state_name(j.state())),
+            )
+        }));
         if let Some(id) = recorded {
             jobs.push((id, false));
         }
@@ -557,17 +544,8 @@ async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileEr
             jobs.push((id, !terminal));
         }
         if let Ok(spec) = convert::job_spec_as(job, &uid, &ctx.default_user) {
-            let found = ctx
-                .controller
-                .get_jobs(pb::GetJobsRequest {
-                    name: spec.name,
-                    ..Default::default()
-                })
-                .await?;
-            for found in &found.jobs {
-                if convert::uid_in_comment(&found.comment) != Some(uid.as_str())
-                    || Some(found.job_id) == recorded
-                {
+            for found in jobs_of(&ctx.controller, &spec.name, &uid).await? {
+                if Some(found.job_id) == recorded {
                     continue;
                 }
                 let live = !super::status::is_terminal(super::status::state_name(found.state()));

@@ -47,13 +47,13 @@ impl Submission {
     }
 }
 
-/// The controller job already carrying `uid`, if any; the lowest id if (through some
-/// earlier fault) there are several, so every replica picks the same one.
-pub async fn find_by_uid(
+/// The jobs named `name` that carry `uid` in their comment: a SpurJob's submissions (an
+/// array's tasks, or a duplicate beside its job), as spurctld lists them.
+pub async fn jobs_of(
     controller: &ControllerClient,
     name: &str,
     uid: &str,
-) -> Result<Option<u32>, ControllerError> {
+) -> Result<Vec<pb::JobInfo>, ControllerError> {
     let found = controller
         .get_jobs(pb::GetJobsRequest {
             name: name.to_owned(),
@@ -62,10 +62,20 @@ pub async fn find_by_uid(
         .await?;
     Ok(found
         .jobs
-        .iter()
+        .into_iter()
         .filter(|job| uid_in_comment(&job.comment) == Some(uid))
-        .map(|job| job.job_id)
-        .min())
+        .collect())
+}
+
+/// The controller job already carrying `uid`, if any; the lowest id if (through some
+/// earlier fault) there are several, so every replica picks the same one.
+pub async fn find_by_uid(
+    controller: &ControllerClient,
+    name: &str,
+    uid: &str,
+) -> Result<Option<u32>, ControllerError> {
+    let found = jobs_of(controller, name, uid).await?;
+    Ok(found.iter().map(|job| job.job_id).min())
 }
 
 /// Adopts the job carrying `uid`, or submits `spec` (whose comment carries `uid`),
