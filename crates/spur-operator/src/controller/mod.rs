@@ -13,7 +13,7 @@ mod session;
 pub use address::{AddressError, ControllerAddr, Scheme};
 pub use client::{ClientStats, ControllerClient, LEADER_WRITES};
 pub use connect::connect;
-pub use error::{ConnectError, ControllerError, FailureKind, classify, is_transient_answer};
+pub use error::{ConnectError, ControllerError, FailureKind, classify};
 pub use policy::Rule;
 
 #[cfg(test)]

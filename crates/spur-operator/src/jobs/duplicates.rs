@@ -30,9 +30,7 @@ use spur_proto as pb;
 
 use super::convert::uid_in_comment;
 use super::status::{is_terminal, state_name};
-use crate::controller::{
-    ControllerClient, ControllerError, FailureKind, classify, is_transient_answer,
-};
+use crate::controller::{ControllerClient, ControllerError};
 
 /// Whether a LaunchJob is for a duplicate: its SpurJob records another job. `recorded` is
 /// the SpurJob's `status.spurJobId` (for an array, its array's id); `None` until the
@@ -60,18 +58,15 @@ pub fn launch_is_duplicate(
 /// failed", whose entry a heal may yet commit). A refusal, a call never sent, or "not the
 /// Raft leader" from a follower that knows no leader settled it.
 pub fn may_still_apply(error: &ControllerError) -> bool {
-    let ControllerError::Status {
-        method: "SubmitJob",
-        code,
-        message,
-        ..
-    } = error
-    else {
-        return false;
-    };
-    let unsettled =
-        classify(*code) == FailureKind::Transport || is_transient_answer(*code, message);
-    unsettled && !message.contains("not the Raft leader")
+    // `is_transport` is the retry rule's own reading: no verdict, or a passing failure.
+    matches!(
+        error,
+        ControllerError::Status {
+            method: "SubmitJob",
+            ..
+        }
+    ) && error.is_transport()
+        && !error.message().contains("not the Raft leader")
 }
 
 /// The live jobs among `jobs` that carry `uid` and are not `keep`: the duplicates to
