@@ -66,6 +66,20 @@ fn env_of(pod: &Value, name: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// A pod's `SIM_RUN_SECONDS` or `SIM_EXIT_CODE`. With `SIM_FAILING_RANK=r` they speak of
+/// the pod of node rank `r` alone (`SPUR_NODE_RANK`); the other ranks run
+/// `SIM_OTHERS_RUN_SECONDS` (else the kubelet's default) and succeed.
+fn fate<T: std::str::FromStr>(pod: &Value, name: &str) -> Option<T> {
+    let others = env_of(pod, "SIM_FAILING_RANK")
+        .is_some_and(|failing| env_of(pod, "SPUR_NODE_RANK").as_deref() != Some(failing.as_str()));
+    let value = match (others, name) {
+        (false, _) => env_of(pod, name),
+        (true, "SIM_RUN_SECONDS") => env_of(pod, "SIM_OTHERS_RUN_SECONDS"),
+        (true, _) => None,
+    };
+    value?.parse().ok()
+}
+
 impl ObjectIndex {
     /// An index fed by `api`'s changes from now on (objects created before are missed:
     /// attach it first).
@@ -146,9 +160,8 @@ impl ObjectIndex {
                                 .and_then(|v| v.parse().ok()),
                             container: object["spec"]["containers"][0]["name"].clone(),
                             image: object["spec"]["containers"][0]["image"].clone(),
-                            run_secs: env_of(object, "SIM_RUN_SECONDS")
-                                .and_then(|v| v.parse().ok()),
-                            exit_code: env_of(object, "SIM_EXIT_CODE").and_then(|v| v.parse().ok()),
+                            run_secs: fate(object, "SIM_RUN_SECONDS"),
+                            exit_code: fate(object, "SIM_EXIT_CODE"),
                             oom: env_of(object, "SIM_OOM").is_some(),
                         },
                     );

@@ -2,8 +2,9 @@
 //!
 //! A pod starts at once, runs for the seconds its `job` container's `SIM_RUN_SECONDS`
 //! says (else the configured default) and ends with the exit code `SIM_EXIT_CODE` says
-//! (else 0), or `OOMKilled` when `SIM_OOM` is set. The SpurJob's `env` carries these
-//! into the pod, so a scenario decides each job's fate.
+//! (else 0), or `OOMKilled` when `SIM_OOM` is set; `SIM_FAILING_RANK` narrows the first two
+//! to one rank of a multi-node job (`index::fate`). The SpurJob's `env` carries these into
+//! the pod, so a scenario decides each job's fate.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

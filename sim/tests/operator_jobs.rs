@@ -98,6 +98,96 @@ fn a_failed_pod_fails_the_job_with_its_exit_code() {
     assert_eq!(sim.controller_job(id).unwrap().exit_code, 3);
 }
 
+/// A two-node job whose rank 1 fails with exit code 3 after 5 s while rank 0 would run an
+/// hour, under the failure policy `policy`; returns the simulation at `at` seconds.
+fn rank_1_fails(seed: u64, policy: &str, others_run_secs: u64, at: u64) -> Sim {
+    let mut sim = start(seed);
+    sim.world.run_until(secs(10)).unwrap();
+    sim.create_spurjob(
+        "default",
+        "train",
+        json!({"image": "busybox", "numNodes": 2,
+               "failurePolicy": {"onRankFailure": policy},
+               "env": {"SIM_FAILING_RANK": "1", "SIM_RUN_SECONDS": "5", "SIM_EXIT_CODE": "3",
+                       "SIM_OTHERS_RUN_SECONDS": others_run_secs.to_string()}}),
+    );
+    sim.world.run_until(secs(at)).unwrap();
+    sim
+}
+
+#[test]
+fn one_failed_rank_stops_the_others_and_fails_the_job_with_its_exit_code() {
+    let sim = rank_1_fails(23, "FailJob", 3600, 40);
+    let status = &sim.spurjob("default", "train").unwrap()["status"];
+    assert_eq!(status["state"], "Failed", "{status:#}");
+    let id = status["spurJobId"].as_u64().unwrap() as u32;
+    let job = sim.controller_job(id).unwrap();
+    assert_eq!(job.state(), JobState::JobFailed);
+    assert_eq!(
+        job.exit_code, 3,
+        "the failed rank's exit, not the stopped one's"
+    );
+    let nodes = spur_operator::jobs::status::nodes_of(&job.nodelist).unwrap();
+    assert_eq!(nodes.len(), 2, "{}", job.nodelist);
+    let (rank0, rank1) = (nodes[0].as_str(), nodes[1].as_str());
+    let results = &status["nodeResults"];
+    assert_eq!(results[rank1]["result"], "Failed", "{results:#}");
+    assert_eq!(results[rank1]["exitCode"], 3);
+    assert_eq!(results[rank0]["result"], "Stopped", "{results:#}");
+    assert!(
+        results[rank0]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("the pod on {rank1} failed")),
+        "{results:#}"
+    );
+    let failed = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Failed")
+        .expect("a Failed condition");
+    assert_eq!(
+        failed["message"],
+        format!("exit code 3 (failed on {rank1})"),
+        "{failed:#}"
+    );
+    // The stopped rank's pod is gone; the failed one's stays for its log.
+    let pods = sim.pods("default");
+    assert_eq!(pods.len(), 1, "{pods:#?}");
+    assert_eq!(pods[0]["spec"]["nodeName"], rank1);
+    let metrics = sim.operator("operator").unwrap().metrics.encode();
+    assert!(
+        metrics.contains("spur_operator_ranks_stopped_total 1"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn with_wait_for_others_the_job_ends_when_its_last_rank_does_with_rank_0s_verdict() {
+    // Rank 1 fails at about 15 s; rank 0 runs on to about 45 s.
+    let mut sim = rank_1_fails(24, "WaitForOthers", 30, 35);
+    let status = sim.spurjob("default", "train").unwrap()["status"].clone();
+    assert_eq!(status["state"], "Completing", "{status:#}");
+    assert_eq!(sim.pods("default").len(), 2, "no pod stopped");
+    sim.world.run_until(secs(80)).unwrap();
+    let status = &sim.spurjob("default", "train").unwrap()["status"];
+    // spurctld's verdict is its first node's: rank 0 succeeded, so the job did.
+    assert_eq!(status["state"], "Completed", "{status:#}");
+    let results = status["nodeResults"].as_object().unwrap();
+    let mut outcomes: Vec<&str> = results
+        .values()
+        .map(|r| r["result"].as_str().unwrap())
+        .collect();
+    outcomes.sort();
+    assert_eq!(outcomes, ["Failed", "Succeeded"], "{results:#?}");
+    let metrics = sim.operator("operator").unwrap().metrics.encode();
+    assert!(
+        metrics.contains("spur_operator_ranks_stopped_total 0"),
+        "{metrics}"
+    );
+}
+
 #[test]
 fn an_invalid_spurjob_gets_a_message_and_is_not_submitted() {
     let mut sim = start(23);

@@ -381,6 +381,82 @@ fn a_failing_pod_ends_its_job_failed_with_the_exit_code_in_status() {
 }
 
 #[test]
+fn one_failed_rank_of_a_two_node_job_stops_the_other_and_fails_the_job_with_its_exit_code() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        // Rank 1 fails with exit code 3 after 3 s; rank 0 would run ten minutes.
+        stack.create_spurjob(
+            "rank-fails",
+            job_spec(json!({"numNodes": 2, "env": {
+                "SIM_FAILING_RANK": "1", "SIM_RUN_SECONDS": "3", "SIM_EXIT_CODE": "3",
+                "SIM_OTHERS_RUN_SECONDS": "600"}})),
+        );
+        let (state, job) = run_to_end(&stack, "rank-fails", 2, created).await;
+        assert_eq!(state, "Failed", "{job}{}", stack.logs());
+        let id = id_of(&job);
+        let info = stack
+            .controller_jobs("rank-fails")
+            .await
+            .into_iter()
+            .find(|j| j.job_id == id)
+            .expect("spurctld knows the job");
+        assert_eq!(info.state(), pb::JobState::JobFailed, "{info:?}");
+        assert_eq!(info.exit_code, 3, "the failed rank's exit: {info:?}");
+        let pods = stack.pods("rank-fails");
+        let rank_of = |pod: &Value| env_of(pod).get("SPUR_NODE_RANK").cloned();
+        let failed_node = pods
+            .iter()
+            .find(|p| rank_of(p).as_deref() == Some("1"))
+            .and_then(|p| p["spec"]["nodeName"].as_str())
+            .expect("rank 1's pod stays, for its log")
+            .to_owned();
+        // Rank 0's pod was stopped: deleted, its end told to spurctld by the operator.
+        let gone = stack
+            .until(
+                "rank 0's pod deleted",
+                created,
+                Duration::from_secs(30),
+                |s| {
+                    s.pods("rank-fails")
+                        .iter()
+                        .all(|p| rank_of(p).as_deref() != Some("0"))
+                },
+            )
+            .await;
+        eprintln!(
+            "e2e rank-fails: rank 0's pod gone {:.1}s after creation",
+            gone.as_secs_f64()
+        );
+        let results = &job["status"]["nodeResults"];
+        assert_eq!(results[&failed_node]["result"], "Failed", "{job}");
+        assert_eq!(results[&failed_node]["exitCode"], 3, "{job}");
+        let stopped: Vec<&Value> = results
+            .as_object()
+            .expect("nodeResults")
+            .values()
+            .filter(|r| r["result"] == "Stopped")
+            .collect();
+        assert_eq!(stopped.len(), 1, "{job}");
+        let failed = job["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Failed")
+            .unwrap_or_else(|| panic!("no Failed condition: {job}"));
+        assert_eq!(
+            failed["message"],
+            format!("exit code 3: NonZeroExitCode (failed on {failed_node})"),
+            "{job}"
+        );
+        let metrics = stack.metrics().await;
+        assert!(
+            metrics.contains("spur_operator_ranks_stopped_total 1"),
+            "{metrics}"
+        );
+    });
+}
+
+#[test]
 fn a_spurjob_deleted_while_running_is_cancelled_and_its_pods_and_finalizer_go_within_20s() {
     e2e(StackConfig::default(), |stack| async move {
         let created = Instant::now();

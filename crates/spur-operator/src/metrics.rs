@@ -122,6 +122,8 @@ pub struct Metrics {
     pub leader: Gauge,
     pub fence_refusals: Family<FenceLabels, Counter>,
     pub duplicates_cancelled: Family<DuplicateLabels, Counter>,
+    /// Pods stopped by their job's failure policy (`jobs::failure`).
+    pub ranks_stopped: Counter,
 }
 
 impl Default for Metrics {
@@ -267,6 +269,12 @@ impl Metrics {
             "Second controller jobs of one SpurJob (a SubmitJob given up on and applied later) cancelled, by where they were found",
             duplicates_cancelled.clone(),
         );
+        let ranks_stopped = Counter::default();
+        registry.register(
+            "ranks_stopped",
+            "Pods of multi-node jobs stopped by the job's failure policy (FailJob) after another node's pod of the same run failed",
+            ranks_stopped.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             rpcs,
@@ -291,6 +299,7 @@ impl Metrics {
             leader,
             fence_refusals,
             duplicates_cancelled,
+            ranks_stopped,
         }
     }
 

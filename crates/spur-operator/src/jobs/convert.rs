@@ -105,6 +105,8 @@ pub fn job_spec_as(
     for (i, volume) in spec.volumes.iter().enumerate() {
         parse_volume(volume).map_err(|reason| invalid(format!("volumes[{i}]"), reason))?;
     }
+    super::failure::OnRankFailure::of(spec)
+        .map_err(|reason| invalid("failurePolicy.onRankFailure", reason))?;
     for (env, reference) in &spec.secret_env {
         parse_secret_ref(reference)
             .map_err(|reason| invalid(format!("secretEnv.{env}"), reason))?;
@@ -669,6 +671,7 @@ mod tests {
             extra in prop::collection::btree_map(label(), "[0-9]{1,3}", 0..3),
             array_spec in prop::option::of("[0-9]{1,2}-[0-9]{2,3}"),
             dependencies in prop::collection::vec("afterok:[0-9]{1,5}", 0..3),
+            on_rank_failure in prop::option::of(prop_oneof![Just("FailJob"), Just("WaitForOthers")]),
         ) -> SpurJobSpec {
             SpurJobSpec {
                 name: None,
@@ -697,6 +700,9 @@ mod tests {
                 service_account: None,
                 array_spec,
                 dependencies,
+                failure_policy: on_rank_failure.map(|p| crate::jobs::crd::FailurePolicy {
+                    on_rank_failure: Some(p.to_owned()),
+                }),
             }
         }
     }
@@ -713,6 +719,7 @@ mod tests {
         EmptyImage,
         BadSecretRef(String),
         BadShm(String),
+        BadRankFailurePolicy(String),
     }
 
     fn breakage() -> impl Strategy<Value = Breakage> {
@@ -736,6 +743,7 @@ mod tests {
             Just(Breakage::EmptyImage),
             "[a-z]{1,6}".prop_map(Breakage::BadSecretRef),
             "-[1-9]Gi|[a-z]{2}".prop_map(Breakage::BadShm),
+            "failjob|Wait|[A-Z][a-z]{0,8}".prop_map(Breakage::BadRankFailurePolicy),
         ]
     }
 
@@ -776,6 +784,12 @@ mod tests {
             Breakage::BadShm(s) => {
                 spec.shm_size = Some(s.clone());
                 "shmSize".into()
+            }
+            Breakage::BadRankFailurePolicy(p) => {
+                spec.failure_policy = Some(crate::jobs::crd::FailurePolicy {
+                    on_rank_failure: Some(p.clone()),
+                });
+                "failurePolicy.onRankFailure".into()
             }
         }
     }

@@ -96,6 +96,22 @@ pub struct SpurJobSpec {
     /// Dependencies, as spurctld reads them (`afterok:123`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dependencies: Vec<String>,
+    /// What happens to a multi-node job when one node's pod fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_policy: Option<FailurePolicy>,
+}
+
+/// A multi-node job's answer to one failed rank.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailurePolicy {
+    /// `FailJob` (the default): the other nodes' pods are stopped at once and the job ends
+    /// Failed with the failed pod's exit code; a training job whose peer died would
+    /// otherwise hang in its next collective while holding every GPU. `WaitForOthers`: the
+    /// others run to their own end; spurctld keeps the job Completing meanwhile and ends it
+    /// by itself after its `CompleteWait` (300 s unless configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_rank_failure: Option<String>,
 }
 
 fn one() -> u32 {
@@ -169,6 +185,30 @@ pub struct SpurJobStatus {
     /// For an array SpurJob: how many of its tasks are in each state (`Running: 3`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub array_tasks: BTreeMap<String, u32>,
+    /// How each node's pod ended, by node name, written as each pod ends (a later run
+    /// attempt's pod replaces an earlier one's).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_results: BTreeMap<String, NodeResult>,
+}
+
+/// How one node's pod of a job ended.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeResult {
+    pub pod: String,
+    /// spurctld's run attempt the pod ran for (0 for the first run).
+    #[serde(default)]
+    pub run_attempt: u32,
+    /// `Succeeded`, `Failed`, or `Stopped` (ended by the failure policy after another
+    /// node's pod failed).
+    pub result: String,
+    /// The container's exit code; none for a pod that was stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The container's reason and message (`OOMKilled`, `ImagePullBackOff: ...`), or which
+    /// node's failure stopped it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// `Submitted`, `Queued`, `Scheduled`, `Running`, `Requeued`, `Finished`, `Succeeded`,

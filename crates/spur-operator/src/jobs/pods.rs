@@ -16,6 +16,7 @@ use spur_proto as pb;
 
 use super::convert::{self, Volume as JobVolume};
 use super::crd::SpurJob;
+use super::failure::{ANNOTATION_ON_RANK_FAILURE, OnRankFailure};
 use super::{
     LABEL_JOB_ID, LABEL_JOB_NAME, LABEL_MANAGED_BY, LABEL_SPURJOB_UID, LABEL_TARGET_NODE,
     MANAGED_BY, label_value, service_name,
@@ -173,6 +174,15 @@ pub fn build_pod(
         ANNOTATION_TARGET_NODE.to_owned(),
         launch.target_node.clone(),
     );
+    if num_nodes > 1 {
+        annotations.insert(
+            ANNOTATION_ON_RANK_FAILURE.to_owned(),
+            OnRankFailure::of(spec)
+                .map_err(|e| format!("spec.failurePolicy.onRankFailure: {e}"))?
+                .as_str()
+                .to_owned(),
+        );
+    }
 
     let allocated = launch.allocated.clone().unwrap_or_default();
     let gpus = allocated

@@ -6,18 +6,21 @@
 //! spurctld must (and the simulated one does) take a repeat for the same node and
 //! run attempt as a no-op.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use spur_proto as pb;
 use tonic::Code;
 
+use super::crd::NodeResult;
+use super::failure::{OnRankFailure, REPORTED_STOPPED, node_result, ranks_to_stop, stopped_result};
 use super::pods::{ANNOTATION_REPORTED, ANNOTATION_RUN_ATTEMPT, ANNOTATION_TARGET_NODE, CONTAINER};
-use super::{JobsTuning, LABEL_JOB_ID};
+use super::{JobsTuning, LABEL_JOB_ID, SpurJob};
 use crate::controller::ControllerClient;
 use crate::metrics::{Metrics, ReconcileLabels};
 
@@ -174,7 +177,6 @@ pub fn after_refusal(refusals: u32, tuning: &JobsTuning) -> AfterRefusal {
 }
 
 pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Action, ReportError> {
-    let tuning = ctx.tuning;
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     if annotations.contains_key(ANNOTATION_REPORTED) || pod.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
@@ -193,56 +195,83 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
         .reconciles
         .get_or_create(&ReconcileLabels { kind: "pod" })
         .inc();
-    let run_attempt = annotations
-        .get(ANNOTATION_RUN_ATTEMPT)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    let namespace = pod.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.kube.clone(), &namespace);
     let node = reporting_node(&pod);
-    let state = if end.exit_code == 0 {
-        pb::JobState::JobCompleted
-    } else {
-        pb::JobState::JobFailed
-    };
+    // The SpurJob shows the result before spurctld hears of it, so the status that
+    // mirrors the job's end can name the node that failed.
+    record_results(&ctx, &pod, [(node.clone(), node_result(&pod, &end))]).await?;
     let request = pb::ReportJobStatusRequest {
         job_id,
-        state: state as i32,
+        state: if end.exit_code == 0 {
+            pb::JobState::JobCompleted
+        } else {
+            pb::JobState::JobFailed
+        } as i32,
         exit_code: end.exit_code,
         signal: if end.oom { OOM_KILLED_SIGNAL } else { 0 },
         message: end.message.clone(),
         reporting_node: node.clone(),
-        run_attempt,
+        run_attempt: run_attempt(&pod),
         ..Default::default()
     };
-    let pods: Api<Pod> = Api::namespaced(ctx.kube.clone(), &pod.namespace().unwrap_or_default());
-    let mut reported = "true".to_owned();
-    // Refusals are retried here, inside this one reconciliation: a mark on the pod would
-    // itself wake the pod's reconciliation at once and spend the bound in a burst.
+    let reported = report(&ctx, &pod, request).await?;
+    if end.exit_code != 0 && OnRankFailure::of_pod(&pod) == Some(OnRankFailure::FailJob) {
+        stop_other_ranks(&ctx, &pods, &pod, &node, &end).await?;
+    }
+    mark_reported(&pods, &pod, &reported).await?;
+    if let Some(reason) = never_starts(&pod) {
+        ctx.metrics.launch_failed(reason);
+    }
+    tracing::info!(pod = %pod.name_any(), job_id, node = %node, exit_code = end.exit_code, message = %end.message, "reported the pod's end");
+    Ok(Action::await_change())
+}
+
+fn run_attempt(pod: &Pod) -> u32 {
+    pod.annotations()
+        .get(ANNOTATION_RUN_ATTEMPT)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Sends `request` for `pod`; the value for the pod's reported mark once spurctld took it
+/// or has no use for it. Refusals are retried here, inside this one reconciliation: a
+/// mark on the pod would itself wake the pod's reconciliation at once and spend the bound
+/// in a burst.
+async fn report(
+    ctx: &ReportContext,
+    pod: &Pod,
+    request: pb::ReportJobStatusRequest,
+) -> Result<String, ReportError> {
+    let (job_id, node) = (request.job_id, request.reporting_node.clone());
     let mut refusals = 0u32;
     loop {
         match ctx.controller.report_job_status(request.clone()).await {
-            Ok(()) => {}
+            Ok(()) => return Ok("true".to_owned()),
             // The job is gone or already over (cancelled): nothing left to tell.
             Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
                 tracing::info!(pod = %pod.name_any(), job_id, error = %e, "controller no longer needs this report");
+                return Ok("true".to_owned());
             }
             Err(e) if e.says_node_not_allocated(&node, job_id) => {
-                match after_refusal(refusals, &tuning) {
+                match after_refusal(refusals, &ctx.tuning) {
                     AfterRefusal::Retry(delay) => {
                         refusals += 1;
                         tracing::info!(pod = %pod.name_any(), job_id, node = %node, refusals, ?delay, "spurctld does not count the node in the job yet (mid-dispatch?); reporting again");
                         tokio::time::sleep(delay).await;
-                        continue;
                     }
                     AfterRefusal::GiveUp => {
                         tracing::warn!(pod = %pod.name_any(), job_id, node = %node, refusals, error = %e, "spurctld never counted the node in the job; giving up on this report");
-                        reported = format!("refused: {}", e.message());
+                        return Ok(format!("refused: {}", e.message()));
                     }
                 }
             }
             Err(e) => return Err(e.into()),
         }
-        break;
     }
+}
+
+async fn mark_reported(pods: &Api<Pod>, pod: &Pod, reported: &str) -> Result<(), kube::Error> {
     let mark = json!({ "metadata": { "annotations": { ANNOTATION_REPORTED: reported } } });
     pods.patch(
         &pod.name_any(),
@@ -250,11 +279,91 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
         &Patch::Merge(&mark),
     )
     .await?;
-    if let Some(reason) = never_starts(&pod) {
-        ctx.metrics.launch_failed(reason);
+    Ok(())
+}
+
+/// Merges `results` into `status.nodeResults` of the SpurJob that owns `pod`; nothing for
+/// a pod no SpurJob owns, or whose SpurJob is gone.
+async fn record_results(
+    ctx: &ReportContext,
+    pod: &Pod,
+    results: impl IntoIterator<Item = (String, NodeResult)>,
+) -> Result<(), kube::Error> {
+    let Some(owner) = pod.owner_references().iter().find(|o| o.kind == "SpurJob") else {
+        return Ok(());
+    };
+    let results: BTreeMap<String, NodeResult> = results
+        .into_iter()
+        .filter(|(node, _)| !node.is_empty())
+        .collect();
+    if results.is_empty() {
+        return Ok(());
     }
-    tracing::info!(pod = %pod.name_any(), job_id, node = %node, exit_code = end.exit_code, message = %end.message, "reported the pod's end");
-    Ok(Action::await_change())
+    let spurjobs: Api<SpurJob> =
+        Api::namespaced(ctx.kube.clone(), &pod.namespace().unwrap_or_default());
+    let patch = json!({ "status": { "nodeResults": results } });
+    match spurjobs
+        .patch_status(&owner.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The failure policy `FailJob` (see [`super::failure`]): the same run's pods on the other
+/// nodes are reported ended with `end`'s exit code, so spurctld ends the job now, with the
+/// exit that caused it, then deleted.
+async fn stop_other_ranks(
+    ctx: &ReportContext,
+    pods: &Api<Pod>,
+    failed: &Pod,
+    failed_node: &str,
+    end: &PodEnd,
+) -> Result<(), ReportError> {
+    let job_id = failed
+        .labels()
+        .get(LABEL_JOB_ID)
+        .cloned()
+        .unwrap_or_default();
+    let siblings = pods
+        .list(&ListParams::default().labels(&format!("{LABEL_JOB_ID}={job_id}")))
+        .await?
+        .items;
+    let stop = ranks_to_stop(failed, &siblings);
+    if stop.is_empty() {
+        return Ok(());
+    }
+    record_results(
+        ctx,
+        failed,
+        stop.iter()
+            .map(|p| (reporting_node(p), stopped_result(p, failed_node, end))),
+    )
+    .await?;
+    for pod in stop {
+        let node = reporting_node(pod);
+        let request = pb::ReportJobStatusRequest {
+            job_id: job_id.parse().unwrap_or_default(),
+            state: pb::JobState::JobFailed as i32,
+            exit_code: end.exit_code,
+            message: format!("stopped: the pod on {failed_node} failed"),
+            reporting_node: node.clone(),
+            run_attempt: run_attempt(pod),
+            ..Default::default()
+        };
+        report(ctx, pod, request).await?;
+        mark_reported(pods, pod, REPORTED_STOPPED).await?;
+        match pods.delete(&pod.name_any(), &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        ctx.metrics.ranks_stopped.inc();
+        tracing::info!(pod = %pod.name_any(), job_id, node = %node, failed_node, "stopped by the failure policy: another node's pod of the job failed");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -123,7 +123,11 @@ pub fn mirrored(current: &SpurJobStatus, info: &pb::JobInfo, now: &str) -> Optio
         let (kind, detail) = if succeeded {
             ("Succeeded", message.clone())
         } else {
-            let on = if next.assigned_nodes.is_empty() {
+            // The node whose pod failed, when the pod reports told; else the job's nodes.
+            let failed_on = super::failure::failed_nodes(&next.node_results);
+            let on = if !failed_on.is_empty() {
+                format!(" (failed on {})", failed_on.join(","))
+            } else if next.assigned_nodes.is_empty() {
                 String::new()
             } else {
                 format!(" (nodes {})", next.assigned_nodes.join(","))
@@ -805,6 +809,29 @@ mod tests {
             ))
         );
         assert_eq!(condition(&failed, "Succeeded"), None);
+        // Once the pod reports told which node's pod failed, the condition names it.
+        let mut reported = again.clone();
+        reported.assigned_nodes = vec!["gpu-1".into(), "gpu-2".into()];
+        for (node, result) in [("gpu-1", "Stopped"), ("gpu-2", "Failed")] {
+            reported.node_results.insert(
+                node.into(),
+                crate::jobs::crd::NodeResult {
+                    pod: format!("pod-{node}"),
+                    result: result.into(),
+                    ..Default::default()
+                },
+            );
+        }
+        let failed_on = mirrored(
+            &reported,
+            &info(pb::JobState::JobFailed, "gpu-[1-2]", "NonZeroExitCode", 3),
+            "t5",
+        )
+        .unwrap();
+        assert_eq!(
+            condition(&failed_on, "Failed").map(|c| c.2),
+            Some("exit code 3: NonZeroExitCode (failed on gpu-2)")
+        );
 
         let preempted = mirrored(
             &running,
