@@ -32,6 +32,8 @@ pub struct PodView {
     pub container: Value,
     pub image: Value,
     pub run_secs: Option<u64>,
+    /// How long the pod stays Pending, bound, before it runs (`SIM_START_SECONDS`).
+    pub start_secs: Option<u64>,
     pub exit_code: Option<i32>,
     pub oom: bool,
 }
@@ -66,7 +68,7 @@ fn env_of(pod: &Value, name: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// A pod's `SIM_RUN_SECONDS` or `SIM_EXIT_CODE`. With `SIM_FAILING_RANK=r` they speak of
+/// A pod's `SIM_RUN_SECONDS`, `SIM_START_SECONDS` or `SIM_EXIT_CODE`. With `SIM_FAILING_RANK=r` they speak of
 /// the pod of node rank `r` alone (`SPUR_NODE_RANK`); the other ranks run
 /// `SIM_OTHERS_RUN_SECONDS` (else the kubelet's default) and succeed.
 fn fate<T: std::str::FromStr>(pod: &Value, name: &str) -> Option<T> {
@@ -161,6 +163,7 @@ impl ObjectIndex {
                             container: object["spec"]["containers"][0]["name"].clone(),
                             image: object["spec"]["containers"][0]["image"].clone(),
                             run_secs: fate(object, "SIM_RUN_SECONDS"),
+                            start_secs: fate(object, "SIM_START_SECONDS"),
                             exit_code: fate(object, "SIM_EXIT_CODE"),
                             oom: env_of(object, "SIM_OOM").is_some(),
                         },

@@ -2,8 +2,9 @@
 //!
 //! A pod starts at once, runs for the seconds its `job` container's `SIM_RUN_SECONDS`
 //! says (else the configured default) and ends with the exit code `SIM_EXIT_CODE` says
-//! (else 0), or `OOMKilled` when `SIM_OOM` is set; `SIM_FAILING_RANK` narrows the first two
-//! to one rank of a multi-node job (`index::fate`). The SpurJob's `env` carries these into
+//! (else 0), or `OOMKilled` when `SIM_OOM` is set; `SIM_START_SECONDS` holds it Pending
+//! (`ContainerCreating`) that long first. `SIM_FAILING_RANK` narrows these to one rank of a
+//! multi-node job (`index::fate`). The SpurJob's `env` carries these into
 //! the pod, so a scenario decides each job's fate.
 
 use std::collections::BTreeMap;
@@ -51,8 +52,10 @@ pub async fn run_with_clock(
             .map(|t| t.to_string())
             .unwrap_or_default()
     };
-    // When each running pod started, by namespace/name.
+    // When each running pod started, and when each held pod was first seen, by
+    // namespace/name.
     let mut started: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut held: BTreeMap<String, Duration> = BTreeMap::new();
     loop {
         tokio::time::sleep(config.period).await;
         let now = (clock.elapsed)();
@@ -64,8 +67,27 @@ pub async fn run_with_clock(
             .map(|(k, p)| (k.clone(), p.clone()))
             .collect();
         let mut live = BTreeMap::new();
+        let mut waiting = BTreeMap::new();
         for (key, pod) in pods {
             let (namespace, name) = (pod.namespace.as_str(), pod.name.as_str());
+            if pod.phase == "Pending"
+                && let Some(hold) = pod.start_secs
+            {
+                let since = *held.get(&key).unwrap_or(&now);
+                waiting.insert(key.clone(), since);
+                if now.saturating_sub(since) < Duration::from_secs(hold) {
+                    if !held.contains_key(&key) {
+                        let status = json!({"status": {
+                            "phase": "Pending",
+                            "containerStatuses": [{"name": pod.container, "ready": false, "restartCount": 0,
+                                "image": pod.image, "imageID": "",
+                                "state": {"waiting": {"reason": "ContainerCreating"}}}],
+                        }});
+                        let _ = api.merge_patch("v1", "Pod", Some(namespace), name, &status, true);
+                    }
+                    continue;
+                }
+            }
             match pod.phase.as_str() {
                 "Pending" => {
                     let status = json!({"status": {
@@ -110,5 +132,6 @@ pub async fn run_with_clock(
             }
         }
         started = live;
+        held = waiting;
     }
 }

@@ -164,6 +164,43 @@ fn one_failed_rank_stops_the_others_and_fails_the_job_with_its_exit_code() {
 }
 
 #[test]
+fn a_rank_not_running_by_the_start_timeout_fails_the_job_and_frees_every_node() {
+    let mut sim = start(25);
+    sim.world.run_until(secs(10)).unwrap();
+    // Rank 1's pod would sit in ContainerCreating for ten minutes; rank 0 runs an hour.
+    sim.create_spurjob(
+        "default",
+        "stuck",
+        json!({"image": "busybox", "numNodes": 2, "startTimeout": "30s",
+               "env": {"SIM_FAILING_RANK": "1", "SIM_START_SECONDS": "600",
+                       "SIM_OTHERS_RUN_SECONDS": "3600"}}),
+    );
+    sim.world.run_until(secs(30)).unwrap();
+    assert_eq!(sim.pods("default").len(), 2, "both pods, one held");
+    sim.world.run_until(secs(60)).unwrap();
+    let status = &sim.spurjob("default", "stuck").unwrap()["status"];
+    assert_eq!(status["state"], "Failed", "{status:#}");
+    let id = status["spurJobId"].as_u64().unwrap() as u32;
+    let job = sim.controller_job(id).unwrap();
+    assert_eq!(job.state(), JobState::JobFailed);
+    let nodes = spur_operator::jobs::status::nodes_of(&job.nodelist).unwrap();
+    let results = &status["nodeResults"];
+    assert_eq!(results[&nodes[1]]["result"], "Failed", "{results:#}");
+    assert_eq!(
+        results[&nodes[1]]["message"],
+        "not Running within its startTimeout of 30s: ContainerCreating"
+    );
+    assert_eq!(results[&nodes[0]]["result"], "Stopped", "{results:#}");
+    // Neither pod is left: the held one would otherwise start later with no job.
+    assert!(sim.pods("default").is_empty(), "{:#?}", sim.pods("default"));
+    let metrics = sim.operator("operator").unwrap().metrics.encode();
+    assert!(
+        metrics.contains("spur_operator_launch_failures_total{reason=\"StartTimeout\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[test]
 fn with_wait_for_others_the_job_ends_when_its_last_rank_does_with_rank_0s_verdict() {
     // Rank 1 fails at about 15 s; rank 0 runs on to about 45 s.
     let mut sim = rank_1_fails(24, "WaitForOthers", 30, 35);

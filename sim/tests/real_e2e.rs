@@ -457,6 +457,64 @@ fn one_failed_rank_of_a_two_node_job_stops_the_other_and_fails_the_job_with_its_
 }
 
 #[test]
+fn a_rank_not_running_by_the_start_timeout_fails_the_job_and_leaves_no_pod() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        // Rank 1's pod would sit in ContainerCreating for ten minutes; rank 0 runs ten.
+        stack.create_spurjob(
+            "start-late",
+            job_spec(json!({"numNodes": 2, "startTimeout": "8s", "env": {
+                "SIM_FAILING_RANK": "1", "SIM_START_SECONDS": "600",
+                "SIM_OTHERS_RUN_SECONDS": "600"}})),
+        );
+        let (state, job) = run_to_end(&stack, "start-late", 2, created).await;
+        assert_eq!(state, "Failed", "{job}{}", stack.logs());
+        let id = id_of(&job);
+        assert_eq!(
+            controller_state(&stack, "start-late", id).await,
+            pb::JobState::JobFailed
+        );
+        let results = job["status"]["nodeResults"]
+            .as_object()
+            .expect("nodeResults");
+        let mut outcomes: Vec<(&str, &str)> = results
+            .values()
+            .map(|r| {
+                (
+                    r["result"].as_str().unwrap_or_default(),
+                    r["message"].as_str().unwrap_or_default(),
+                )
+            })
+            .collect();
+        outcomes.sort();
+        assert_eq!(outcomes.len(), 2, "{job}");
+        assert_eq!(
+            outcomes[0],
+            (
+                "Failed",
+                "not Running within its startTimeout of 8s: ContainerCreating"
+            ),
+            "{job}"
+        );
+        assert_eq!(outcomes[1].0, "Stopped", "{job}");
+        let gone = stack
+            .until("no pod left", created, Duration::from_secs(30), |s| {
+                s.pods("start-late").is_empty()
+            })
+            .await;
+        eprintln!(
+            "e2e start-late: no pod left {:.1}s after creation",
+            gone.as_secs_f64()
+        );
+        let metrics = stack.metrics().await;
+        assert!(
+            metrics.contains("spur_operator_launch_failures_total{reason=\"StartTimeout\"} 1"),
+            "{metrics}"
+        );
+    });
+}
+
+#[test]
 fn a_spurjob_deleted_while_running_is_cancelled_and_its_pods_and_finalizer_go_within_20s() {
     e2e(StackConfig::default(), |stack| async move {
         let created = Instant::now();

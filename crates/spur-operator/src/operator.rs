@@ -315,6 +315,7 @@ fn start_leader_tasks<N: Network>(
         controller: controller.clone(),
         metrics: metrics.clone(),
         tuning: config.jobs,
+        clock: world.clock.clone(),
     });
     let report_retry = config.node_sync.retry;
     let report_entropy = entropy.clone();

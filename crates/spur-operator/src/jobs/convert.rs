@@ -105,6 +105,9 @@ pub fn job_spec_as(
     for (i, volume) in spec.volumes.iter().enumerate() {
         parse_volume(volume).map_err(|reason| invalid(format!("volumes[{i}]"), reason))?;
     }
+    if let Some(timeout) = &spec.start_timeout {
+        parse_time_limit(timeout).map_err(|reason| invalid("startTimeout", reason))?;
+    }
     super::failure::OnRankFailure::of(spec)
         .map_err(|reason| invalid("failurePolicy.onRankFailure", reason))?;
     for (env, reference) in &spec.secret_env {
@@ -671,6 +674,7 @@ mod tests {
             extra in prop::collection::btree_map(label(), "[0-9]{1,3}", 0..3),
             array_spec in prop::option::of("[0-9]{1,2}-[0-9]{2,3}"),
             dependencies in prop::collection::vec("afterok:[0-9]{1,5}", 0..3),
+            start_minutes in prop::option::of(1u64..=120),
             on_rank_failure in prop::option::of(prop_oneof![Just("FailJob"), Just("WaitForOthers")]),
         ) -> SpurJobSpec {
             SpurJobSpec {
@@ -700,6 +704,7 @@ mod tests {
                 service_account: None,
                 array_spec,
                 dependencies,
+                start_timeout: start_minutes.map(|m| format!("{m}m")),
                 failure_policy: on_rank_failure.map(|p| crate::jobs::crd::FailurePolicy {
                     on_rank_failure: Some(p.to_owned()),
                 }),
@@ -720,6 +725,7 @@ mod tests {
         BadSecretRef(String),
         BadShm(String),
         BadRankFailurePolicy(String),
+        BadStartTimeout(String),
     }
 
     fn breakage() -> impl Strategy<Value = Breakage> {
@@ -744,6 +750,7 @@ mod tests {
             "[a-z]{1,6}".prop_map(Breakage::BadSecretRef),
             "-[1-9]Gi|[a-z]{2}".prop_map(Breakage::BadShm),
             "failjob|Wait|[A-Z][a-z]{0,8}".prop_map(Breakage::BadRankFailurePolicy),
+            "0|0s|[1-9]x|soon|".prop_map(Breakage::BadStartTimeout),
         ]
     }
 
@@ -790,6 +797,10 @@ mod tests {
                     on_rank_failure: Some(p.clone()),
                 });
                 "failurePolicy.onRankFailure".into()
+            }
+            Breakage::BadStartTimeout(t) => {
+                spec.start_timeout = Some(t.clone());
+                "startTimeout".into()
             }
         }
     }

@@ -96,6 +96,14 @@ pub struct SpurJobSpec {
     /// Dependencies, as spurctld reads them (`afterok:123`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dependencies: Vec<String>,
+    /// How long each node's pod may take, from its creation, to be Running: a duration as
+    /// `timeLimit` reads one (`90s`, `10m`, a bare number of minutes). A pod that is not
+    /// Running by then fails its node, with why it waited (`Unschedulable: ...`), and the
+    /// failure policy ends the job; its GPUs are not held by ranks waiting on one that will
+    /// not come. Unset: no limit, though a pod that can never start (an image that cannot
+    /// be pulled, a bad config) fails its node at once either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_timeout: Option<String>,
     /// What happens to a multi-node job when one node's pod fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_policy: Option<FailurePolicy>,

@@ -14,8 +14,10 @@
 //! pod launched before the SpurJob changed keeps the policy it started with.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::LABEL_JOB_ID;
@@ -25,6 +27,9 @@ use super::reports::{PodEnd, pod_end};
 
 /// The policy a multi-node job's pods carry: [`OnRankFailure::as_str`].
 pub const ANNOTATION_ON_RANK_FAILURE: &str = "spur.amd.com/on-rank-failure";
+
+/// `spec.startTimeout` in seconds, on each pod of a SpurJob that sets one.
+pub const ANNOTATION_START_TIMEOUT: &str = "spur.amd.com/start-timeout-seconds";
 
 /// The value [`ANNOTATION_REPORTED`] gets on a pod the failure policy stopped.
 pub const REPORTED_STOPPED: &str = "stopped";
@@ -85,6 +90,73 @@ fn run_attempt(pod: &Pod) -> u32 {
         .get(ANNOTATION_RUN_ATTEMPT)
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// Where a pod that has not ended stands against its start timeout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StartCheck {
+    /// Running, or no start timeout to keep.
+    Nothing,
+    /// Not Running yet; look again after this long.
+    Wait(Duration),
+    /// Not Running when its start timeout ran out: its node failed, for this reason.
+    Missed(String),
+}
+
+/// `pod` (not ended) against its [`ANNOTATION_START_TIMEOUT`], counted from its creation, at
+/// `now`.
+pub fn start_check(pod: &Pod, now: Timestamp) -> StartCheck {
+    let Some(timeout) = pod
+        .annotations()
+        .get(ANNOTATION_START_TIMEOUT)
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return StartCheck::Nothing;
+    };
+    let status = pod.status.as_ref();
+    if status.and_then(|s| s.phase.as_deref()) == Some("Running") {
+        return StartCheck::Nothing;
+    }
+    let Some(created) = pod.metadata.creation_timestamp.as_ref() else {
+        return StartCheck::Nothing;
+    };
+    let waited = now.duration_since(created.0).as_secs_f64().max(0.0);
+    let waited = Duration::from_secs_f64(waited);
+    let timeout = Duration::from_secs(timeout);
+    if waited < timeout {
+        return StartCheck::Wait(timeout - waited);
+    }
+    StartCheck::Missed(format!(
+        "not Running within its startTimeout of {}: {}",
+        humantime::format_duration(timeout),
+        why_waiting(pod)
+    ))
+}
+
+/// Why a pod that is not Running waits, as its status tells: not scheduled (the
+/// scheduler's reason), or its container waiting (the kubelet's), else its phase.
+fn why_waiting(pod: &Pod) -> String {
+    let status = pod.status.clone().unwrap_or_default();
+    let unscheduled = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+    let waiting = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref()?.waiting.clone());
+    let (reason, message) = match (unscheduled, waiting) {
+        (Some(c), _) => (c.reason.clone(), c.message.clone()),
+        (None, Some(w)) => (w.reason, w.message),
+        (None, None) => (status.phase, None),
+    };
+    let reason = reason.unwrap_or_else(|| "Pending".to_owned());
+    match message.filter(|m| !m.is_empty()) {
+        Some(message) => format!("{reason}: {message}"),
+        None => reason,
+    }
 }
 
 /// The pods `failed`'s failure stops, in name order: the same job's other pods of the same
@@ -233,6 +305,70 @@ mod tests {
         let mut unlabelled = failed.clone();
         unlabelled.metadata.labels = None;
         assert!(ranks_to_stop(&unlabelled, &pods).is_empty());
+    }
+
+    #[test]
+    fn a_pod_not_running_by_its_start_timeout_fails_with_why_it_waited() {
+        use k8s_openapi::api::core::v1::{ContainerStateWaiting, PodCondition};
+        let created = Timestamp::from_second(1_000).unwrap();
+        let at = |s: i64| Timestamp::from_second(1_000 + s).unwrap();
+        let mut p = pod("j7-r1", "7", 0, "Pending");
+        p.metadata.creation_timestamp = Some(Time(created));
+        assert_eq!(
+            start_check(&p, at(500)),
+            StartCheck::Nothing,
+            "no timeout set"
+        );
+        p.annotations_mut()
+            .insert(ANNOTATION_START_TIMEOUT.into(), "90".into());
+        assert_eq!(
+            start_check(&p, at(30)),
+            StartCheck::Wait(Duration::from_secs(60))
+        );
+        assert_eq!(
+            start_check(&p, at(90)),
+            StartCheck::Missed("not Running within its startTimeout of 1m 30s: Pending".into())
+        );
+        let status = p.status.as_mut().unwrap();
+        status.container_statuses = Some(vec![ContainerStatus {
+            name: super::super::pods::CONTAINER.into(),
+            state: Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ContainerCreating".into()),
+                    message: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]);
+        assert_eq!(
+            start_check(&p, at(91)),
+            StartCheck::Missed(
+                "not Running within its startTimeout of 1m 30s: ContainerCreating".into()
+            )
+        );
+        // The scheduler's reason comes first: the pod never reached a kubelet.
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some("0/4 nodes are available: 4 Insufficient amd.com/gpu.".into()),
+            ..Default::default()
+        }]);
+        assert_eq!(
+            start_check(&p, at(91)),
+            StartCheck::Missed(
+                "not Running within its startTimeout of 1m 30s: Unschedulable: 0/4 nodes are available: 4 Insufficient amd.com/gpu.".into()
+            )
+        );
+        // Running in time: nothing more to keep; a clock behind the creation waits it all.
+        p.status.as_mut().unwrap().phase = Some("Running".into());
+        assert_eq!(start_check(&p, at(500)), StartCheck::Nothing);
+        p.status.as_mut().unwrap().phase = Some("Pending".into());
+        assert_eq!(
+            start_check(&p, at(-10)),
+            StartCheck::Wait(Duration::from_secs(90))
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use spur_proto as pb;
 
 use super::convert::{self, Volume as JobVolume};
 use super::crd::SpurJob;
-use super::failure::{ANNOTATION_ON_RANK_FAILURE, OnRankFailure};
+use super::failure::{ANNOTATION_ON_RANK_FAILURE, ANNOTATION_START_TIMEOUT, OnRankFailure};
 use super::{
     LABEL_JOB_ID, LABEL_JOB_NAME, LABEL_MANAGED_BY, LABEL_SPURJOB_UID, LABEL_TARGET_NODE,
     MANAGED_BY, label_value, service_name,
@@ -174,6 +174,11 @@ pub fn build_pod(
         ANNOTATION_TARGET_NODE.to_owned(),
         launch.target_node.clone(),
     );
+    if let Some(timeout) = &spec.start_timeout {
+        let seconds =
+            convert::parse_time_limit(timeout).map_err(|e| format!("spec.startTimeout: {e}"))?;
+        annotations.insert(ANNOTATION_START_TIMEOUT.to_owned(), seconds.to_string());
+    }
     if num_nodes > 1 {
         annotations.insert(
             ANNOTATION_ON_RANK_FAILURE.to_owned(),

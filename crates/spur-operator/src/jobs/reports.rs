@@ -18,9 +18,13 @@ use spur_proto as pb;
 use tonic::Code;
 
 use super::crd::NodeResult;
-use super::failure::{OnRankFailure, REPORTED_STOPPED, node_result, ranks_to_stop, stopped_result};
+use super::failure::{
+    OnRankFailure, REPORTED_STOPPED, StartCheck, node_result, ranks_to_stop, start_check,
+    stopped_result,
+};
 use super::pods::{ANNOTATION_REPORTED, ANNOTATION_RUN_ATTEMPT, ANNOTATION_TARGET_NODE, CONTAINER};
 use super::{JobsTuning, LABEL_JOB_ID, SpurJob};
+use crate::clock::WallClock;
 use crate::controller::ControllerClient;
 use crate::metrics::{Metrics, ReconcileLabels};
 
@@ -126,6 +130,8 @@ pub struct ReportContext {
     pub metrics: Metrics,
     /// The report tunables (`--report-refusal-*`).
     pub tuning: JobsTuning,
+    /// What start timeouts are judged by.
+    pub clock: WallClock,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -181,8 +187,20 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
     if annotations.contains_key(ANNOTATION_REPORTED) || pod.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let Some(end) = pod_end(&pod) else {
-        return Ok(Action::await_change());
+    let (end, start_missed) = match pod_end(&pod) {
+        Some(end) => (end, false),
+        None => match start_check(&pod, ctx.clock.timestamp()) {
+            StartCheck::Nothing => return Ok(Action::await_change()),
+            StartCheck::Wait(left) => return Ok(Action::requeue(left)),
+            StartCheck::Missed(why) => {
+                let end = PodEnd {
+                    exit_code: 1,
+                    message: why,
+                    oom: false,
+                };
+                (end, true)
+            }
+        },
     };
     let Some(job_id) = pod
         .labels()
@@ -222,6 +240,11 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
     mark_reported(&pods, &pod, &reported).await?;
     if let Some(reason) = never_starts(&pod) {
         ctx.metrics.launch_failed(reason);
+    }
+    if start_missed {
+        ctx.metrics.launch_failed("StartTimeout");
+        // Its job is over: were it to start later, it would run with no job behind it.
+        delete_pod(&pods, &pod).await?;
     }
     tracing::info!(pod = %pod.name_any(), job_id, node = %node, exit_code = end.exit_code, message = %end.message, "reported the pod's end");
     Ok(Action::await_change())
@@ -268,6 +291,14 @@ async fn report(
             }
             Err(e) => return Err(e.into()),
         }
+    }
+}
+
+async fn delete_pod(pods: &Api<Pod>, pod: &Pod) -> Result<(), kube::Error> {
+    match pods.delete(&pod.name_any(), &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -355,11 +386,7 @@ async fn stop_other_ranks(
         };
         report(ctx, pod, request).await?;
         mark_reported(pods, pod, REPORTED_STOPPED).await?;
-        match pods.delete(&pod.name_any(), &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
+        delete_pod(pods, pod).await?;
         ctx.metrics.ranks_stopped.inc();
         tracing::info!(pod = %pod.name_any(), job_id, node = %node, failed_node, "stopped by the failure policy: another node's pod of the job failed");
     }
