@@ -152,6 +152,34 @@ fn one_failed_rank_stops_the_others_and_fails_the_job_with_its_exit_code() {
         format!("exit code 3 (failed on {rank1})"),
         "{failed:#}"
     );
+    // kubectl describe: the failure and the stop, as Warnings on the SpurJob.
+    let events: Vec<(String, String)> = sim
+        .api
+        .list("events.k8s.io/v1", "Event")
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == "train" && e["type"] == "Warning")
+        .map(|e| {
+            let text = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+            (text("reason"), text("note"))
+        })
+        .filter(|(reason, _)| reason != "Failed")
+        .collect();
+    assert_eq!(
+        events,
+        [
+            (
+                "PodFailed".to_owned(),
+                format!("the pod on {rank1} failed: exit code 3: Error")
+            ),
+            (
+                "RanksStopped".to_owned(),
+                format!(
+                    "stopped the pods on {rank0} (failurePolicy FailJob): the pod on {rank1} failed"
+                )
+            ),
+        ]
+    );
     // The stopped rank's pod is gone; the failed one's stays for its log.
     let pods = sim.pods("default");
     assert_eq!(pods.len(), 1, "{pods:#?}");

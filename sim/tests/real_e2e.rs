@@ -448,6 +448,22 @@ fn one_failed_rank_of_a_two_node_job_stops_the_other_and_fails_the_job_with_its_
             format!("exit code 3: NonZeroExitCode (failed on {failed_node})"),
             "{job}"
         );
+        let uid = job["metadata"]["uid"].clone();
+        let reasons: Vec<String> = stack
+            .api
+            .list("events.k8s.io/v1", "Event")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e["regarding"]["uid"] == uid && e["type"] == "Warning")
+            .map(|e| e["reason"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        for reason in ["PodFailed", "RanksStopped", "Failed"] {
+            assert_eq!(
+                reasons.iter().filter(|r| *r == reason).count(),
+                1,
+                "{reason}: {reasons:?}"
+            );
+        }
         let metrics = stack.metrics().await;
         assert!(
             metrics.contains("spur_operator_ranks_stopped_total 1"),

@@ -616,6 +616,13 @@ pub struct RunArgs {
     #[arg(long, env = "SPUR_OPERATOR_DEFAULT_USER", default_value = "k8s")]
     pub default_user: String,
 
+    /// An Event repeated (same object, type, reason and note) within this long of its last
+    /// occurrence is counted on the first one (`series.count`) instead of written again,
+    /// as kubectl shows "(x4 over 10m)". 6m: client-go's and kube-runtime's recorders use
+    /// the same window, so a pod failing again on every retry of a job makes one line.
+    #[arg(long, env = "SPUR_OPERATOR_EVENT_SERIES_WINDOW", default_value = "6m", value_parser = parse_duration)]
+    pub event_series_window: Duration,
+
     /// Address of /healthz, /readyz and /metrics. All interfaces: kubelet probes and
     /// Prometheus scrape the pod IP.
     #[arg(
@@ -900,6 +907,8 @@ pub struct OperatorConfig {
     pub agent_exec: crate::job_io::ExecLimits,
     /// The user a SpurJob without a `spur.amd.com/user` annotation submits as.
     pub default_user: String,
+    /// How long a repeated Event joins its first one's series (`--event-series-window`).
+    pub event_series_window: Duration,
 }
 
 impl RunArgs {
@@ -1077,6 +1086,7 @@ impl RunArgs {
                 output_bytes: self.agent_exec_output_limit,
             },
             default_user: self.default_user.trim().to_owned(),
+            event_series_window: self.event_series_window,
         })
     }
 }

@@ -152,7 +152,8 @@ pub async fn run_with_handles<N: Network>(
         acting_kube.clone(),
         world.clock.clone(),
         config.lease.identity.clone(),
-    );
+    )
+    .with_series_window(config.event_series_window);
     let _ = started.send(Handles {
         metrics: metrics.clone(),
         controller: controller.clone(),
@@ -316,6 +317,7 @@ fn start_leader_tasks<N: Network>(
         metrics: metrics.clone(),
         tuning: config.jobs,
         clock: world.clock.clone(),
+        events: events.clone(),
     });
     let report_retry = config.node_sync.retry;
     let report_entropy = entropy.clone();

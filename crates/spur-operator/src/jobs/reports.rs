@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
@@ -26,6 +26,7 @@ use super::pods::{ANNOTATION_REPORTED, ANNOTATION_RUN_ATTEMPT, ANNOTATION_TARGET
 use super::{JobsTuning, LABEL_JOB_ID, SpurJob};
 use crate::clock::WallClock;
 use crate::controller::ControllerClient;
+use crate::events::EventPublisher;
 use crate::metrics::{Metrics, ReconcileLabels};
 
 /// How a pod ended, as the controller is told.
@@ -132,6 +133,8 @@ pub struct ReportContext {
     pub tuning: JobsTuning,
     /// What start timeouts are judged by.
     pub clock: WallClock,
+    /// Where a failed pod is told, as a Warning on its SpurJob.
+    pub events: EventPublisher,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -234,8 +237,24 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
         ..Default::default()
     };
     let reported = report(&ctx, &pod, request).await?;
-    if end.exit_code != 0 && OnRankFailure::of_pod(&pod) == Some(OnRankFailure::FailJob) {
-        stop_other_ranks(&ctx, &pods, &pod, &node, &end).await?;
+    if end.exit_code != 0 {
+        // No pod name in the note: the same node failing on each retry of the job is one
+        // event series ("x3").
+        let note = format!(
+            "the pod on {node} failed: exit code {}{}",
+            end.exit_code,
+            if end.message.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", end.message)
+            }
+        );
+        if let Some(owner) = owner_of(&pod) {
+            ctx.events.warning_about(owner, "PodFailed", &note).await;
+        }
+        if OnRankFailure::of_pod(&pod) == Some(OnRankFailure::FailJob) {
+            stop_other_ranks(&ctx, &pods, &pod, &node, &end).await?;
+        }
     }
     mark_reported(&pods, &pod, &reported).await?;
     if let Some(reason) = never_starts(&pod) {
@@ -313,6 +332,22 @@ async fn mark_reported(pods: &Api<Pod>, pod: &Pod, reported: &str) -> Result<(),
     Ok(())
 }
 
+/// The SpurJob that owns `pod`, as an Event's `regarding`.
+fn owner_of(pod: &Pod) -> Option<ObjectReference> {
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "SpurJob")?;
+    Some(ObjectReference {
+        api_version: Some(owner.api_version.clone()),
+        kind: Some(owner.kind.clone()),
+        name: Some(owner.name.clone()),
+        namespace: pod.namespace(),
+        uid: Some(owner.uid.clone()),
+        ..Default::default()
+    })
+}
+
 /// Merges `results` into `status.nodeResults` of the SpurJob that owns `pod`; nothing for
 /// a pod no SpurJob owns, or whose SpurJob is gone.
 async fn record_results(
@@ -373,6 +408,7 @@ async fn stop_other_ranks(
             .map(|p| (reporting_node(p), stopped_result(p, failed_node, end))),
     )
     .await?;
+    let stopped_nodes: Vec<String> = stop.iter().map(|p| reporting_node(p)).collect();
     for pod in stop {
         let node = reporting_node(pod);
         let request = pb::ReportJobStatusRequest {
@@ -389,6 +425,13 @@ async fn stop_other_ranks(
         delete_pod(pods, pod).await?;
         ctx.metrics.ranks_stopped.inc();
         tracing::info!(pod = %pod.name_any(), job_id, node = %node, failed_node, "stopped by the failure policy: another node's pod of the job failed");
+    }
+    if let Some(owner) = owner_of(failed) {
+        let note = format!(
+            "stopped the pods on {} (failurePolicy FailJob): the pod on {failed_node} failed",
+            stopped_nodes.join(",")
+        );
+        ctx.events.warning_about(owner, "RanksStopped", &note).await;
     }
     Ok(())
 }
