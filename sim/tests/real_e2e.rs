@@ -1242,7 +1242,8 @@ async fn node_state(stack: &Stack, node: &str) -> Option<(pb::NodeState, String)
 
 /// `kubectl cordon` (with a reason annotated) drains the node in the real spurctld, so new
 /// jobs go elsewhere; uncordoning makes it IDLE again; a configured node condition
-/// (a node-problem-detector's `GPUProblem`) drains it by itself, naming the condition.
+/// (a node-problem-detector's `GPUProblem`) drains it by itself, naming the condition; a
+/// drain an administrator set in spurctld is kept through a cordon and an uncordon.
 #[test]
 fn a_cordoned_or_gpu_problem_node_is_drained_in_spurctld_and_lifted_after() {
     let config = StackConfig {
@@ -1328,5 +1329,32 @@ fn a_cordoned_or_gpu_problem_node_is_drained_in_spurctld_and_lifted_after() {
             {"type": "GPUProblem", "status": "False", "message": "healthy"},
         ]}}));
         wait_for(pb::NodeState::NodeIdle, "").await;
+
+        // An administrator's drain in spurctld is kept: neither a cordon (which would write
+        // its own reason over it) nor the uncordon after it (IDLE) touches it.
+        let slot = stack.cluster.leader().unwrap_or(0);
+        stack
+            .replica(slot)
+            .await
+            .update_node(pb::UpdateNodeRequest {
+                name: "node-1".into(),
+                state: Some(pb::NodeState::NodeDrain as i32),
+                reason: Some("admin: RMA 77".into()),
+                ..Default::default()
+            })
+            .await
+            .expect("an administrator's drain");
+        wait_for(pb::NodeState::NodeDrain, "admin: RMA 77").await;
+        for unschedulable in [true, false] {
+            patch_node(json!({"spec": {"unschedulable": unschedulable}}));
+            // The operator answers a cordon within 0.2 s (above); give it far longer.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            assert_eq!(
+                node_state(&stack, "node-1").await,
+                Some((pb::NodeState::NodeDrain, "admin: RMA 77".to_owned())),
+                "unschedulable: {unschedulable}{}",
+                stack.logs()
+            );
+        }
     });
 }

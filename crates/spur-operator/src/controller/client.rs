@@ -106,6 +106,7 @@ impl Answer for pb::PingResponse {}
 impl Answer for pb::RegisterAgentResponse {}
 impl Answer for pb::HeartbeatResponse {}
 impl Answer for pb::SubmitJobResponse {}
+impl Answer for pb::GetNodesResponse {}
 
 /// The job ids a read asks for by id alone, so that every one of them that exists must be
 /// in its answer (rule 6 also judges an acknowledged job an answer leaves out). A read with
@@ -140,6 +141,7 @@ impl Question for pb::UpdateNodeRequest {}
 impl Question for pb::SubmitJobRequest {}
 impl Question for pb::CancelJobRequest {}
 impl Question for pb::ReportJobStatusRequest {}
+impl Question for pb::GetNodesRequest {}
 
 /// The probe of a new channel: a job that cannot exist. A follower forwards it to the leader
 /// (and answers it only if that forward does), so an answer within the bound says the
@@ -384,6 +386,16 @@ impl ControllerClient {
             request,
             |mut c, r| async move { c.get_jobs(r).await },
         )
+        .await
+    }
+
+    pub async fn get_nodes(
+        &self,
+        request: pb::GetNodesRequest,
+    ) -> Result<pb::GetNodesResponse, ControllerError> {
+        self.call("GetNodes", request, |mut c, r| async move {
+            c.get_nodes(r).await
+        })
         .await
     }
 

@@ -244,6 +244,9 @@ pub struct ScriptedController {
     lose_next_submit_reply: Arc<std::sync::atomic::AtomicBool>,
     /// The `authorization` metadata of every call, in arrival order ("" when absent).
     authorizations: Arc<Mutex<Vec<String>>>,
+    /// Each node's state and reason as the last UpdateNode (or [`Self::hold_node`]) set
+    /// them; GetNodes answers these.
+    node_states: Arc<Mutex<std::collections::BTreeMap<String, (pb::NodeState, String)>>>,
 }
 
 impl ScriptedController {
@@ -252,6 +255,14 @@ impl ScriptedController {
         let controller = ScriptedController::default();
         *controller.hostname.lock().unwrap() = Some(hostname.to_owned());
         controller
+    }
+
+    /// Holds `node` as an administrator would (`scontrol update state=drain reason=...`).
+    pub fn hold_node(&self, node: &str, state: pb::NodeState, reason: &str) {
+        self.node_states
+            .lock()
+            .unwrap()
+            .insert(node.to_owned(), (state, reason.to_owned()));
     }
 
     pub fn fail_next(&self, status: Status) {
@@ -393,7 +404,13 @@ impl pb::SlurmController for ScriptedController {
             .map(|s| s.as_str_name())
             .unwrap_or("none");
         self.enter(format!("UpdateNode {} {state}", r.name)).await;
-        self.answer(())
+        let answer = self.answer(());
+        if answer.is_ok()
+            && let Some(state) = r.state.and_then(|s| pb::NodeState::try_from(s).ok())
+        {
+            self.hold_node(&r.name, state, r.reason.as_deref().unwrap_or_default());
+        }
+        answer
     }
     async fn submit_job(
         &self,
@@ -434,9 +451,18 @@ impl pb::SlurmController for ScriptedController {
         &self,
         _: Request<pb::GetNodesRequest>,
     ) -> Result<Response<pb::GetNodesResponse>, Status> {
-        Err(Status::unimplemented(
-            "GetNodes is the lab's, not the operator's",
-        ))
+        let nodes = self
+            .node_states
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(name, (state, reason))| pb::NodeInfo {
+                name: name.clone(),
+                state: *state as i32,
+                state_reason: reason.clone(),
+            })
+            .collect();
+        Ok(Response::new(pb::GetNodesResponse { nodes }))
     }
     async fn get_jobs(
         &self,

@@ -226,6 +226,20 @@ pub fn availability(node: &Node, drain_conditions: &[String]) -> Availability {
     Availability::Up
 }
 
+/// Why spurctld holds `node` at someone else's word, when it does: a DRAIN (or DRAINING)
+/// whose reason is not one this operator writes, so an administrator's (`scontrol update
+/// state=drain reason=...`). The operator neither lifts it (IDLE) nor writes its own
+/// reason over it (DRAIN); a Kubernetes cordon on such a node changes nothing in spurctld.
+pub fn admin_hold(node: &spur_proto::NodeInfo) -> Option<&str> {
+    let held = matches!(
+        node.state(),
+        spur_proto::NodeState::NodeDrain | spur_proto::NodeState::NodeDraining
+    );
+    let reason = node.state_reason.trim();
+    let ours = reason.starts_with("Kubernetes") || reason == super::sync::DELETED_REASON;
+    (held && !ours).then_some(reason)
+}
+
 fn saturate_u32(v: u128) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
@@ -380,6 +394,39 @@ pub(crate) mod tests {
             status: status.into(),
             message: Some(message.into()),
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_drain_with_a_reason_the_operator_never_writes_is_an_administrators() {
+        let node = |state: spur_proto::NodeState, reason: &str| spur_proto::NodeInfo {
+            name: "gpu-1".into(),
+            state: state as i32,
+            state_reason: reason.into(),
+        };
+        use spur_proto::NodeState::*;
+        let table = [
+            (NodeDrain, "RMA 77", Some("RMA 77")),
+            (NodeDraining, " bad DIMM ", Some("bad DIMM")),
+            (NodeDrain, "", Some("")),
+            (NodeDrain, "Kubernetes: cordoned: RMA 77", None),
+            (NodeDrain, "Kubernetes: node condition GPUProblem", None),
+            (
+                NodeDrain,
+                "Kubernetes taint node.kubernetes.io/unreachable:NoExecute",
+                None,
+            ),
+            (NodeDrain, "node deleted from Kubernetes", None),
+            (NodeDown, "admin: dead PSU", None),
+            (NodeIdle, "RMA 77", None),
+            (NodeAllocated, "", None),
+        ];
+        for (state, reason, held) in table {
+            assert_eq!(
+                admin_hold(&node(state, reason)),
+                held,
+                "{state:?} {reason:?}"
+            );
         }
     }
 

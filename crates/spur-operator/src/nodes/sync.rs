@@ -542,6 +542,16 @@ async fn call(
             Err(e) => Err((e.to_string(), e.kind())),
         },
         Action::SetAvailability(availability) => match node_update(availability, not_ready) {
+            Some((state, reason)) if keeps_admin_holds(state) => {
+                match admin_hold_on(&controller, &name).await {
+                    Ok(Some(hold)) => {
+                        tracing::info!(node = %name, hold = %hold, ?availability, "spurctld holds the node at an administrator's word; kept");
+                        Ok(Reply::Done(None))
+                    }
+                    Ok(None) => update_node(&controller, &name, state, reason).await,
+                    Err(e) => Err((e.to_string(), e.kind())),
+                }
+            }
             Some((state, reason)) => update_node(&controller, &name, state, reason).await,
             None => Ok(Reply::Done(None)),
         },
@@ -569,6 +579,31 @@ fn node_update(
         Availability::Down { reason } => not_ready.node_state().map(|s| (s, reason.clone())),
         Availability::Drain { reason } => Some((pb::NodeState::NodeDrain, reason.clone())),
     }
+}
+
+/// Whether sending `state` waits on an administrator's hold: IDLE would lift it and DRAIN
+/// would write over its reason. DOWN does not: a node Kubernetes lost is lost either way.
+fn keeps_admin_holds(state: pb::NodeState) -> bool {
+    matches!(state, pb::NodeState::NodeIdle | pb::NodeState::NodeDrain)
+}
+
+/// The administrator's hold spurctld keeps on node `name` ([`super::resources::admin_hold`]).
+async fn admin_hold_on(
+    controller: &ControllerClient,
+    name: &str,
+) -> Result<Option<String>, crate::controller::ControllerError> {
+    let nodes = controller
+        .get_nodes(pb::GetNodesRequest {
+            nodelist: name.to_owned(),
+            ..Default::default()
+        })
+        .await?
+        .nodes;
+    Ok(nodes
+        .iter()
+        .find(|n| n.name == name)
+        .and_then(super::resources::admin_hold)
+        .map(str::to_owned))
 }
 
 /// Whether a failed UpdateNode says the controller does not know the node: INTERNAL

@@ -360,6 +360,29 @@ async fn not_ready_taint_goes_down_only_when_asked_and_ignore_sends_nothing() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_administrators_drain_is_neither_lifted_nor_overwritten() {
+    let controller = ScriptedController::default();
+    controller.hold_node("a", spur_proto::NodeState::NodeDrain, "RMA 77");
+    controller.hold_node(
+        "b",
+        spur_proto::NodeState::NodeDrain,
+        "Kubernetes: cordoned",
+    );
+    let h = start_with(32, NotReadyState::Drain, controller.clone());
+    // A restart: both known to spurctld, both Ready and uncordoned in Kubernetes.
+    h.list(vec![gpu_node("a"), gpu_node("b")]);
+    settle(Duration::from_millis(100)).await;
+    // The operator's own hold is lifted; the administrator's is kept.
+    assert_eq!(h.calls("UpdateNode"), ["UpdateNode b NODE_IDLE"]);
+    // A cordon writes no reason of its own over it either.
+    let mut cordoned = gpu_node("a");
+    cordoned.spec.get_or_insert_default().unschedulable = Some(true);
+    h.apply(cordoned);
+    settle(Duration::from_millis(100)).await;
+    assert_eq!(h.calls("UpdateNode"), ["UpdateNode b NODE_IDLE"]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_restarted_operator_lifts_the_hold_its_predecessor_left() {
     // spurctld keeps a node's state across re-registration: a node an earlier operator
     // drained stays drained until IDLE is sent.
