@@ -31,9 +31,6 @@ pub const ANNOTATION_ON_RANK_FAILURE: &str = "spur.amd.com/on-rank-failure";
 /// `spec.startTimeout` in seconds, on each pod of a SpurJob that sets one.
 pub const ANNOTATION_START_TIMEOUT: &str = "spur.amd.com/start-timeout-seconds";
 
-/// The value [`ANNOTATION_REPORTED`] gets on a pod the failure policy stopped.
-pub const REPORTED_STOPPED: &str = "stopped";
-
 /// `spec.failurePolicy.onRankFailure`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnRankFailure {

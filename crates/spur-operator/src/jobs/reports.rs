@@ -19,8 +19,7 @@ use tonic::Code;
 
 use super::crd::NodeResult;
 use super::failure::{
-    OnRankFailure, REPORTED_STOPPED, StartCheck, node_result, ranks_to_stop, start_check,
-    stopped_result,
+    OnRankFailure, StartCheck, node_result, ranks_to_stop, start_check, stopped_result,
 };
 use super::pods::{ANNOTATION_REPORTED, ANNOTATION_RUN_ATTEMPT, ANNOTATION_TARGET_NODE, CONTAINER};
 use super::{JobsTuning, LABEL_JOB_ID, SpurJob};
@@ -256,14 +255,16 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
             stop_other_ranks(&ctx, &pods, &pod, &node, &end).await?;
         }
     }
-    mark_reported(&pods, &pod, &reported).await?;
+    if start_missed {
+        // Deleted rather than marked: its job is over, and were it to start later it would
+        // run with no job behind it. A pod being deleted is not reconciled again.
+        delete_pod(&pods, &pod).await?;
+        ctx.metrics.launch_failed("StartTimeout");
+    } else {
+        mark_reported(&pods, &pod, &reported).await?;
+    }
     if let Some(reason) = never_starts(&pod) {
         ctx.metrics.launch_failed(reason);
-    }
-    if start_missed {
-        ctx.metrics.launch_failed("StartTimeout");
-        // Its job is over: were it to start later, it would run with no job behind it.
-        delete_pod(&pods, &pod).await?;
     }
     tracing::info!(pod = %pod.name_any(), job_id, node = %node, exit_code = end.exit_code, message = %end.message, "reported the pod's end");
     Ok(Action::await_change())
@@ -421,7 +422,8 @@ async fn stop_other_ranks(
             ..Default::default()
         };
         report(ctx, pod, request).await?;
-        mark_reported(pods, pod, REPORTED_STOPPED).await?;
+        // Deleted, not marked: a mark first would leave the pod running were the delete to
+        // fail, since a retry stops only pods not yet reported.
         delete_pod(pods, pod).await?;
         ctx.metrics.ranks_stopped.inc();
         tracing::info!(pod = %pod.name_any(), job_id, node = %node, failed_node, "stopped by the failure policy: another node's pod of the job failed");
