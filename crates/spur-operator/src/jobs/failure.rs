@@ -82,7 +82,8 @@ impl OnRankFailure {
     }
 }
 
-fn run_attempt(pod: &Pod) -> u32 {
+/// The run attempt `pod` was launched for (0 when unannotated: the first run).
+pub fn run_attempt(pod: &Pod) -> u32 {
     pod.annotations()
         .get(ANNOTATION_RUN_ATTEMPT)
         .and_then(|v| v.parse().ok())

@@ -19,9 +19,9 @@ use tonic::Code;
 
 use super::crd::NodeResult;
 use super::failure::{
-    OnRankFailure, StartCheck, node_result, ranks_to_stop, start_check, stopped_result,
+    OnRankFailure, StartCheck, node_result, ranks_to_stop, run_attempt, start_check, stopped_result,
 };
-use super::pods::{ANNOTATION_REPORTED, ANNOTATION_RUN_ATTEMPT, ANNOTATION_TARGET_NODE, CONTAINER};
+use super::pods::{ANNOTATION_REPORTED, ANNOTATION_TARGET_NODE, CONTAINER};
 use super::{JobsTuning, LABEL_JOB_ID, SpurJob};
 use crate::clock::WallClock;
 use crate::controller::ControllerClient;
@@ -268,13 +268,6 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
     }
     tracing::info!(pod = %pod.name_any(), job_id, node = %node, exit_code = end.exit_code, message = %end.message, "reported the pod's end");
     Ok(Action::await_change())
-}
-
-fn run_attempt(pod: &Pod) -> u32 {
-    pod.annotations()
-        .get(ANNOTATION_RUN_ATTEMPT)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Sends `request` for `pod`; the value for the pod's reported mark once spurctld took it
