@@ -69,11 +69,16 @@ fn env_of(pod: &Value, name: &str) -> Option<String> {
 }
 
 /// A pod's `SIM_RUN_SECONDS`, `SIM_START_SECONDS` or `SIM_EXIT_CODE`. With `SIM_FAILING_RANK=r` they speak of
-/// the pod of node rank `r` alone (`SPUR_NODE_RANK`); the other ranks run
+/// the pod of node rank `r` alone (`SPUR_NODE_RANK`), and with `SIM_FAILING_RUNS=n` of the
+/// job's first `n` runs alone (`SPUR_RUN_ATTEMPT`); the other pods run
 /// `SIM_OTHERS_RUN_SECONDS` (else the kubelet's default) and succeed.
 fn fate<T: std::str::FromStr>(pod: &Value, name: &str) -> Option<T> {
-    let others = env_of(pod, "SIM_FAILING_RANK")
+    let number = |name: &str| env_of(pod, name).and_then(|v| v.parse::<u32>().ok());
+    let later_run = number("SIM_FAILING_RUNS")
+        .is_some_and(|runs| number("SPUR_RUN_ATTEMPT").unwrap_or(1) > runs);
+    let other_rank = env_of(pod, "SIM_FAILING_RANK")
         .is_some_and(|failing| env_of(pod, "SPUR_NODE_RANK").as_deref() != Some(failing.as_str()));
+    let others = later_run || other_rank;
     let value = match (others, name) {
         (false, _) => env_of(pod, name),
         (true, "SIM_RUN_SECONDS") => env_of(pod, "SIM_OTHERS_RUN_SECONDS"),

@@ -248,6 +248,66 @@ fn a_nodes_state_is_updated() {
     });
 }
 
+/// GetNodes filters by state and by a hostlist of names: node sync reads the drained nodes
+/// alone, once, to keep an administrator's drain.
+#[test]
+fn get_nodes_answers_only_the_nodes_in_the_states_and_the_hostlist_asked_for() {
+    conformance(119, Replicas::Any, Setup::default(), |target| async move {
+        let mut client = target.client().await;
+        for name in ["conf-g1", "conf-g2", "conf-g3"] {
+            client.register_agent(unreachable_node(name)).await.unwrap();
+        }
+        client
+            .update_node(pb::UpdateNodeRequest {
+                name: "conf-g2".to_owned(),
+                state: Some(pb::NodeState::NodeDrain as i32),
+                reason: Some("admin: RMA 12".to_owned()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let names = |request: pb::GetNodesRequest| {
+            let mut client = client.clone();
+            async move {
+                let mut nodes: Vec<(String, String)> = client
+                    .get_nodes(request)
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .nodes
+                    .into_iter()
+                    .map(|n| (n.name, n.state_reason))
+                    .collect();
+                nodes.sort();
+                nodes
+            }
+        };
+        let drained = names(pb::GetNodesRequest {
+            states: vec![
+                pb::NodeState::NodeDrain as i32,
+                pb::NodeState::NodeDraining as i32,
+            ],
+            ..Default::default()
+        })
+        .await;
+        assert_eq!(
+            drained,
+            [("conf-g2".to_owned(), "admin: RMA 12".to_owned())],
+            "{}",
+            target.name
+        );
+        let listed: Vec<String> = names(pb::GetNodesRequest {
+            nodelist: "conf-g[1,3]".to_owned(),
+            ..Default::default()
+        })
+        .await
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+        assert_eq!(listed, ["conf-g1", "conf-g3"], "{}", target.name);
+    });
+}
+
 // ---- Jobs [2, 9, 14, 16, 17]
 
 #[test]
@@ -951,6 +1011,126 @@ fn a_cancel_of_a_running_job_tells_its_agent_with_signal_0() {
         }
         assert_eq!(agent.cancels(id), [0], "{}", target.name);
         assert_eq!(state(&job(&target, id).await), pb::JobState::JobCancelled);
+    });
+}
+
+/// `scontrol requeue` (the failure policy's restart): a running job goes back to PENDING
+/// under its id, waiting for `BeginTime`, with no start time and no nodes; its agent is told
+/// to stop with signal 0; it is launched again with the next run attempt no sooner than 5 s
+/// later. Refused: an unknown job (FAILED_PRECONDITION), another user's job
+/// (PERMISSION_DENIED), and a job already pending.
+#[test]
+fn a_requeued_running_job_is_pending_under_its_id_and_launched_again_with_the_next_run_attempt_after_5s()
+ {
+    conformance(118, Replicas::Any, Setup::default(), |target| async move {
+        let (agent, _) =
+            register_with(&target, &["conf-q1"], TestAgent::new(LaunchRule::Accept)).await;
+        let mut client = target.client().await;
+        let id = client
+            .submit_job(submit(pb::JobSpec {
+                user: "conf-user".to_owned(),
+                ..spec("conf-requeue")
+            }))
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id;
+        until_job(&target, id, Duration::from_secs(20), "running", |j| {
+            state(j) == pb::JobState::JobRunning && !j.nodelist.is_empty()
+        })
+        .await;
+        let requeue = |job_id: u32, user: &str| pb::RequeueJobRequest {
+            job_id,
+            user: user.to_owned(),
+            hold: false,
+        };
+        let unknown = client
+            .requeue_job(requeue(id + 1000, "conf-user"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            unknown.code(),
+            Code::FailedPrecondition,
+            "{}: {unknown:?}",
+            target.name
+        );
+        assert!(
+            unknown.message().contains("not found"),
+            "{}: {unknown:?}",
+            target.name
+        );
+        let stranger = client
+            .requeue_job(requeue(id, "conf-other"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            stranger.code(),
+            Code::PermissionDenied,
+            "{}: {stranger:?}",
+            target.name
+        );
+        assert_eq!(state(&job(&target, id).await), pb::JobState::JobRunning);
+
+        let answer = client
+            .requeue_job(requeue(id, "conf-user"))
+            .await
+            .unwrap()
+            .into_inner();
+        let requeued_at = tokio::time::Instant::now();
+        assert_eq!(answer.requeued, 1, "{}: {answer:?}", target.name);
+        let info = job(&target, id).await;
+        assert_eq!(
+            state(&info),
+            pb::JobState::JobPending,
+            "{}: {info:?}",
+            target.name
+        );
+        assert_eq!(info.state_reason, "BeginTime", "{}: {info:?}", target.name);
+        assert!(info.start_time.is_none(), "{}: {info:?}", target.name);
+        assert!(info.nodelist.is_empty(), "{}: {info:?}", target.name);
+        let again = client
+            .requeue_job(requeue(id, "conf-user"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            again.code(),
+            Code::FailedPrecondition,
+            "{}: {again:?}",
+            target.name
+        );
+        assert!(
+            again.message().contains("already pending"),
+            "{}: {again:?}",
+            target.name
+        );
+        while agent.cancels(id).is_empty() {
+            assert!(
+                requeued_at.elapsed() < Duration::from_secs(10),
+                "{}: the agent was not told",
+                target.name
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(agent.cancels(id), [0], "{}", target.name);
+
+        until_job(&target, id, Duration::from_secs(30), "running again", |j| {
+            state(j) == pb::JobState::JobRunning && !j.nodelist.is_empty()
+        })
+        .await;
+        let launches = agent.launch_times(id);
+        assert_eq!(launches.len(), 2, "{}: {launches:?}", target.name);
+        assert_eq!(
+            launches[1].0.run_attempt,
+            launches[0].0.run_attempt + 1,
+            "{}: {launches:?}",
+            target.name
+        );
+        let gap = launches[1].1.duration_since(requeued_at);
+        assert!(
+            gap >= Duration::from_millis(4500),
+            "{}: launched again {gap:?} after the requeue",
+            target.name
+        );
     });
 }
 

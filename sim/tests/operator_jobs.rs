@@ -228,6 +228,138 @@ fn a_rank_not_running_by_the_start_timeout_fails_the_job_and_frees_every_node() 
     );
 }
 
+/// The Warning events on SpurJob `name`, as (reason, note), oldest first.
+fn warnings(sim: &Sim, name: &str) -> Vec<(String, String)> {
+    sim.api
+        .list("events.k8s.io/v1", "Event")
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == name && e["type"] == "Warning")
+        .map(|e| {
+            let text = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+            (text("reason"), text("note"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_failed_rank_restarts_the_job_under_its_id_and_its_next_run_completes() {
+    let mut sim = start(26);
+    sim.world.run_until(secs(10)).unwrap();
+    // In the first run rank 1 fails after 5 s with exit code 3; every later pod runs 20 s
+    // and succeeds.
+    sim.create_spurjob(
+        "default",
+        "retry",
+        json!({"image": "busybox", "numNodes": 2,
+               "failurePolicy": {"maxRestarts": 2},
+               "env": {"SIM_FAILING_RANK": "1", "SIM_FAILING_RUNS": "1", "SIM_RUN_SECONDS": "5",
+                       "SIM_EXIT_CODE": "3", "SIM_OTHERS_RUN_SECONDS": "20"}}),
+    );
+    sim.world.run_until(secs(25)).unwrap();
+    let first = sim.spurjob("default", "retry").unwrap()["status"].clone();
+    let id = first["spurJobId"].as_u64().expect("submitted") as u32;
+    sim.world.run_until(secs(120)).unwrap();
+    let status = &sim.spurjob("default", "retry").unwrap()["status"];
+    assert_eq!(status["state"], "Completed", "{status:#}");
+    assert_eq!(
+        status["spurJobId"].as_u64(),
+        Some(u64::from(id)),
+        "same job id"
+    );
+    let job = sim.controller_job(id).unwrap();
+    assert_eq!(job.state(), JobState::JobCompleted, "{job:?}");
+    // Each node's latest result is of the second run, which succeeded.
+    let results = status["nodeResults"].as_object().unwrap();
+    assert_eq!(results.len(), 2, "{results:#?}");
+    for result in results.values() {
+        assert_eq!(result["result"], "Succeeded", "{results:#?}");
+        assert_eq!(result["runAttempt"], 2, "{results:#?}");
+    }
+    let events = warnings(&sim, "retry");
+    let restarted: Vec<&String> = events
+        .iter()
+        .filter(|(reason, _)| reason == "Restarted")
+        .map(|(_, note)| note)
+        .collect();
+    assert_eq!(restarted.len(), 1, "{events:#?}");
+    assert!(
+        restarted[0].starts_with("restart 1 of at most 2 (failurePolicy.maxRestarts): the pod on ")
+            && restarted[0].ends_with(&format!(
+                "failed; spurctld runs job {id} again under the same id"
+            )),
+        "{events:#?}"
+    );
+    // The failed rank's pod stays for its log; rank 0's pod of the first run was stopped.
+    let mut pods: Vec<(String, String)> = sim
+        .pods("default")
+        .into_iter()
+        .map(|p| {
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+            (text(&p["metadata"]["name"]), text(&p["status"]["phase"]))
+        })
+        .collect();
+    pods.sort();
+    let phases: Vec<&str> = pods.iter().map(|(_, phase)| phase.as_str()).collect();
+    let mut sorted = phases.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["Failed", "Succeeded", "Succeeded"], "{pods:#?}");
+    let metrics = sim.operator("operator").unwrap().metrics.encode();
+    assert!(
+        metrics.contains("spur_operator_job_restarts_total{reason=\"PodFailed\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn a_start_timeout_requeues_the_job_until_its_restarts_are_spent_then_fails_it() {
+    let mut sim = start(27);
+    sim.world.run_until(secs(10)).unwrap();
+    // Rank 1's pod never starts in time, in any run.
+    sim.create_spurjob(
+        "default",
+        "late",
+        json!({"image": "busybox", "numNodes": 2, "startTimeout": "20s",
+               "failurePolicy": {"onStartTimeout": "Requeue", "maxRestarts": 1},
+               "env": {"SIM_FAILING_RANK": "1", "SIM_START_SECONDS": "600",
+                       "SIM_OTHERS_RUN_SECONDS": "3600"}}),
+    );
+    sim.world.run_until(secs(50)).unwrap();
+    let status = sim.spurjob("default", "late").unwrap()["status"].clone();
+    assert_ne!(
+        status["state"], "Failed",
+        "restarted, not failed: {status:#}"
+    );
+    sim.world.run_until(secs(120)).unwrap();
+    let status = &sim.spurjob("default", "late").unwrap()["status"];
+    assert_eq!(status["state"], "Failed", "{status:#}");
+    let id = status["spurJobId"].as_u64().unwrap() as u32;
+    assert_eq!(sim.controller_job(id).unwrap().state(), JobState::JobFailed);
+    let failed: Vec<&serde_json::Value> = status["nodeResults"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|r| r["result"] == "Failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{status:#}");
+    assert_eq!(
+        failed[0]["runAttempt"], 2,
+        "the second run failed the job: {status:#}"
+    );
+    let events = warnings(&sim, "late");
+    let restarts = events.iter().filter(|(r, _)| r == "Restarted").count();
+    assert_eq!(restarts, 1, "{events:#?}");
+    // No pod is left: a late pod would otherwise start with no job behind it.
+    assert!(sim.pods("default").is_empty(), "{:#?}", sim.pods("default"));
+    let metrics = sim.operator("operator").unwrap().metrics.encode();
+    for line in [
+        "spur_operator_job_restarts_total{reason=\"StartTimeout\"} 1",
+        "spur_operator_launch_failures_total{reason=\"StartTimeout\"} 2",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+}
+
 #[test]
 fn with_wait_for_others_the_job_ends_when_its_last_rank_does_with_rank_0s_verdict() {
     // Rank 1 fails at about 15 s; rank 0 runs on to about 45 s.

@@ -473,6 +473,82 @@ fn one_failed_rank_of_a_two_node_job_stops_the_other_and_fails_the_job_with_its_
 }
 
 #[test]
+fn a_failed_rank_restarts_the_job_under_its_id_and_its_second_run_completes() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        // In the first run rank 1 fails with exit code 3 after 3 s; every other pod runs
+        // 8 s and succeeds (rank 0 of the first run is stopped before then: had it ended
+        // first, spurctld would have ended the job on its report).
+        stack.create_spurjob(
+            "restarts",
+            job_spec(
+                json!({"numNodes": 2, "failurePolicy": {"maxRestarts": 1}, "env": {
+                "SIM_FAILING_RANK": "1", "SIM_FAILING_RUNS": "1", "SIM_RUN_SECONDS": "3",
+                "SIM_EXIT_CODE": "3", "SIM_OTHERS_RUN_SECONDS": "8"}}),
+            ),
+        );
+        let second_run = stack
+            .until(
+                "restarts: a pod of the second run",
+                created,
+                Duration::from_secs(60),
+                |s| {
+                    s.pods("restarts")
+                        .iter()
+                        .any(|p| env_of(p).get("SPUR_RUN_ATTEMPT").map(String::as_str) == Some("2"))
+                },
+            )
+            .await;
+        let (state, job) = run_to_end(&stack, "restarts", 2, created).await;
+        eprintln!(
+            "e2e restarts: the second run's first pod {:.1}s after creation",
+            second_run.as_secs_f64()
+        );
+        assert_eq!(state, "Completed", "{job}{}", stack.logs());
+        let id = id_of(&job);
+        assert_eq!(
+            controller_state(&stack, "restarts", id).await,
+            pb::JobState::JobCompleted
+        );
+        let results = job["status"]["nodeResults"]
+            .as_object()
+            .expect("nodeResults");
+        assert_eq!(results.len(), 2, "{job}");
+        for result in results.values() {
+            assert_eq!(result["result"], "Succeeded", "{job}");
+            assert_eq!(result["runAttempt"], 2, "{job}");
+        }
+        // The first run's failed pod stays for its log; its other pod was stopped.
+        let first_run: Vec<String> = stack
+            .pods("restarts")
+            .iter()
+            .filter(|p| env_of(p).get("SPUR_RUN_ATTEMPT").map(String::as_str) == Some("1"))
+            .map(|p| p["status"]["phase"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(first_run, ["Failed"], "{job}");
+        let uid = job["metadata"]["uid"].clone();
+        let restarted: Vec<String> = stack
+            .api
+            .list("events.k8s.io/v1", "Event")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e["regarding"]["uid"] == uid && e["reason"] == "Restarted")
+            .map(|e| e["note"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(restarted.len(), 1, "{restarted:?}");
+        assert!(
+            restarted[0].starts_with("restart 1 of at most 1"),
+            "{restarted:?}"
+        );
+        let metrics = stack.metrics().await;
+        assert!(
+            metrics.contains("spur_operator_job_restarts_total{reason=\"PodFailed\"} 1"),
+            "{metrics}"
+        );
+    });
+}
+
+#[test]
 fn a_rank_not_running_by_the_start_timeout_fails_the_job_and_leaves_no_pod() {
     e2e(StackConfig::default(), |stack| async move {
         let created = Instant::now();
@@ -527,6 +603,55 @@ fn a_rank_not_running_by_the_start_timeout_fails_the_job_and_leaves_no_pod() {
             metrics.contains("spur_operator_launch_failures_total{reason=\"StartTimeout\"} 1"),
             "{metrics}"
         );
+    });
+}
+
+#[test]
+fn a_start_timeout_under_requeue_runs_the_job_again_and_fails_it_once_its_restarts_are_spent() {
+    e2e(StackConfig::default(), |stack| async move {
+        let created = Instant::now();
+        // Rank 1's pod would sit in ContainerCreating for ten minutes, in every run.
+        stack.create_spurjob(
+            "start-again",
+            job_spec(json!({"numNodes": 2, "startTimeout": "5s",
+                "failurePolicy": {"onStartTimeout": "Requeue", "maxRestarts": 1},
+                "env": {"SIM_FAILING_RANK": "1", "SIM_START_SECONDS": "600",
+                        "SIM_OTHERS_RUN_SECONDS": "600"}})),
+        );
+        let (state, job) = run_to_end(&stack, "start-again", 2, created).await;
+        assert_eq!(state, "Failed", "{job}{}", stack.logs());
+        let id = id_of(&job);
+        assert_eq!(
+            controller_state(&stack, "start-again", id).await,
+            pb::JobState::JobFailed
+        );
+        let failed: Vec<&Value> = job["status"]["nodeResults"]
+            .as_object()
+            .expect("nodeResults")
+            .values()
+            .filter(|r| r["result"] == "Failed")
+            .collect();
+        assert_eq!(failed.len(), 1, "{job}");
+        assert_eq!(
+            failed[0]["runAttempt"], 2,
+            "the second run failed the job: {job}"
+        );
+        let gone = stack
+            .until("no pod left", created, Duration::from_secs(30), |s| {
+                s.pods("start-again").is_empty()
+            })
+            .await;
+        eprintln!(
+            "e2e start-again: no pod left {:.1}s after creation",
+            gone.as_secs_f64()
+        );
+        let metrics = stack.metrics().await;
+        for line in [
+            "spur_operator_job_restarts_total{reason=\"StartTimeout\"} 1",
+            "spur_operator_launch_failures_total{reason=\"StartTimeout\"} 2",
+        ] {
+            assert!(metrics.contains(line), "{line} in {metrics}");
+        }
     });
 }
 

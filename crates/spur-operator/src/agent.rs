@@ -19,7 +19,7 @@ use crate::jobs::duplicates;
 use crate::jobs::pods::{
     MAX_POD_GENERATIONS, Placement, build_pod, build_service, is_launched_pod, placement,
 };
-use crate::jobs::reconcile::delete_job_objects;
+use crate::jobs::reconcile::{JobPods, delete_job_objects};
 use crate::jobs::{LABEL_JOB_ID, SpurJob};
 use crate::metrics::Metrics;
 use crate::net::{Listener, incoming};
@@ -358,7 +358,7 @@ impl pb::SlurmAgent for Agent {
         namespaces.sort();
         namespaces.dedup();
         for namespace in namespaces {
-            delete_job_objects(&self.kube, &namespace, job_id)
+            delete_job_objects(&self.kube, &namespace, job_id, JobPods::Unended)
                 .await
                 .map_err(|e| kube_status("deleting the job's pods", e))?;
         }

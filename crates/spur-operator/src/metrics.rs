@@ -34,6 +34,11 @@ pub struct FenceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RestartLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DuplicateLabels {
     /// Where it was found: `launch` (the agent), `watch` (the reconciler's read-back after
     /// an unanswered SubmitJob) or `deletion` (the finalizer).
@@ -124,6 +129,8 @@ pub struct Metrics {
     pub duplicates_cancelled: Family<DuplicateLabels, Counter>,
     /// Pods stopped by their job's failure policy (`jobs::failure`).
     pub ranks_stopped: Counter,
+    /// Jobs spurctld was asked to run again by their failure policy, by what failed.
+    pub job_restarts: Family<RestartLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -275,6 +282,12 @@ impl Metrics {
             "Pods of multi-node jobs stopped by the job's failure policy (FailJob) after another node's pod of the same run failed",
             ranks_stopped.clone(),
         );
+        let job_restarts = Family::<RestartLabels, Counter>::default();
+        registry.register(
+            "job_restarts",
+            "Jobs requeued in spurctld under the same id by their failure policy (maxRestarts), by what failed: PodFailed or StartTimeout",
+            job_restarts.clone(),
+        );
         Metrics {
             registry: Arc::new(registry),
             rpcs,
@@ -300,7 +313,15 @@ impl Metrics {
             fence_refusals,
             duplicates_cancelled,
             ranks_stopped,
+            job_restarts,
         }
+    }
+
+    /// Counts one restart of a job by its failure policy, after `reason`.
+    pub fn job_restarted(&self, reason: &'static str) {
+        self.job_restarts
+            .get_or_create(&RestartLabels { reason })
+            .inc();
     }
 
     /// Counts one duplicate job cancelled, found at `found_at`.
@@ -346,6 +367,7 @@ impl Metrics {
         metrics.channel_rule("hedge");
         metrics.fence_refused("closed");
         metrics.duplicate_cancelled("launch");
+        metrics.job_restarted("PodFailed");
         metrics
             .reconciles
             .get_or_create(&ReconcileLabels { kind: "node" })

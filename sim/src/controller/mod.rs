@@ -55,6 +55,10 @@ pub struct ControllerConfig {
     pub dispatch_backoff: Duration,
     /// The longest wait after a failed dispatch (`max_launch_backoff_secs`, 300).
     pub dispatch_backoff_max: Duration,
+    /// How long a running job requeued by a client (`RequeueJob`) waits before it may be
+    /// dispatched again: spurctld's `max(2 × interval + 3, 5)` seconds, which keeps the
+    /// scheduler from re-dispatching it into its own in-flight cancel.
+    pub requeue_hold: Duration,
     /// Failed dispatches after which a job is held (`max_batch_requeue`, 5).
     pub max_batch_requeue: u32,
     /// Bound on the leader's CancelJob calls to agents (spurctld's 5 s); its LaunchJob
@@ -88,6 +92,7 @@ impl Default for ControllerConfig {
             schedule_interval: Duration::from_millis(500),
             dispatch_backoff: Duration::from_secs(5),
             dispatch_backoff_max: Duration::from_secs(300),
+            requeue_hold: Duration::from_secs(5),
             max_batch_requeue: 5,
             agent_cancel_timeout: Duration::from_secs(5),
             heartbeat_timeout: Duration::from_secs(90),

@@ -593,12 +593,21 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
         self.read(
             "GetNodes",
             request,
-            move |_| {
+            move |req| {
+                // spurctld's filters: a hostlist of names, and states (partitions are not
+                // modelled: every node is in the default one).
+                let names: Option<Vec<String>> = (!req.nodelist.trim().is_empty()).then(|| {
+                    spur_operator::hostlist::expand(req.nodelist.trim()).unwrap_or_default()
+                });
                 Ok(pb::GetNodesResponse {
                     nodes: cluster.read(slot, |state| {
                         state
                             .nodes
                             .iter()
+                            .filter(|(name, _)| names.as_ref().is_none_or(|n| n.contains(name)))
+                            .filter(|(_, node)| {
+                                req.states.is_empty() || req.states.contains(&(node.state as i32))
+                            })
                             .map(|(name, node)| pb::NodeInfo {
                                 name: name.clone(),
                                 state: node.state.into(),
@@ -635,6 +644,42 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                 Ok(())
             },
             |mut client, request| async move { client.cancel_job(request).await },
+        )
+        .await
+    }
+
+    async fn requeue_job(
+        &self,
+        request: Request<pb::RequeueJobRequest>,
+    ) -> Result<Response<pb::RequeueJobResponse>, Status> {
+        let this = self.clone();
+        self.write(
+            "RequeueJob",
+            request,
+            |req| async move {
+                if req.hold {
+                    return Err(Status::unimplemented(
+                        "the model does not requeue a job held (no client asks it to)",
+                    ));
+                }
+                let defer_until =
+                    (this.inner.clock.wall)() + this.inner.cluster.config().requeue_hold;
+                let outcome = this
+                    .commit(Command::RequeueJob {
+                        job_id: req.job_id,
+                        user: req.user,
+                        defer_until,
+                    })
+                    .await?;
+                if let Outcome::Stop(stops) = outcome {
+                    this.stop_on_agents(stops);
+                }
+                Ok(pb::RequeueJobResponse {
+                    requeued: 1,
+                    skipped: Vec::new(),
+                })
+            },
+            |mut client, request| async move { client.requeue_job(request).await },
         )
         .await
     }

@@ -40,6 +40,14 @@ pub enum Command {
     },
     /// A job cancelled.
     CancelJob { job_id: u32, at: SystemTime },
+    /// `scontrol requeue` by `user`: a running job goes back to PENDING under its id, not
+    /// dispatched again before `defer_until` (spurctld computes it on the leader, so every
+    /// replica applies one instant); a finished one re-pends at once.
+    RequeueJob {
+        job_id: u32,
+        user: String,
+        defer_until: SystemTime,
+    },
     /// Every node of a dispatch confirmed its LaunchJob: the job is RUNNING, its nodes
     /// not yet recorded (spurctld commits the state change, then [`Command::StartJob`]).
     JobRunning { job_id: u32, at: SystemTime },
@@ -87,6 +95,7 @@ impl Command {
             }
             Command::SubmitJob { spec, .. } => format!("submit job name={}", spec.name),
             Command::CancelJob { job_id, .. } => format!("cancel job {job_id}"),
+            Command::RequeueJob { job_id, .. } => format!("requeue job {job_id}"),
             Command::JobRunning { job_id, .. } => format!("job {job_id} running"),
             Command::StartJob { job_id, nodes, .. } => {
                 format!("start job {job_id} on {}", nodes.join(","))
@@ -334,6 +343,31 @@ impl StateMachine {
                 ))),
                 Some(_) => Ok(()),
             },
+            // In spurctld's order (`requeue_one_job`): unknown, not the owner, then the state.
+            Command::RequeueJob { job_id, user, .. } => {
+                let Some(job) = self.jobs.get(job_id) else {
+                    return Err(Status::failed_precondition(format!(
+                        "job {job_id} not found"
+                    )));
+                };
+                if user.is_empty() || *user != job.spec.user {
+                    return Err(Status::permission_denied(format!(
+                        "user {user} cannot requeue job owned by {}",
+                        job.spec.user
+                    )));
+                }
+                let refusal = match job.state {
+                    pb::JobState::JobPending => "is already pending",
+                    pb::JobState::JobCompleting => "is completing; cannot requeue",
+                    pb::JobState::JobPreempted | pb::JobState::JobRequeued => {
+                        "is already being requeued"
+                    }
+                    _ => return Ok(()),
+                };
+                Err(Status::failed_precondition(format!(
+                    "job {job_id} {refusal}"
+                )))
+            }
             // In spurctld's order: unknown, finished (OK), an older attempt (OK, ignored),
             // a node outside the allocation (also while a dispatch is in flight).
             Command::ReportJobStatus {
@@ -458,6 +492,37 @@ impl StateMachine {
                     return Outcome::Done;
                 }
                 job.end(pb::JobState::JobCancelled, "cancelled", job.exit_code, *at);
+                let nodes = std::mem::take(&mut job.nodes);
+                Outcome::Stop(self.release_nodes(*job_id, &nodes, 0))
+            }
+            Command::RequeueJob {
+                job_id,
+                defer_until,
+                ..
+            } => {
+                let Some(job) = self.jobs.get_mut(job_id) else {
+                    return Outcome::Done;
+                };
+                let live = matches!(
+                    job.state,
+                    pb::JobState::JobRunning | pb::JobState::JobSuspended
+                );
+                if !live && !job.is_terminal() {
+                    return Outcome::Done;
+                }
+                job.state = pb::JobState::JobPending;
+                job.start_time = None;
+                job.end_time = None;
+                job.exit_code = 0;
+                job.reports.clear();
+                job.oom_killed = false;
+                if !live {
+                    // Its nodes were freed when it ended.
+                    job.state_reason = "None".to_owned();
+                    return Outcome::Done;
+                }
+                job.state_reason = "BeginTime".to_owned();
+                job.begin_time = Some(*defer_until);
                 let nodes = std::mem::take(&mut job.nodes);
                 Outcome::Stop(self.release_nodes(*job_id, &nodes, 0))
             }

@@ -50,12 +50,13 @@ struct Inner {
 
 /// The methods of `slurm.SlurmController` only the acting operator calls: writes. A
 /// standby Pings (readiness) and reads (GetJob, GetJobs) but never makes one of these.
-pub const LEADER_WRITES: [&str; 6] = [
+pub const LEADER_WRITES: [&str; 7] = [
     "RegisterAgent",
     "Heartbeat",
     "UpdateNode",
     "SubmitJob",
     "CancelJob",
+    "RequeueJob",
     "ReportJobStatus",
 ];
 
@@ -107,6 +108,7 @@ impl Answer for pb::RegisterAgentResponse {}
 impl Answer for pb::HeartbeatResponse {}
 impl Answer for pb::SubmitJobResponse {}
 impl Answer for pb::GetNodesResponse {}
+impl Answer for pb::RequeueJobResponse {}
 
 /// The job ids a read asks for by id alone, so that every one of them that exists must be
 /// in its answer (rule 6 also judges an acknowledged job an answer leaves out). A read with
@@ -140,6 +142,7 @@ impl Question for pb::HeartbeatRequest {}
 impl Question for pb::UpdateNodeRequest {}
 impl Question for pb::SubmitJobRequest {}
 impl Question for pb::CancelJobRequest {}
+impl Question for pb::RequeueJobRequest {}
 impl Question for pb::ReportJobStatusRequest {}
 impl Question for pb::GetNodesRequest {}
 
@@ -402,6 +405,18 @@ impl ControllerClient {
     pub async fn cancel_job(&self, request: pb::CancelJobRequest) -> Result<(), ControllerError> {
         self.call("CancelJob", request, |mut c, r| async move {
             c.cancel_job(r).await
+        })
+        .await
+    }
+
+    /// Puts a running job back in spurctld's queue under the same id (the failure policy's
+    /// restart).
+    pub async fn requeue_job(
+        &self,
+        request: pb::RequeueJobRequest,
+    ) -> Result<pb::RequeueJobResponse, ControllerError> {
+        self.call("RequeueJob", request, |mut c, r| async move {
+            c.requeue_job(r).await
         })
         .await
     }

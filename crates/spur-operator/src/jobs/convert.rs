@@ -108,8 +108,8 @@ pub fn job_spec_as(
     if let Some(timeout) = &spec.start_timeout {
         parse_time_limit(timeout).map_err(|reason| invalid("startTimeout", reason))?;
     }
-    super::failure::OnRankFailure::of(spec)
-        .map_err(|reason| invalid("failurePolicy.onRankFailure", reason))?;
+    super::failure::check_policy(spec)
+        .map_err(|(field, reason)| invalid(format!("failurePolicy.{field}"), reason))?;
     for (env, reference) in &spec.secret_env {
         parse_secret_ref(reference)
             .map_err(|reason| invalid(format!("secretEnv.{env}"), reason))?;
@@ -676,6 +676,7 @@ mod tests {
             dependencies in prop::collection::vec("afterok:[0-9]{1,5}", 0..3),
             start_minutes in prop::option::of(1u64..=120),
             on_rank_failure in prop::option::of(prop_oneof![Just("FailJob"), Just("WaitForOthers")]),
+            restarts in prop::option::of((0u32..=5, any::<bool>())),
         ) -> SpurJobSpec {
             SpurJobSpec {
                 name: None,
@@ -705,8 +706,14 @@ mod tests {
                 array_spec,
                 dependencies,
                 start_timeout: start_minutes.map(|m| format!("{m}m")),
-                failure_policy: on_rank_failure.map(|p| crate::jobs::crd::FailurePolicy {
-                    on_rank_failure: Some(p.to_owned()),
+                failure_policy: (on_rank_failure.is_some() || restarts.is_some()).then(|| {
+                    crate::jobs::crd::FailurePolicy {
+                        on_rank_failure: on_rank_failure.map(str::to_owned),
+                        on_start_timeout: restarts
+                            .filter(|(max, requeue)| *requeue && *max > 0 && start_minutes.is_some())
+                            .map(|_| "Requeue".to_owned()),
+                        max_restarts: restarts.map(|(max, _)| max),
+                    }
                 }),
             }
         }
@@ -726,6 +733,11 @@ mod tests {
         BadShm(String),
         BadRankFailurePolicy(String),
         BadStartTimeout(String),
+        BadStartTimeoutPolicy(String),
+        /// `onStartTimeout: Requeue` with no restarts allowed.
+        RequeueWithoutRestarts,
+        /// `onStartTimeout: Requeue` with no `startTimeout` to act on.
+        RequeueWithoutStartTimeout,
     }
 
     fn breakage() -> impl Strategy<Value = Breakage> {
@@ -751,6 +763,9 @@ mod tests {
             "-[1-9]Gi|[a-z]{2}".prop_map(Breakage::BadShm),
             "failjob|Wait|[A-Z][a-z]{0,8}".prop_map(Breakage::BadRankFailurePolicy),
             "0|0s|[1-9]x|soon|".prop_map(Breakage::BadStartTimeout),
+            "requeue|Retry|fail|".prop_map(Breakage::BadStartTimeoutPolicy),
+            Just(Breakage::RequeueWithoutRestarts),
+            Just(Breakage::RequeueWithoutStartTimeout),
         ]
     }
 
@@ -795,12 +810,39 @@ mod tests {
             Breakage::BadRankFailurePolicy(p) => {
                 spec.failure_policy = Some(crate::jobs::crd::FailurePolicy {
                     on_rank_failure: Some(p.clone()),
+                    ..Default::default()
                 });
                 "failurePolicy.onRankFailure".into()
             }
             Breakage::BadStartTimeout(t) => {
                 spec.start_timeout = Some(t.clone());
                 "startTimeout".into()
+            }
+            Breakage::BadStartTimeoutPolicy(p) => {
+                spec.failure_policy = Some(crate::jobs::crd::FailurePolicy {
+                    on_start_timeout: Some(p.clone()),
+                    max_restarts: Some(2),
+                    ..Default::default()
+                });
+                "failurePolicy.onStartTimeout".into()
+            }
+            Breakage::RequeueWithoutRestarts => {
+                spec.start_timeout = Some("5m".into());
+                spec.failure_policy = Some(crate::jobs::crd::FailurePolicy {
+                    on_start_timeout: Some("Requeue".into()),
+                    max_restarts: Some(0),
+                    ..Default::default()
+                });
+                "failurePolicy.onStartTimeout".into()
+            }
+            Breakage::RequeueWithoutStartTimeout => {
+                spec.start_timeout = None;
+                spec.failure_policy = Some(crate::jobs::crd::FailurePolicy {
+                    on_start_timeout: Some("Requeue".into()),
+                    max_restarts: Some(2),
+                    ..Default::default()
+                });
+                "failurePolicy.onStartTimeout".into()
             }
         }
     }

@@ -109,7 +109,7 @@ pub struct SpurJobSpec {
     pub failure_policy: Option<FailurePolicy>,
 }
 
-/// A multi-node job's answer to one failed rank.
+/// A job's answer to one failed rank, or one that did not start in time.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailurePolicy {
@@ -120,6 +120,19 @@ pub struct FailurePolicy {
     /// by itself after its `CompleteWait` (300 s unless configured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_rank_failure: Option<String>,
+    /// `FailJob` (the default): a pod not Running by `startTimeout` fails the job.
+    /// `Requeue`: the job is put back in spurctld's queue under the same id and run again
+    /// (spurctld holds it at least 5 s first), while `maxRestarts` allows; then it fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_start_timeout: Option<String>,
+    /// How many times the job is run again after a failed run, as JobSet's `maxRestarts`:
+    /// when one pod fails under `onRankFailure: FailJob` (every node's pod is stopped and
+    /// spurctld requeues the job under the same id), and when a pod misses `startTimeout`
+    /// under `onStartTimeout: Requeue`. Counted by spurctld's run attempt, so a run spurctld
+    /// restarted by itself (a node failure, a preemption) counts too. 0 (the default): a
+    /// failed run fails the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_restarts: Option<u32>,
 }
 
 fn one() -> u32 {

@@ -82,6 +82,163 @@ impl OnRankFailure {
     }
 }
 
+/// `spec.failurePolicy.maxRestarts`, on each pod of a SpurJob that allows restarts.
+pub const ANNOTATION_MAX_RESTARTS: &str = "spur.amd.com/max-restarts";
+
+/// `spec.failurePolicy.onStartTimeout`, on each pod of a SpurJob whose policy is `Requeue`.
+pub const ANNOTATION_ON_START_TIMEOUT: &str = "spur.amd.com/on-start-timeout";
+
+/// `spec.failurePolicy.onStartTimeout`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnStartTimeout {
+    /// The node whose pod is late fails, and with it the job.
+    #[default]
+    FailJob,
+    /// spurctld runs the job again, while `maxRestarts` allows.
+    Requeue,
+}
+
+impl OnStartTimeout {
+    const ALL: [OnStartTimeout; 2] = [OnStartTimeout::FailJob, OnStartTimeout::Requeue];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnStartTimeout::FailJob => "FailJob",
+            OnStartTimeout::Requeue => "Requeue",
+        }
+    }
+
+    pub fn parse(value: &str) -> Result<OnStartTimeout, String> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == value)
+            .ok_or_else(|| {
+                format!(
+                    "`{value}` is not one of {}",
+                    Self::ALL.map(OnStartTimeout::as_str).join(", ")
+                )
+            })
+    }
+
+    /// The SpurJob's policy; `FailJob` when it names none.
+    pub fn of(spec: &SpurJobSpec) -> Result<OnStartTimeout, String> {
+        match spec
+            .failure_policy
+            .as_ref()
+            .and_then(|p| p.on_start_timeout.as_deref())
+        {
+            None => Ok(OnStartTimeout::default()),
+            Some(value) => OnStartTimeout::parse(value),
+        }
+    }
+}
+
+/// `spec.failurePolicy.maxRestarts` (0 when unset).
+pub fn max_restarts(spec: &SpurJobSpec) -> u32 {
+    spec.failure_policy
+        .as_ref()
+        .and_then(|p| p.max_restarts)
+        .unwrap_or(0)
+}
+
+/// Checks `spec.failurePolicy` as a whole; an error names the field (under
+/// `failurePolicy.`) and what is wrong with it.
+pub fn check_policy(spec: &SpurJobSpec) -> Result<(), (&'static str, String)> {
+    OnRankFailure::of(spec).map_err(|e| ("onRankFailure", e))?;
+    if OnStartTimeout::of(spec).map_err(|e| ("onStartTimeout", e))? == OnStartTimeout::Requeue {
+        if spec.start_timeout.is_none() {
+            return Err((
+                "onStartTimeout",
+                "`Requeue` acts when a pod misses `startTimeout`, which is not set".to_owned(),
+            ));
+        }
+        if max_restarts(spec) == 0 {
+            return Err((
+                "onStartTimeout",
+                "`Requeue` runs the job again, which needs `maxRestarts` of at least 1".to_owned(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// How a run failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunFailure {
+    /// A node's pod ended with a failure (or can never start).
+    PodFailed,
+    /// A node's pod was not Running by its start timeout.
+    StartTimeout,
+}
+
+impl RunFailure {
+    /// The `reason` label of `spur_operator_job_restarts_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            RunFailure::PodFailed => "PodFailed",
+            RunFailure::StartTimeout => "StartTimeout",
+        }
+    }
+}
+
+/// What a failed run comes to under the policy its pod carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// The pod's end is reported: the job fails (or, under `WaitForOthers`, waits for its
+    /// other nodes).
+    Report,
+    /// spurctld is asked to run the job again: this is restart `restart` of at most `max`.
+    Restart { restart: u32, max: u32 },
+}
+
+/// What the failure of `pod`'s run comes to. Restarts are counted by spurctld's run attempt:
+/// run N has had N - 1 restarts, whoever asked for them.
+pub fn after_failure(pod: &Pod, failure: RunFailure) -> AfterFailure {
+    let annotations = pod.annotations();
+    let max = annotations
+        .get(ANNOTATION_MAX_RESTARTS)
+        .and_then(|v| v.parse::<u32>().ok())
+        .unwrap_or(0);
+    let restarts = match failure {
+        RunFailure::PodFailed => OnRankFailure::of_pod(pod) != Some(OnRankFailure::WaitForOthers),
+        RunFailure::StartTimeout => {
+            annotations
+                .get(ANNOTATION_ON_START_TIMEOUT)
+                .map(String::as_str)
+                == Some(OnStartTimeout::Requeue.as_str())
+        }
+    };
+    let done = run_attempt(pod).max(1) - 1;
+    if restarts && done < max {
+        AfterFailure::Restart {
+            restart: done + 1,
+            max,
+        }
+    } else {
+        AfterFailure::Report
+    }
+}
+
+/// How much later than a pod's creation its job's start may be, for the pod to be of the
+/// job's current run. spurctld starts a run before it sends the run's launches, so a pod of
+/// the current run was created after the start; a later run starts no sooner than
+/// spurctld's requeue hold (5 s) after the earlier run's pod failed. Halfway between
+/// tolerates 2.5 s of skew between spurctld's clock and the API server's.
+pub const LATER_RUN_AFTER: Duration = Duration::from_millis(2500);
+
+/// Whether spurctld's job, whose current run started at `job_start` (`None`: it is not
+/// running), is still on the run `pod` was created for. A pod of a run already restarted
+/// must not restart the job again.
+pub fn is_current_run(pod: &Pod, job_start: Option<Timestamp>) -> bool {
+    let Some(start) = job_start else {
+        return false;
+    };
+    let Some(created) = pod.metadata.creation_timestamp.as_ref() else {
+        return true;
+    };
+    start.duration_since(created.0).as_secs_f64() <= LATER_RUN_AFTER.as_secs_f64()
+}
+
 /// The run attempt `pod` was launched for (0 when unannotated: the first run).
 pub fn run_attempt(pod: &Pod) -> u32 {
     pod.annotations()
@@ -205,6 +362,25 @@ pub fn stopped_result(pod: &Pod, failed_node: &str, end: &PodEnd) -> NodeResult 
     }
 }
 
+/// The result of `pod`, stopped because the job was run again after the pod on
+/// `failed_node` failed as `end`.
+pub fn restarted_result(pod: &Pod, failed_node: &str, end: &PodEnd) -> NodeResult {
+    NodeResult {
+        pod: pod.name_any(),
+        run_attempt: run_attempt(pod),
+        result: "Stopped".to_owned(),
+        exit_code: None,
+        message: format!(
+            "stopped for a restart of the job: the pod on {failed_node} failed ({})",
+            if end.message.is_empty() {
+                format!("exit code {}", end.exit_code)
+            } else {
+                end.message.clone()
+            }
+        ),
+    }
+}
+
 /// The nodes whose pods failed in the latest run attempt `results` tell of, in name order
 /// (not those the failure policy stopped).
 pub fn failed_nodes(results: &BTreeMap<String, NodeResult>) -> Vec<&str> {
@@ -251,16 +427,130 @@ mod tests {
         p
     }
 
+    fn with(mut p: Pod, annotations: &[(&str, &str)]) -> Pod {
+        for (k, v) in annotations {
+            p.annotations_mut().insert((*k).into(), (*v).into());
+        }
+        p
+    }
+
+    #[test]
+    fn a_failed_run_restarts_while_run_attempts_leave_restarts_and_the_policy_asks() {
+        use AfterFailure::{Report, Restart};
+        use RunFailure::{PodFailed, StartTimeout};
+        let two = [(ANNOTATION_MAX_RESTARTS, "2")];
+        let requeue = [
+            (ANNOTATION_MAX_RESTARTS, "2"),
+            (ANNOTATION_ON_START_TIMEOUT, "Requeue"),
+        ];
+        let wait = [
+            (ANNOTATION_MAX_RESTARTS, "2"),
+            (ANNOTATION_ON_RANK_FAILURE, "WaitForOthers"),
+        ];
+        type Annotations<'a> = &'a [(&'a str, &'a str)];
+        let cases: [(Annotations, u32, RunFailure, AfterFailure); 10] = [
+            // No maxRestarts: every failure is reported.
+            (&[], 1, PodFailed, Report),
+            (&[], 1, StartTimeout, Report),
+            // Run N has had N - 1 restarts (an unannotated pod is of the first run).
+            (&two, 0, PodFailed, Restart { restart: 1, max: 2 }),
+            (&two, 1, PodFailed, Restart { restart: 1, max: 2 }),
+            (&two, 2, PodFailed, Restart { restart: 2, max: 2 }),
+            (&two, 3, PodFailed, Report),
+            // A start timeout restarts only under onStartTimeout: Requeue.
+            (&two, 1, StartTimeout, Report),
+            (&requeue, 2, StartTimeout, Restart { restart: 2, max: 2 }),
+            (&requeue, 3, StartTimeout, Report),
+            // WaitForOthers leaves a failed rank to spurctld.
+            (&wait, 1, PodFailed, Report),
+        ];
+        for (annotations, attempt, failure, expected) in cases {
+            let p = with(pod("j7-r0", "7", attempt, "Failed"), annotations);
+            assert_eq!(
+                after_failure(&p, failure),
+                expected,
+                "{annotations:?} run {attempt} {failure:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_pod_is_of_the_current_run_unless_the_job_started_well_after_its_creation() {
+        let mut p = pod("j7-r0", "7", 1, "Failed");
+        let created = Timestamp::from_second(1_000_000).unwrap();
+        p.metadata.creation_timestamp = Some(Time(created));
+        let at = |ms: i64| Some(created + k8s_openapi::jiff::SignedDuration::from_millis(ms));
+        // The run started before its pods were made, or a little after by the clocks' skew.
+        assert!(is_current_run(&p, at(-30_000)));
+        assert!(is_current_run(&p, at(2_000)));
+        // A later run starts at least 5 s after this pod failed.
+        assert!(!is_current_run(&p, at(5_000)));
+        assert!(!is_current_run(&p, at(60_000)));
+        // Not running at all: no run of this pod to restart.
+        assert!(!is_current_run(&p, None));
+    }
+
+    #[test]
+    fn requeue_on_a_start_timeout_needs_a_start_timeout_and_restarts_to_spend() {
+        let policy = |on_start: Option<&str>, max: Option<u32>| super::super::crd::FailurePolicy {
+            on_start_timeout: on_start.map(str::to_owned),
+            max_restarts: max,
+            ..Default::default()
+        };
+        let spec = |timeout: Option<&str>, policy| SpurJobSpec {
+            start_timeout: timeout.map(str::to_owned),
+            failure_policy: Some(policy),
+            ..Default::default()
+        };
+        assert_eq!(
+            check_policy(&spec(Some("5m"), policy(Some("Requeue"), Some(1)))),
+            Ok(())
+        );
+        assert_eq!(check_policy(&spec(None, policy(None, Some(3)))), Ok(()));
+        assert_eq!(
+            check_policy(&spec(Some("5m"), policy(Some("FailJob"), None))),
+            Ok(())
+        );
+        let field = |r: Result<(), (&'static str, String)>| r.unwrap_err().0;
+        assert_eq!(
+            field(check_policy(&spec(
+                Some("5m"),
+                policy(Some("Requeue"), None)
+            ))),
+            "onStartTimeout"
+        );
+        assert_eq!(
+            field(check_policy(&spec(
+                Some("5m"),
+                policy(Some("Requeue"), Some(0))
+            ))),
+            "onStartTimeout"
+        );
+        assert_eq!(
+            field(check_policy(&spec(None, policy(Some("Requeue"), Some(2))))),
+            "onStartTimeout"
+        );
+        assert_eq!(
+            check_policy(&spec(Some("5m"), policy(Some("retry"), Some(2)))),
+            Err((
+                "onStartTimeout",
+                "`retry` is not one of FailJob, Requeue".to_owned()
+            ))
+        );
+    }
+
     #[test]
     fn the_policy_is_one_of_two_names_and_fail_job_by_default() {
         let mut spec = SpurJobSpec::default();
         assert_eq!(OnRankFailure::of(&spec), Ok(OnRankFailure::FailJob));
         spec.failure_policy = Some(super::super::crd::FailurePolicy {
             on_rank_failure: Some("WaitForOthers".into()),
+            ..Default::default()
         });
         assert_eq!(OnRankFailure::of(&spec), Ok(OnRankFailure::WaitForOthers));
         spec.failure_policy = Some(super::super::crd::FailurePolicy {
             on_rank_failure: Some("failjob".into()),
+            ..Default::default()
         });
         assert_eq!(
             OnRankFailure::of(&spec),

@@ -16,7 +16,10 @@ use spur_proto as pb;
 
 use super::convert::{self, Volume as JobVolume};
 use super::crd::SpurJob;
-use super::failure::{ANNOTATION_ON_RANK_FAILURE, ANNOTATION_START_TIMEOUT, OnRankFailure};
+use super::failure::{
+    self, ANNOTATION_MAX_RESTARTS, ANNOTATION_ON_RANK_FAILURE, ANNOTATION_ON_START_TIMEOUT,
+    ANNOTATION_START_TIMEOUT, OnRankFailure, OnStartTimeout,
+};
 use super::{
     LABEL_JOB_ID, LABEL_JOB_NAME, LABEL_MANAGED_BY, LABEL_SPURJOB_UID, LABEL_TARGET_NODE,
     MANAGED_BY, label_value, service_name,
@@ -178,6 +181,18 @@ pub fn build_pod(
         let seconds =
             convert::parse_time_limit(timeout).map_err(|e| format!("spec.startTimeout: {e}"))?;
         annotations.insert(ANNOTATION_START_TIMEOUT.to_owned(), seconds.to_string());
+    }
+    let restarts = failure::max_restarts(spec);
+    if restarts > 0 {
+        annotations.insert(ANNOTATION_MAX_RESTARTS.to_owned(), restarts.to_string());
+    }
+    let on_start_timeout =
+        OnStartTimeout::of(spec).map_err(|e| format!("spec.failurePolicy.onStartTimeout: {e}"))?;
+    if on_start_timeout != OnStartTimeout::default() {
+        annotations.insert(
+            ANNOTATION_ON_START_TIMEOUT.to_owned(),
+            on_start_timeout.as_str().to_owned(),
+        );
     }
     if num_nodes > 1 {
         annotations.insert(

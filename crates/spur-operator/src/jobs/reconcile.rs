@@ -603,22 +603,41 @@ async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileEr
     }
     let namespace = job.namespace().unwrap_or_default();
     for &(job_id, _) in &jobs {
-        delete_job_objects(&ctx.kube, &namespace, job_id).await?;
+        delete_job_objects(&ctx.kube, &namespace, job_id, JobPods::All).await?;
     }
     ctx.watch.forget(&uid);
     Ok(Action::await_change())
 }
 
-/// Deletes the pods and the headless Service of `job_id` in `namespace`.
+/// Which of a job's pods [`delete_job_objects`] deletes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobPods {
+    /// Every one (the SpurJob is going away).
+    All,
+    /// Those not Succeeded or Failed: an ended pod holds nothing, and keeps its logs and
+    /// exit code for `kubectl logs` (the failed rank of a restarted job); it goes with its
+    /// SpurJob.
+    Unended,
+}
+
+/// Deletes the pods (`which` of them) and the headless Service of `job_id` in `namespace`.
 pub async fn delete_job_objects(
     kube: &kube::Client,
     namespace: &str,
     job_id: u32,
+    which: JobPods,
 ) -> Result<(), kube::Error> {
     let selector = format!("{LABEL_JOB_ID}={job_id}");
     let pods: Api<Pod> = Api::namespaced(kube.clone(), namespace);
     let listed = pods.list(&ListParams::default().labels(&selector)).await?;
     for pod in listed {
+        let ended = matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        if which == JobPods::Unended && ended {
+            continue;
+        }
         match pods.delete(&pod.name_any(), &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.is_not_found() => {}

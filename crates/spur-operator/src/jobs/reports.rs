@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
@@ -19,7 +20,8 @@ use tonic::Code;
 
 use super::crd::NodeResult;
 use super::failure::{
-    OnRankFailure, StartCheck, node_result, ranks_to_stop, run_attempt, start_check, stopped_result,
+    AfterFailure, OnRankFailure, RunFailure, StartCheck, after_failure, is_current_run,
+    node_result, ranks_to_stop, restarted_result, run_attempt, start_check, stopped_result,
 };
 use super::pods::{ANNOTATION_REPORTED, ANNOTATION_TARGET_NODE, CONTAINER};
 use super::{JobsTuning, LABEL_JOB_ID, SpurJob};
@@ -221,23 +223,59 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
     // The SpurJob shows the result before spurctld hears of it, so the status that
     // mirrors the job's end can name the node that failed.
     record_results(&ctx, &pod, [(node.clone(), node_result(&pod, &end))]).await?;
-    let request = pb::ReportJobStatusRequest {
-        job_id,
-        state: if end.exit_code == 0 {
-            pb::JobState::JobCompleted
-        } else {
-            pb::JobState::JobFailed
-        } as i32,
-        exit_code: end.exit_code,
-        signal: if end.oom { OOM_KILLED_SIGNAL } else { 0 },
-        message: end.message.clone(),
-        reporting_node: node.clone(),
-        run_attempt: run_attempt(&pod),
-        ..Default::default()
+    let failure = if start_missed {
+        Some(RunFailure::StartTimeout)
+    } else {
+        (end.exit_code != 0).then_some(RunFailure::PodFailed)
     };
-    let reported = report(&ctx, &pod, request).await?;
-    if end.exit_code != 0 {
-        // No pod name in the note: the same node failing on each retry of the job is one
+    let restart = match failure.map(|f| (f, after_failure(&pod, f))) {
+        Some((failure, AfterFailure::Restart { restart, max })) => {
+            let run = FailedRun {
+                pod: &pod,
+                pods: &pods,
+                job_id,
+                node: &node,
+                end: &end,
+                failure,
+            };
+            restart_run(&ctx, run, restart, max).await?
+        }
+        _ => false,
+    };
+    let mut stopped = Vec::new();
+    if !restart {
+        let request = pb::ReportJobStatusRequest {
+            job_id,
+            state: if end.exit_code == 0 {
+                pb::JobState::JobCompleted
+            } else {
+                pb::JobState::JobFailed
+            } as i32,
+            exit_code: end.exit_code,
+            signal: if end.oom { OOM_KILLED_SIGNAL } else { 0 },
+            message: end.message.clone(),
+            reporting_node: node.clone(),
+            run_attempt: run_attempt(&pod),
+            ..Default::default()
+        };
+        let reported = report(&ctx, &pod, request).await?;
+        if end.exit_code != 0 && OnRankFailure::of_pod(&pod) == Some(OnRankFailure::FailJob) {
+            stopped = stop_other_ranks(&ctx, &pods, &pod, &node, &end).await?;
+        }
+        if start_missed {
+            // Deleted rather than marked: its job is over, and were it to start later it
+            // would run with no job behind it. A pod being deleted is not reconciled again.
+            delete_pod(&pods, &pod).await?;
+        } else {
+            mark_reported(&pods, &pod, &reported).await?;
+        }
+    }
+    // Told once the pod is done with (a failed step above retries the whole reconcile, which
+    // would tell it twice).
+    if end.exit_code != 0
+        && let Some(owner) = owner_of(&pod)
+    {
+        // No pod name in the note: the same node failing on each run of the job is one
         // event series ("x3").
         let note = format!(
             "the pod on {node} failed: exit code {}{}",
@@ -248,26 +286,138 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
                 format!(": {}", end.message)
             }
         );
-        if let Some(owner) = owner_of(&pod) {
-            ctx.events.warning_about(owner, "PodFailed", &note).await;
-        }
-        if OnRankFailure::of_pod(&pod) == Some(OnRankFailure::FailJob) {
-            stop_other_ranks(&ctx, &pods, &pod, &node, &end).await?;
+        ctx.events
+            .warning_about(owner.clone(), "PodFailed", &note)
+            .await;
+        if !stopped.is_empty() {
+            let note = format!(
+                "stopped the pods on {} (failurePolicy FailJob): the pod on {node} failed",
+                stopped.join(",")
+            );
+            ctx.events.warning_about(owner, "RanksStopped", &note).await;
         }
     }
     if start_missed {
-        // Deleted rather than marked: its job is over, and were it to start later it would
-        // run with no job behind it. A pod being deleted is not reconciled again.
-        delete_pod(&pods, &pod).await?;
         ctx.metrics.launch_failed("StartTimeout");
-    } else {
-        mark_reported(&pods, &pod, &reported).await?;
     }
     if let Some(reason) = never_starts(&pod) {
         ctx.metrics.launch_failed(reason);
     }
-    tracing::info!(pod = %pod.name_any(), job_id, node = %node, exit_code = end.exit_code, message = %end.message, "reported the pod's end");
+    tracing::info!(pod = %pod.name_any(), job_id, node = %node, exit_code = end.exit_code, message = %end.message, restart, "the pod's end is handled");
     Ok(Action::await_change())
+}
+
+/// A run that failed, as one of its pods tells.
+struct FailedRun<'a> {
+    /// The pod that failed, or missed its start timeout.
+    pod: &'a Pod,
+    /// The pods of its namespace.
+    pods: &'a Api<Pod>,
+    job_id: u32,
+    /// The node the pod reports for.
+    node: &'a str,
+    end: &'a PodEnd,
+    failure: RunFailure,
+}
+
+/// The failure policy's restart ([`AfterFailure::Restart`]): spurctld requeues the job under
+/// its id (and tells the agents to stop it), the run's pods on the other nodes are stopped,
+/// and the failed pod is kept, marked, for its logs (one past its start timeout is
+/// deleted). `false` when spurctld will not requeue the job: it already ended or is ending
+/// (another node reported first), or the operator may not requeue it; the pod's end is then
+/// reported as without a restart.
+async fn restart_run(
+    ctx: &ReportContext,
+    run: FailedRun<'_>,
+    restart: u32,
+    max: u32,
+) -> Result<bool, ReportError> {
+    let FailedRun {
+        pod,
+        pods,
+        job_id,
+        node,
+        end,
+        failure,
+    } = run;
+    let info = match ctx.controller.get_job(job_id).await {
+        Ok(info) => info,
+        Err(e) if e.code() == Code::NotFound => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let state = info.state();
+    let started = info
+        .start_time
+        .and_then(|t| Timestamp::new(t.seconds, t.nanos).ok());
+    // A pod of a run already requeued (the job waits, or runs again) asks for nothing more:
+    // a requeue now would stop the next run.
+    let already = state == pb::JobState::JobPending
+        || (matches!(state, pb::JobState::JobRunning | pb::JobState::JobSuspended)
+            && !is_current_run(pod, started));
+    if !already {
+        if !matches!(state, pb::JobState::JobRunning | pb::JobState::JobSuspended) {
+            return Ok(false);
+        }
+        let request = pb::RequeueJobRequest {
+            job_id,
+            user: info.user.clone(),
+            hold: false,
+        };
+        match ctx.controller.requeue_job(request).await {
+            Ok(_) => {}
+            // Another node's pod of the run asked first.
+            Err(e)
+                if e.code() == Code::FailedPrecondition
+                    && (e.message().contains("already pending")
+                        || e.message().contains("already being requeued")) => {}
+            Err(e)
+                if matches!(
+                    e.code(),
+                    Code::FailedPrecondition | Code::PermissionDenied | Code::NotFound
+                ) =>
+            {
+                tracing::warn!(pod = %pod.name_any(), job_id, error = %e, "spurctld would not requeue the job; reporting the pod's end instead");
+                return Ok(false);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        ctx.metrics.job_restarted(failure.reason());
+        if let Some(owner) = owner_of(pod) {
+            let why = match failure {
+                RunFailure::PodFailed => format!("the pod on {node} failed"),
+                RunFailure::StartTimeout => format!("the pod on {node} missed its startTimeout"),
+            };
+            let note = format!(
+                "restart {restart} of at most {max} (failurePolicy.maxRestarts): {why}; spurctld runs job {job_id} again under the same id"
+            );
+            ctx.events.warning_about(owner, "Restarted", &note).await;
+        }
+        tracing::info!(pod = %pod.name_any(), job_id, node, restart, max, reason = failure.reason(), "asked spurctld to run the job again");
+    }
+    // spurctld tells the agents to stop the run too, but a lost CancelJob is never sent
+    // again: the run's pods still running are stopped here.
+    let siblings = pods
+        .list(&ListParams::default().labels(&format!("{LABEL_JOB_ID}={job_id}")))
+        .await?
+        .items;
+    let stop = ranks_to_stop(pod, &siblings);
+    record_results(
+        ctx,
+        pod,
+        stop.iter()
+            .map(|p| (reporting_node(p), restarted_result(p, node, end))),
+    )
+    .await?;
+    for sibling in stop {
+        delete_pod(pods, sibling).await?;
+        ctx.metrics.ranks_stopped.inc();
+    }
+    if failure == RunFailure::StartTimeout {
+        delete_pod(pods, pod).await?;
+    } else {
+        mark_reported(pods, pod, &format!("restarted: run {}", run_attempt(pod))).await?;
+    }
+    Ok(true)
 }
 
 /// Sends `request` for `pod`; the value for the pod's reported mark once spurctld took it
@@ -374,14 +524,14 @@ async fn record_results(
 
 /// The failure policy `FailJob` (see [`super::failure`]): the same run's pods on the other
 /// nodes are reported ended with `end`'s exit code, so spurctld ends the job now, with the
-/// exit that caused it, then deleted.
+/// exit that caused it, then deleted. Returns the nodes whose pods it stopped.
 async fn stop_other_ranks(
     ctx: &ReportContext,
     pods: &Api<Pod>,
     failed: &Pod,
     failed_node: &str,
     end: &PodEnd,
-) -> Result<(), ReportError> {
+) -> Result<Vec<String>, ReportError> {
     let job_id = failed
         .labels()
         .get(LABEL_JOB_ID)
@@ -393,7 +543,7 @@ async fn stop_other_ranks(
         .items;
     let stop = ranks_to_stop(failed, &siblings);
     if stop.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     record_results(
         ctx,
@@ -421,14 +571,7 @@ async fn stop_other_ranks(
         ctx.metrics.ranks_stopped.inc();
         tracing::info!(pod = %pod.name_any(), job_id, node = %node, failed_node, "stopped by the failure policy: another node's pod of the job failed");
     }
-    if let Some(owner) = owner_of(failed) {
-        let note = format!(
-            "stopped the pods on {} (failurePolicy FailJob): the pod on {failed_node} failed",
-            stopped_nodes.join(",")
-        );
-        ctx.events.warning_about(owner, "RanksStopped", &note).await;
-    }
-    Ok(())
+    Ok(stopped_nodes)
 }
 
 #[cfg(test)]
