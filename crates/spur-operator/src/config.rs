@@ -639,7 +639,7 @@ pub struct RunArgs {
     pub probe_timeout: Duration,
 
     /// Node registration and update calls in flight at once. 32 registers 5,000 nodes in
-    /// about 6 s at a 10 ms round trip (`spur-sim bench-nodes`: most through a follower,
+    /// about 5 s at a 10 ms round trip (`spur-sim bench-nodes`: most through a follower,
     /// which forwards each to the leader, a second round trip) without flooding the
     /// controller's Raft log.
     #[arg(long, env = "SPUR_OPERATOR_REGISTER_CONCURRENCY", default_value_t = 32,

@@ -247,6 +247,8 @@ pub struct ScriptedController {
     /// Each node's state and reason as the last UpdateNode (or [`Self::hold_node`]) set
     /// them; GetNodes answers these.
     node_states: Arc<Mutex<std::collections::BTreeMap<String, (pb::NodeState, String)>>>,
+    /// GetNodes calls answered so far (they wait the read delay, as GetJobs does).
+    pub node_reads: Arc<AtomicUsize>,
 }
 
 impl ScriptedController {
@@ -283,7 +285,7 @@ impl ScriptedController {
         self.known.lock().unwrap().contains(node)
     }
 
-    /// GetJobs waits `delay` before answering (a follower whose forward to the leader
+    /// GetJobs and GetNodes wait `delay` before answering (a follower whose forward to the leader
     /// hangs: it forwards reads too; Ping is answered locally and does not wait).
     pub fn set_read_delay(&self, delay: std::time::Duration) {
         *self.read_delay.lock().unwrap() = delay;
@@ -449,13 +451,18 @@ impl pb::SlurmController for ScriptedController {
     }
     async fn get_nodes(
         &self,
-        _: Request<pb::GetNodesRequest>,
+        r: Request<pb::GetNodesRequest>,
     ) -> Result<Response<pb::GetNodesResponse>, Status> {
+        let read_delay = *self.read_delay.lock().unwrap();
+        tokio::time::sleep(read_delay).await;
+        self.node_reads.fetch_add(1, Ordering::SeqCst);
+        let states = r.into_inner().states;
         let nodes = self
             .node_states
             .lock()
             .unwrap()
             .iter()
+            .filter(|(_, (state, _))| states.is_empty() || states.contains(&(*state as i32)))
             .map(|(name, (state, reason))| pb::NodeInfo {
                 name: name.clone(),
                 state: *state as i32,

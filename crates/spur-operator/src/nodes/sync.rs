@@ -10,8 +10,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::Stream;
+use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::stream::{FuturesUnordered, StreamExt};
-use futures::{Stream, future::BoxFuture};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher;
 use spur_proto as pb;
@@ -184,6 +185,7 @@ pub struct NodeSync {
     in_flight: FuturesUnordered<BoxFuture<'static, Outcome>>,
     relisted: Option<BTreeSet<String>>,
     failures: FailureLog,
+    holds: AdminHolds,
 }
 
 impl NodeSync {
@@ -207,6 +209,7 @@ impl NodeSync {
             in_flight: FuturesUnordered::new(),
             relisted: None,
             failures,
+            holds: AdminHolds::default(),
         }
     }
 
@@ -438,8 +441,9 @@ impl NodeSync {
                 .inc();
             let controller = self.controller.clone();
             let not_ready = self.config.not_ready;
+            let holds = self.holds.clone();
             self.in_flight
-                .push(Box::pin(call(controller, name, action, not_ready)));
+                .push(Box::pin(call(controller, holds, name, action, not_ready)));
         }
     }
 
@@ -528,6 +532,7 @@ impl NodeSync {
 /// registration.
 async fn call(
     controller: ControllerClient,
+    holds: AdminHolds,
     name: String,
     action: Action,
     not_ready: NotReadyState,
@@ -543,13 +548,13 @@ async fn call(
         },
         Action::SetAvailability(availability) => match node_update(availability, not_ready) {
             Some((state, reason)) if keeps_admin_holds(state) => {
-                match admin_hold_on(&controller, &name).await {
+                match holds.read(&controller).await.map(|h| h.get(&name).cloned()) {
                     Ok(Some(hold)) => {
                         tracing::info!(node = %name, hold = %hold, ?availability, "spurctld holds the node at an administrator's word; kept");
                         Ok(Reply::Done(None))
                     }
                     Ok(None) => update_node(&controller, &name, state, reason).await,
-                    Err(e) => Err((e.to_string(), e.kind())),
+                    Err(e) => Err(e),
                 }
             }
             Some((state, reason)) => update_node(&controller, &name, state, reason).await,
@@ -587,23 +592,59 @@ fn keeps_admin_holds(state: pb::NodeState) -> bool {
     matches!(state, pb::NodeState::NodeIdle | pb::NodeState::NodeDrain)
 }
 
-/// The administrator's hold spurctld keeps on node `name` ([`super::resources::admin_hold`]).
-async fn admin_hold_on(
-    controller: &ControllerClient,
-    name: &str,
-) -> Result<Option<String>, crate::controller::ControllerError> {
-    let nodes = controller
+/// A read of the administrator's holds spurctld keeps ([`super::resources::admin_hold`]),
+/// by node, as every caller waiting on it gets it.
+type HoldsRead = Shared<BoxFuture<'static, Result<Arc<BTreeMap<String, String>>, Failure>>>;
+
+/// The administrator's holds, read with one GetNodes of the drained nodes for every node
+/// call that asks while that read is in flight: a burst of first IDLEs (thousands of nodes
+/// registering at start-up) makes a few small reads, not one per node. A call joins only a
+/// read still in flight, so what it decides on is no older than its own read would be.
+#[derive(Clone, Default)]
+struct AdminHolds {
+    reading: Arc<Mutex<Option<HoldsRead>>>,
+}
+
+impl AdminHolds {
+    async fn read(
+        &self,
+        controller: &ControllerClient,
+    ) -> Result<Arc<BTreeMap<String, String>>, Failure> {
+        let read = {
+            let mut reading = self.reading.lock().expect("admin holds lock");
+            match reading.as_ref() {
+                Some(read) if read.peek().is_none() => read.clone(),
+                _ => {
+                    let read = read_holds(controller.clone()).boxed().shared();
+                    *reading = Some(read.clone());
+                    read
+                }
+            }
+        };
+        read.await
+    }
+}
+
+async fn read_holds(
+    controller: ControllerClient,
+) -> Result<Arc<BTreeMap<String, String>>, Failure> {
+    let drained = controller
         .get_nodes(pb::GetNodesRequest {
-            nodelist: name.to_owned(),
+            states: vec![
+                pb::NodeState::NodeDrain as i32,
+                pb::NodeState::NodeDraining as i32,
+            ],
             ..Default::default()
         })
-        .await?
+        .await
+        .map_err(|e| (e.to_string(), e.kind()))?
         .nodes;
-    Ok(nodes
-        .iter()
-        .find(|n| n.name == name)
-        .and_then(super::resources::admin_hold)
-        .map(str::to_owned))
+    Ok(Arc::new(
+        drained
+            .iter()
+            .filter_map(|n| Some((n.name.clone(), super::resources::admin_hold(n)?.to_owned())))
+            .collect(),
+    ))
 }
 
 /// Whether a failed UpdateNode says the controller does not know the node: INTERNAL

@@ -383,6 +383,42 @@ async fn an_administrators_drain_is_neither_lifted_nor_overwritten() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_first_idles_of_many_nodes_share_one_read_of_the_administrators_holds() {
+    let controller = ScriptedController::default();
+    controller.hold_node("n07", spur_proto::NodeState::NodeDrain, "RMA 7");
+    controller.set_read_delay(Duration::from_millis(20));
+    let h = start_with(64, NotReadyState::Drain, controller.clone());
+    let names: Vec<String> = (0..40).map(|i| format!("n{i:02}")).collect();
+    h.list(names.iter().map(|n| gpu_node(n)).collect());
+    settle(Duration::from_secs(1)).await;
+    // Every node but the held one is made IDLE, and the 40 decisions took one read, made
+    // while every call was waiting on it; one read per node would be 40.
+    assert_eq!(h.calls("UpdateNode").len(), 39);
+    assert!(
+        !h.calls("UpdateNode")
+            .contains(&"UpdateNode n07 NODE_IDLE".to_owned())
+    );
+    assert_eq!(
+        controller
+            .node_reads
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    // A later decision reads afresh: the hold may have changed meanwhile.
+    controller.hold_node("n07", spur_proto::NodeState::NodeIdle, "");
+    let mut cordoned = gpu_node("n12");
+    cordoned.spec.get_or_insert_default().unschedulable = Some(true);
+    h.apply(cordoned);
+    settle(Duration::from_secs(1)).await;
+    assert_eq!(
+        controller
+            .node_reads
+            .load(std::sync::atomic::Ordering::SeqCst),
+        2
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_restarted_operator_lifts_the_hold_its_predecessor_left() {
     // spurctld keeps a node's state across re-registration: a node an earlier operator
     // drained stays drained until IDLE is sent.
