@@ -83,6 +83,31 @@ fn a_spurjob_runs_to_completion() {
 }
 
 #[test]
+fn an_arrays_gpu_seconds_are_its_tasks_summed() {
+    let mut sim = start(28);
+    sim.world.run_until(secs(10)).unwrap();
+    // Three tasks of 2 GPUs each, about 10 s apiece, on two nodes: two at once, then one.
+    sim.create_spurjob(
+        "default",
+        "sweep",
+        json!({"image": "busybox", "arraySpec": "0-2", "gpus": {"count": 2},
+               "env": {"SIM_RUN_SECONDS": "10"}}),
+    );
+    sim.world.run_until(secs(90)).unwrap();
+    let status = &sim.spurjob("default", "sweep").unwrap()["status"];
+    assert_eq!(status["state"], "Completed", "{status:#}");
+    let metrics = sim.operator("operator").unwrap().metrics.encode();
+    let used: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("spur_operator_gpu_seconds_total{namespace=\"default\"} "))
+        .unwrap_or_else(|| panic!("no GPU-seconds in {metrics}"))
+        .parse()
+        .unwrap();
+    // 3 tasks x 2 GPUs x 10 s, plus each task's report lag.
+    assert!((60.0..=75.0).contains(&used), "{used} GPU-seconds");
+}
+
+#[test]
 fn a_failed_pod_fails_the_job_with_its_exit_code() {
     let mut sim = start(22);
     sim.world.run_until(secs(10)).unwrap();

@@ -274,6 +274,31 @@ pub fn gpu_seconds(job: &SpurJob, start: Option<&str>, end: Option<&str>) -> Opt
     Some(f64::from(gpus) * f64::from(job.spec.num_nodes) * seconds)
 }
 
+/// The GPU-seconds an array SpurJob's tasks used, from `tasks` (jobs of any SpurJob): each
+/// of its tasks that ended, with both times, counts its GPUs per node times its nodes times
+/// its run time. A task still running or without times counts nothing.
+pub fn array_gpu_seconds(job: &SpurJob, tasks: &[pb::JobInfo]) -> f64 {
+    let Some(uid) = job.uid() else {
+        return 0.0;
+    };
+    let per_run = job.spec.gpus.as_ref().map_or(0, |g| g.count) * job.spec.num_nodes;
+    tasks
+        .iter()
+        .filter(|t| super::convert::uid_in_comment(&t.comment) == Some(uid.as_str()))
+        .filter(|t| is_terminal(state_name(t.state())))
+        .filter_map(|t| {
+            let start = timestamp(t.start_time.as_ref())?
+                .parse::<k8s_openapi::jiff::Timestamp>()
+                .ok()?;
+            let end = timestamp(t.end_time.as_ref())?
+                .parse::<k8s_openapi::jiff::Timestamp>()
+                .ok()?;
+            Some(end.duration_since(start).as_secs_f64().max(0.0))
+        })
+        .map(|seconds| f64::from(per_run) * seconds)
+        .sum()
+}
+
 /// A controller timestamp as RFC 3339; `None` when unset (spurctld leaves zero).
 fn timestamp(at: Option<&pb::Timestamp>) -> Option<String> {
     let at = at.filter(|t| t.seconds > 0)?;
@@ -534,13 +559,19 @@ pub async fn poll_once(
             }
             let current = job.status.clone().unwrap_or_default();
             let mut next = mirrored(&current, &info, &now).unwrap_or_else(|| current.clone());
+            let mut used = None;
             if job.spec.array_spec.is_some()
                 && let Some(tasks) = &tasks
             {
                 next.array_tasks = array_tasks(tasks, &job.uid().unwrap_or_default());
+                used = Some(array_gpu_seconds(job, tasks));
             }
             if next != current {
-                write(kube, job, &next, info.job_id, clock, metrics, events).await;
+                let written = Written {
+                    job_id: info.job_id,
+                    gpu_seconds: used,
+                };
+                write(kube, job, &next, written, clock, metrics, events).await;
             }
         }
     }
@@ -554,14 +585,22 @@ pub async fn poll_once(
             Err(e) if e.code() == tonic::Code::NotFound => {
                 let current = job.status.clone().unwrap_or_default();
                 if let Some(next) = lost(&current, *job_id, &now) {
-                    write(kube, job, &next, *job_id, clock, metrics, events).await;
+                    let written = Written {
+                        job_id: *job_id,
+                        gpu_seconds: None,
+                    };
+                    write(kube, job, &next, written, clock, metrics, events).await;
                 }
             }
             Ok(info) if info.job_id == *job_id => {
                 memory.seen(*job_id);
                 let current = job.status.clone().unwrap_or_default();
                 if let Some(next) = mirrored(&current, &info, &now) {
-                    write(kube, job, &next, *job_id, clock, metrics, events).await;
+                    let written = Written {
+                        job_id: *job_id,
+                        gpu_seconds: None,
+                    };
+                    write(kube, job, &next, written, clock, metrics, events).await;
                 }
             }
             Ok(_) => {}
@@ -573,11 +612,12 @@ pub async fn poll_once(
 }
 
 /// The job-level metrics of a status change: its start lag when it starts running, its
-/// GPU-seconds when it ends.
+/// GPU-seconds when it ends (an array's, `array_used`, summed over its tasks).
 fn record_transition(
     job: &SpurJob,
     before: &SpurJobStatus,
     after: &SpurJobStatus,
+    array_used: Option<f64>,
     clock: &WallClock,
     metrics: &Metrics,
 ) {
@@ -592,7 +632,8 @@ fn record_transition(
     }
     let ended = now.is_some_and(is_terminal) && !was.is_some_and(is_terminal);
     if ended
-        && let Some(used) = gpu_seconds(job, after.start_time.as_deref(), after.end_time.as_deref())
+        && let Some(used) = array_used
+            .or_else(|| gpu_seconds(job, after.start_time.as_deref(), after.end_time.as_deref()))
         && used > 0.0
     {
         metrics
@@ -604,21 +645,33 @@ fn record_transition(
     }
 }
 
+/// What a status write is about besides the status itself.
+struct Written {
+    job_id: u32,
+    /// For an array, the GPU-seconds its tasks used ([`array_gpu_seconds`]); a single job's
+    /// come from its own times.
+    gpu_seconds: Option<f64>,
+}
+
 async fn write(
     kube: &kube::Client,
     job: &SpurJob,
     next: &SpurJobStatus,
-    job_id: u32,
+    written: Written,
     clock: &WallClock,
     metrics: &Metrics,
     events: &EventPublisher,
 ) {
+    let Written {
+        job_id,
+        gpu_seconds: array_used,
+    } = written;
     let api: Api<SpurJob> = Api::namespaced(kube.clone(), &job.namespace().unwrap_or_default());
     match patch_status(&api, &job.name_any(), next).await {
         Ok(()) => {
             tracing::info!(spurjob = %job.name_any(), job_id, state = ?next.state, "mirrored the job's state");
             let before = job.status.clone().unwrap_or_default();
-            record_transition(job, &before, next, clock, metrics);
+            record_transition(job, &before, next, array_used, clock, metrics);
             if let Some((warning, reason, note)) = state_event(&before, next, job_id) {
                 if warning {
                     events.warning(job, &reason, &note).await;
@@ -949,6 +1002,45 @@ mod tests {
         );
         // A clock step backwards never counts negative time.
         assert_eq!(gpu_seconds(&job(Some(8), 1, false), end, start), Some(0.0));
+    }
+
+    #[test]
+    fn an_arrays_gpu_seconds_are_the_sum_over_its_ended_tasks() {
+        let mut job = SpurJob::new(
+            "sweep",
+            crate::jobs::SpurJobSpec {
+                image: "x".into(),
+                gpus: Some(crate::jobs::crd::GpuSpec {
+                    count: 2,
+                    gpu_type: None,
+                }),
+                num_nodes: 2,
+                array_spec: Some("0-3".into()),
+                ..Default::default()
+            },
+        );
+        job.metadata.uid = Some("u1".into());
+        let at = |seconds: i64| Some(pb::Timestamp { seconds, nanos: 0 });
+        let task = |uid: &str, state: pb::JobState, start: i64, end: i64| pb::JobInfo {
+            state: state as i32,
+            comment: format!("spurjob-uid={uid}"),
+            start_time: (start > 0).then(|| at(start)).flatten(),
+            end_time: (end > 0).then(|| at(end)).flatten(),
+            ..Default::default()
+        };
+        let base = 1_764_000_000;
+        let tasks = [
+            task("u1", pb::JobState::JobCompleted, base, base + 100),
+            task("u1", pb::JobState::JobFailed, base, base + 10),
+            // Still running, or never started: nothing yet.
+            task("u1", pb::JobState::JobRunning, base, 0),
+            task("u1", pb::JobState::JobCancelled, 0, base + 5),
+            // Another SpurJob's task.
+            task("u2", pb::JobState::JobCompleted, base, base + 1000),
+        ];
+        // 2 GPUs per node x 2 nodes x (100 s + 10 s).
+        assert_eq!(array_gpu_seconds(&job, &tasks), 440.0);
+        assert_eq!(array_gpu_seconds(&job, &[]), 0.0);
     }
 
     #[test]
