@@ -83,6 +83,85 @@ fn a_not_ready_taint_reaches_the_controller_and_clears() {
     assert_eq!(state_of(&sim, "node-1").0, spur_proto::NodeState::NodeIdle);
 }
 
+fn node_state(sim: &Sim, node: &str) -> (spur_proto::NodeState, String) {
+    let cluster = sim.world.cluster();
+    let slot = cluster.slot_of(&cluster.leader().unwrap()).unwrap();
+    cluster.read(slot, |s| {
+        (s.nodes[node].state, s.nodes[node].reason.clone())
+    })
+}
+
+#[test]
+fn a_cordon_drains_the_node_with_its_reason_an_uncordon_lifts_it_and_an_admins_drain_stays() {
+    let mut sim = Sim::new(13);
+    sim.add_nodes(2);
+    sim.start_operator("operator", FLAGS);
+    sim.world.run_until(secs(20)).unwrap();
+    let patch = |sim: &Sim, patch: serde_json::Value| {
+        sim.api
+            .merge_patch("v1", "Node", None, "node-1", &patch, false)
+            .unwrap();
+    };
+    patch(
+        &sim,
+        json!({"metadata": {"annotations": {"spur.amd.com/drain-reason": "RMA 4411"}},
+               "spec": {"unschedulable": true}}),
+    );
+    sim.world.run_until(secs(25)).unwrap();
+    assert_eq!(
+        node_state(&sim, "node-1"),
+        (
+            spur_proto::NodeState::NodeDrain,
+            "Kubernetes: cordoned: RMA 4411".to_owned()
+        )
+    );
+    assert_eq!(
+        node_state(&sim, "node-0").0,
+        spur_proto::NodeState::NodeIdle
+    );
+    patch(&sim, json!({"spec": {"unschedulable": false}}));
+    sim.world.run_until(secs(30)).unwrap();
+    assert_eq!(
+        node_state(&sim, "node-1").0,
+        spur_proto::NodeState::NodeIdle
+    );
+
+    // An administrator drains node-1 in spurctld; no cordon, uncordon or restart of the
+    // operator touches it.
+    let cluster = sim.world.cluster().clone();
+    let slot = cluster.slot_of(&cluster.leader().unwrap()).unwrap();
+    cluster
+        .propose(
+            slot,
+            spur_sim::controller::state::Command::UpdateNode {
+                name: "node-1".into(),
+                state: Some(spur_proto::NodeState::NodeDrain),
+                reason: Some("admin: RMA 77".into()),
+                labels: Default::default(),
+                remove_labels: Vec::new(),
+            },
+            sim.world.elapsed(),
+        )
+        .expect("the administrator's drain");
+    let held = (spur_proto::NodeState::NodeDrain, "admin: RMA 77".to_owned());
+    for (at, unschedulable) in [(35, true), (40, false)] {
+        patch(&sim, json!({"spec": {"unschedulable": unschedulable}}));
+        sim.world.run_until(secs(at)).unwrap();
+        assert_eq!(
+            node_state(&sim, "node-1"),
+            held,
+            "unschedulable: {unschedulable}"
+        );
+    }
+    sim.world.restart("operator");
+    sim.world.run_until(secs(60)).unwrap();
+    assert_eq!(node_state(&sim, "node-1"), held, "after a restart");
+    assert_eq!(
+        node_state(&sim, "node-0").0,
+        spur_proto::NodeState::NodeIdle
+    );
+}
+
 #[test]
 fn a_refused_registration_is_retried_alone_until_accepted() {
     let mut sim = Sim::new(13);
