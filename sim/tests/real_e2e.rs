@@ -112,6 +112,33 @@ async fn run_to_end(stack: &Stack, name: &str, pods: usize, created: Instant) ->
     )
 }
 
+/// With `SPUR_E2E_KUBECTL` naming a kubectl binary, prints what kubectl shows of SpurJob
+/// `name` through the stack's API server (`get -o wide`, `describe`), for a person to read.
+/// Nothing is asserted on it.
+fn show_with_kubectl(stack: &Stack, name: &str) {
+    let Ok(kubectl) = std::env::var("SPUR_E2E_KUBECTL") else {
+        return;
+    };
+    let kubeconfig = stack.cluster.dir().join("stack").join("kubeconfig");
+    for args in [
+        vec!["get", "spurjob", name, "-o", "wide"],
+        vec!["describe", "spurjob", name],
+    ] {
+        let output = std::process::Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(&args)
+            .output()
+            .expect("run kubectl");
+        eprintln!(
+            "$ kubectl {}\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
 fn id_of(job: &Value) -> u32 {
     job["status"]["spurJobId"].as_u64().expect("a spurJobId") as u32
 }
@@ -469,6 +496,7 @@ fn one_failed_rank_of_a_two_node_job_stops_the_other_and_fails_the_job_with_its_
             metrics.contains("spur_operator_ranks_stopped_total 1"),
             "{metrics}"
         );
+        show_with_kubectl(&stack, "rank-fails");
     });
 }
 

@@ -103,34 +103,58 @@ pub fn resource_list(store: &Store, group: &str, version: &str) -> Option<Value>
     )
 }
 
-/// A `meta.k8s.io/v1` Table of objects, with the columns kubectl prints by default.
+/// A `meta.k8s.io/v1` Table of objects, with the columns kubectl prints by default: the
+/// name and the age, or for a custom resource its CRD's printer columns after the name.
 pub fn table(
     rt: &ResourceType,
     objects: &[&Value],
     resource_version: &str,
     now: Timestamp,
 ) -> Value {
+    let age_of = |value: &Value| {
+        value.as_str().and_then(parse_time).map_or_else(
+            || "<unknown>".to_owned(),
+            |at| human_age(now.as_second().saturating_sub(at.as_second())),
+        )
+    };
+    let mut columns = vec![
+        json!({"name": "Name", "type": "string", "format": "name", "description": format!("Name of the {}", rt.kind), "priority": 0}),
+    ];
+    if rt.printer_columns.is_empty() {
+        columns.push(json!({"name": "Age", "type": "string", "format": "", "description": "Time since creation", "priority": 0}));
+    }
+    for column in &rt.printer_columns {
+        columns.push(json!({"name": column.name, "type": column.type_, "format": "", "description": column.json_path, "priority": column.priority}));
+    }
     let rows: Vec<Value> = objects
         .iter()
         .map(|o| {
             let meta = &o["metadata"];
-            let age = meta["creationTimestamp"]
-                .as_str()
-                .and_then(parse_time)
-                .map_or_else(
-                    || "<unknown>".to_owned(),
-                    |created| human_age(now.as_second().saturating_sub(created.as_second())),
-                );
-            json!({"cells": [meta["name"].clone(), age], "object": partial_metadata(o)})
+            let mut cells = vec![meta["name"].clone()];
+            if rt.printer_columns.is_empty() {
+                cells.push(json!(age_of(&meta["creationTimestamp"])));
+            }
+            for column in &rt.printer_columns {
+                let value = column
+                    .json_path
+                    .trim_start_matches('.')
+                    .split('.')
+                    .try_fold(*o, |v, field| v.get(field))
+                    .unwrap_or(&Value::Null);
+                cells.push(match (column.type_.as_str(), value) {
+                    (_, Value::Null) => Value::Null,
+                    ("date", v) => json!(age_of(v)),
+                    (_, Value::Array(items)) => json!(Value::Array(items.clone()).to_string()),
+                    (_, v) => v.clone(),
+                });
+            }
+            json!({"cells": cells, "object": partial_metadata(o)})
         })
         .collect();
     json!({
         "kind": "Table", "apiVersion": "meta.k8s.io/v1",
         "metadata": {"resourceVersion": resource_version},
-        "columnDefinitions": [
-            {"name": "Name", "type": "string", "format": "name", "description": format!("Name of the {}", rt.kind), "priority": 0},
-            {"name": "Age", "type": "string", "format": "", "description": "Time since creation", "priority": 0},
-        ],
+        "columnDefinitions": columns,
         "rows": rows,
     })
 }
@@ -141,5 +165,49 @@ fn human_age(secs: i64) -> String {
         s if s < 7200 => format!("{}m", s / 60),
         s if s < 172_800 => format!("{}h", s / 3600),
         s => format!("{}d", s / 86_400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kube_api::resources::types_from_crd;
+
+    #[test]
+    fn a_custom_resources_table_has_its_crds_printer_columns_after_the_name() {
+        let crd = json!({
+            "metadata": {"name": "spurjobs.spur.amd.com"},
+            "spec": {
+                "group": "spur.amd.com", "scope": "Namespaced",
+                "names": {"kind": "SpurJob", "plural": "spurjobs"},
+                "versions": [{"name": "v1alpha1", "served": true, "additionalPrinterColumns": [
+                    {"name": "State", "type": "string", "jsonPath": ".status.state"},
+                    {"name": "Nodes", "type": "string", "jsonPath": ".status.assignedNodes"},
+                    {"name": "GPUs", "type": "integer", "jsonPath": ".spec.gpus.count"},
+                    {"name": "Reason", "type": "string", "jsonPath": ".status.message", "priority": 1},
+                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                ]}],
+            }
+        });
+        let rt = types_from_crd(&crd).unwrap().remove(0);
+        let job = json!({
+            "metadata": {"name": "train", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"gpus": {"count": 8}},
+            "status": {"state": "Running", "assignedNodes": ["n1", "n2"]},
+        });
+        let now: Timestamp = "2026-01-01T00:05:00Z".parse().unwrap();
+        let table = table(&rt, &[&job], "7", now);
+        let names: Vec<&str> = table["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["Name", "State", "Nodes", "GPUs", "Reason", "Age"]);
+        assert_eq!(table["columnDefinitions"][4]["priority"], 1);
+        assert_eq!(
+            table["rows"][0]["cells"],
+            json!(["train", "Running", "[\"n1\",\"n2\"]", 8, null, "5m"])
+        );
     }
 }

@@ -33,6 +33,7 @@ pub mod client;
 pub mod clock;
 mod discovery;
 pub mod error;
+mod event_view;
 pub mod faults;
 pub mod patch;
 pub mod pod_io;

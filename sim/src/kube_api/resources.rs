@@ -37,6 +37,20 @@ pub struct ResourceType {
     pub status_subresource: bool,
     /// Defined by a CustomResourceDefinition (status is dropped on create, as for CRs).
     pub custom: bool,
+    /// A CRD version's `additionalPrinterColumns`: what `kubectl get` shows after the name.
+    pub printer_columns: Vec<PrinterColumn>,
+}
+
+/// One of a CRD version's `additionalPrinterColumns`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrinterColumn {
+    pub name: String,
+    /// `string`, `integer`, `date`, ...
+    pub type_: String,
+    /// A simple JSONPath (`.status.state`): dotted field names only.
+    pub json_path: String,
+    /// 0: shown by default; more: with `-o wide`.
+    pub priority: u64,
 }
 
 impl ResourceType {
@@ -59,6 +73,7 @@ impl ResourceType {
             namespaced,
             status_subresource: status,
             custom: false,
+            printer_columns: Vec::new(),
         }
     }
 
@@ -269,6 +284,19 @@ pub fn types_from_crd(crd: &Value) -> ApiResult<Vec<ResourceType>> {
             namespaced,
             status_subresource: version["subresources"]["status"].is_object(),
             custom: true,
+            printer_columns: version["additionalPrinterColumns"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| {
+                    Some(PrinterColumn {
+                        name: c["name"].as_str()?.to_owned(),
+                        type_: c["type"].as_str().unwrap_or("string").to_owned(),
+                        json_path: c["jsonPath"].as_str()?.to_owned(),
+                        priority: c["priority"].as_u64().unwrap_or(0),
+                    })
+                })
+                .collect(),
         });
     }
     Ok(types)

@@ -32,6 +32,7 @@ use super::{
     clock::Clock,
     discovery,
     error::{ApiError, ApiResult},
+    event_view,
     faults::{CutKind, Faults},
     patch::{PatchKind, parse_patch_body},
     pod_io,
@@ -436,12 +437,34 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
                 None => None,
             };
             let store = shared.store.lock().expect("store lock");
-            let page = store.list(
+            let mut page = store.list(
                 &rt,
                 &filter,
                 limit,
                 query.get("continue").map(String::as_str),
             )?;
+            if rt.group.is_empty() && rt.plural == "events" && page.continue_token.is_none() {
+                // One Event store, two group versions (see `event_view`).
+                let newer = ResourceKey {
+                    group: "events.k8s.io".to_owned(),
+                    version: "v1".to_owned(),
+                    plural: "events".to_owned(),
+                };
+                if let Some(newer) = store.resource(&newer).cloned() {
+                    let everything = Filter {
+                        namespace: filter.namespace.clone(),
+                        ..Filter::default()
+                    };
+                    let told = store.list(&newer, &everything, None, None)?;
+                    page.items.extend(
+                        told.items
+                            .iter()
+                            .map(|e| event_view::core_event(e))
+                            .filter(|e| filter.matches(e))
+                            .map(Arc::new),
+                    );
+                }
+            }
             let rv = page.resource_version.to_string();
             let mut meta = json!({"resourceVersion": rv});
             if let Some(token) = &page.continue_token {
