@@ -813,7 +813,8 @@ pub struct RunArgs {
     )]
     pub report_refusal_retries: u32,
 
-    /// The delay between those tries.
+    /// The delay between those tries; also how long a failure policy's restart waits before
+    /// it tries again while its job is still being dispatched (it cannot be requeued then).
     #[arg(long, env = "SPUR_OPERATOR_REPORT_REFUSAL_DELAY", default_value = "2s", value_parser = parse_duration)]
     pub report_refusal_delay: Duration,
 }

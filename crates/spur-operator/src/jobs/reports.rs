@@ -238,7 +238,11 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
                 end: &end,
                 failure,
             };
-            restart_run(&ctx, run, restart, max).await?
+            match restart_run(&ctx, run, restart, max).await? {
+                Restart::Done => true,
+                Restart::Refused => false,
+                Restart::NotYet(delay) => return Ok(Action::requeue(delay)),
+            }
         }
         _ => false,
     };
@@ -320,18 +324,33 @@ struct FailedRun<'a> {
     failure: RunFailure,
 }
 
+/// The reason a job requeued while running waits with in spurctld: its eligibility is
+/// deferred (at least 5 s) so it is not dispatched into its own cancel.
+const REQUEUE_HOLD: &str = "BeginTime";
+
+/// How a restart went.
+enum Restart {
+    /// The job was requeued (now or by an earlier try), and the run's pods are done with.
+    Done,
+    /// spurctld will not requeue the job: it already ended or is ending (another node
+    /// reported first), or the operator may not requeue it. The pod's end is reported as
+    /// without a restart.
+    Refused,
+    /// The job is still being dispatched (PENDING until every node accepted its launch,
+    /// fidelity row 4), so it cannot be requeued yet: try again after this long.
+    NotYet(std::time::Duration),
+}
+
 /// The failure policy's restart ([`AfterFailure::Restart`]): spurctld requeues the job under
 /// its id (and tells the agents to stop it), the run's pods on the other nodes are stopped,
 /// and the failed pod is kept, marked, for its logs (one past its start timeout is
-/// deleted). `false` when spurctld will not requeue the job: it already ended or is ending
-/// (another node reported first), or the operator may not requeue it; the pod's end is then
-/// reported as without a restart.
+/// deleted).
 async fn restart_run(
     ctx: &ReportContext,
     run: FailedRun<'_>,
     restart: u32,
     max: u32,
-) -> Result<bool, ReportError> {
+) -> Result<Restart, ReportError> {
     let FailedRun {
         pod,
         pods,
@@ -342,21 +361,24 @@ async fn restart_run(
     } = run;
     let info = match ctx.controller.get_job(job_id).await {
         Ok(info) => info,
-        Err(e) if e.code() == Code::NotFound => return Ok(false),
+        Err(e) if e.code() == Code::NotFound => return Ok(Restart::Refused),
         Err(e) => return Err(e.into()),
     };
     let state = info.state();
     let started = info
         .start_time
         .and_then(|t| Timestamp::new(t.seconds, t.nanos).ok());
-    // A pod of a run already requeued (the job waits, or runs again) asks for nothing more:
-    // a requeue now would stop the next run.
-    let already = state == pb::JobState::JobPending
-        || (matches!(state, pb::JobState::JobRunning | pb::JobState::JobSuspended)
-            && !is_current_run(pod, started));
+    let live = matches!(state, pb::JobState::JobRunning | pb::JobState::JobSuspended);
+    // A pod of a run already requeued (the job waits out spurctld's hold, or runs again)
+    // asks for nothing more: a requeue now would stop the next run.
+    let already = (state == pb::JobState::JobPending && info.state_reason == REQUEUE_HOLD)
+        || (live && !is_current_run(pod, started));
+    if state == pb::JobState::JobPending && !already {
+        return Ok(Restart::NotYet(ctx.tuning.report_refusal_delay));
+    }
     if !already {
-        if !matches!(state, pb::JobState::JobRunning | pb::JobState::JobSuspended) {
-            return Ok(false);
+        if !live {
+            return Ok(Restart::Refused);
         }
         let request = pb::RequeueJobRequest {
             job_id,
@@ -377,7 +399,7 @@ async fn restart_run(
                 ) =>
             {
                 tracing::warn!(pod = %pod.name_any(), job_id, error = %e, "spurctld would not requeue the job; reporting the pod's end instead");
-                return Ok(false);
+                return Ok(Restart::Refused);
             }
             Err(e) => return Err(e.into()),
         }
@@ -417,7 +439,7 @@ async fn restart_run(
     } else {
         mark_reported(pods, pod, &format!("restarted: run {}", run_attempt(pod))).await?;
     }
-    Ok(true)
+    Ok(Restart::Done)
 }
 
 /// Sends `request` for `pod`; the value for the pod's reported mark once spurctld took it
