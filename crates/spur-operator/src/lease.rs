@@ -63,6 +63,57 @@ struct Observed {
     at: Instant,
 }
 
+/// What a replica does with the Lease it read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Decision {
+    /// Another replica holds it and has renewed it within its duration: keep off.
+    Wait,
+    /// Ours: renew it, keeping its acquire time and transitions.
+    Renew,
+    /// Released (no holder), or its holder has not renewed it for its whole duration:
+    /// take it, one transition more.
+    TakeOver,
+}
+
+/// The takeover rule, value in and value out. `observed` is what this replica saw of the
+/// lease before and since when, on its own clock; it is updated when the holder or the
+/// renew time changed. The holder's `renewTime` is never compared with `now`: it was read
+/// from the holder's clock. A lease counts as expired once its (holder, renewTime) has
+/// stayed the same for the duration the holder advertised (else `default_duration`),
+/// counted from when this replica first saw it.
+fn decide(
+    me: &str,
+    spec: &LeaseSpec,
+    observed: &mut Option<Observed>,
+    now: Instant,
+    default_duration: Duration,
+) -> Decision {
+    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+    if holder.as_deref() == Some(me) {
+        return Decision::Renew;
+    }
+    let changed = observed
+        .as_ref()
+        .is_none_or(|o| o.holder != holder || o.renew_time != spec.renew_time);
+    if changed {
+        *observed = Some(Observed {
+            holder: holder.clone(),
+            renew_time: spec.renew_time.clone(),
+            at: now,
+        });
+    }
+    let seen_since = observed.as_ref().map_or(now, |o| o.at);
+    let duration = spec
+        .lease_duration_seconds
+        .and_then(|s| u64::try_from(s).ok())
+        .map_or(default_duration, Duration::from_secs);
+    if holder.is_some() && now.duration_since(seen_since) < duration {
+        Decision::Wait
+    } else {
+        Decision::TakeOver
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 enum LeaseError {
     #[error("the Lease API call did not answer within {0:?}")]
@@ -219,34 +270,22 @@ impl Elector {
             };
         };
         let spec = lease.spec.clone().unwrap_or_default();
-        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
-        let ours = holder.as_deref() == Some(self.config.identity.as_str());
-        if !ours {
-            let now = Instant::now();
-            let changed = observed
-                .as_ref()
-                .is_none_or(|o| o.holder != holder || o.renew_time != spec.renew_time);
-            if changed {
-                *observed = Some(Observed {
-                    holder: holder.clone(),
-                    renew_time: spec.renew_time.clone(),
-                    at: now,
-                });
-            }
-            let seen_since = observed.as_ref().map_or(now, |o| o.at);
-            let expired = now.duration_since(seen_since) >= self.lease_duration_of(&spec);
-            if holder.is_some() && !expired {
-                return Ok(false);
-            }
-        }
-        // Ours to renew, released, or expired: write ourselves in, guarded by the
-        // resourceVersion we read so a concurrent contender cannot also win.
-        let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!ours);
-        let acquire_time = if ours {
-            spec.acquire_time.clone()
-        } else {
-            None
+        let (transitions, acquire_time) = match decide(
+            &self.config.identity,
+            &spec,
+            observed,
+            Instant::now(),
+            self.config.lease_duration,
+        ) {
+            Decision::Wait => return Ok(false),
+            Decision::Renew => (
+                spec.lease_transitions.unwrap_or(0),
+                spec.acquire_time.clone(),
+            ),
+            Decision::TakeOver => (spec.lease_transitions.unwrap_or(0) + 1, None),
         };
+        // Write ourselves in, guarded by the resourceVersion we read so a concurrent
+        // contender cannot also win.
         let mut updated = lease.clone();
         updated.spec = Some(self.held_spec(acquire_time, transitions));
         match self
@@ -260,13 +299,6 @@ impl Elector {
             Err(LeaseError::Conflict) => Ok(false),
             Err(e) => Err(e),
         }
-    }
-
-    /// The lease duration the holder advertised, else ours.
-    fn lease_duration_of(&self, spec: &LeaseSpec) -> Duration {
-        spec.lease_duration_seconds
-            .and_then(|s| u64::try_from(s).ok())
-            .map_or(self.config.lease_duration, Duration::from_secs)
     }
 
     fn held_spec(&self, acquire_time: Option<MicroTime>, transitions: i32) -> LeaseSpec {
@@ -320,5 +352,65 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn lease(holder: Option<&str>, renewed_at: i64, seconds: Option<i32>) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: holder.map(str::to_owned),
+            renew_time: Some(MicroTime(Timestamp::from_second(renewed_at).unwrap())),
+            lease_duration_seconds: seconds,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_is_taken_over_only_once_its_renew_time_stood_still_for_its_duration() {
+        let default = Duration::from_secs(15);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut seen = None;
+        // (what was read, when, what follows)
+        let steps: [(LeaseSpec, u64, Decision); 8] = [
+            // Ours, whatever its age: renew.
+            (lease(Some("me"), 0, Some(15)), 0, Decision::Renew),
+            // Another holder's: wait for its whole advertised duration, on our clock.
+            (lease(Some("other"), 100, Some(10)), 1, Decision::Wait),
+            (lease(Some("other"), 100, Some(10)), 10, Decision::Wait),
+            // Renewed meanwhile: the wait starts again from when we saw the renewal.
+            (lease(Some("other"), 108, Some(10)), 10, Decision::Wait),
+            (lease(Some("other"), 108, Some(10)), 19, Decision::Wait),
+            (lease(Some("other"), 108, Some(10)), 20, Decision::TakeOver),
+            // Without an advertised duration, ours (15 s) counts, from the first sight of
+            // a new holder.
+            (lease(Some("third"), 1, None), 21, Decision::Wait),
+            (lease(Some("third"), 1, None), 36, Decision::TakeOver),
+        ];
+        for (i, (spec, when, expected)) in steps.iter().enumerate() {
+            assert_eq!(
+                decide("me", spec, &mut seen, at(*when), default),
+                *expected,
+                "step {i}: {spec:?} at {when} s"
+            );
+        }
+        // Released (no holder, or an empty one): taken at once.
+        for holder in [None, Some("")] {
+            let mut fresh = None;
+            assert_eq!(
+                decide(
+                    "me",
+                    &lease(holder, 0, Some(15)),
+                    &mut fresh,
+                    at(40),
+                    default
+                ),
+                Decision::TakeOver
+            );
+        }
     }
 }
