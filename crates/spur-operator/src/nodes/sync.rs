@@ -712,6 +712,98 @@ impl FailureLog {
 mod tests {
     use super::*;
 
+    fn tracked(
+        desired: Option<&str>,
+        availability: Availability,
+        registered: Option<&str>,
+        acked: Option<Availability>,
+    ) -> Tracked {
+        let request = |cpus: &str| pb::RegisterAgentRequest {
+            hostname: "n1".into(),
+            version: cpus.into(),
+            ..Default::default()
+        };
+        Tracked {
+            desired: desired.map(request),
+            availability,
+            registered: registered.map(request),
+            acked,
+            unknown_to_controller: false,
+            in_flight: false,
+            queued: false,
+            retry_at: None,
+            backoff: crate::retry::BackoffPolicy {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(1),
+                jitter: 0.0,
+                transient: None,
+            }
+            .start(Entropy::from_seed(1)),
+            waiting_since: None,
+            warned: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_next_call_registers_then_sends_the_availability_then_nothing_and_marks_a_gone_node() {
+        let drain = Availability::Drain {
+            reason: "Kubernetes: cordoned".into(),
+        };
+        let register = |v: &str| {
+            Some(Action::Register(pb::RegisterAgentRequest {
+                hostname: "n1".into(),
+                version: v.into(),
+                ..Default::default()
+            }))
+        };
+        let table = [
+            // Not yet registered, or registered with other resources: register.
+            (
+                tracked(Some("a"), Availability::Up, None, None),
+                register("a"),
+            ),
+            (
+                tracked(
+                    Some("b"),
+                    Availability::Up,
+                    Some("a"),
+                    Some(Availability::Up),
+                ),
+                register("b"),
+            ),
+            // Registered: the availability, until it is acknowledged (also after a restart,
+            // when nothing was: a hold an earlier operator left is unknown).
+            (
+                tracked(Some("a"), Availability::Up, Some("a"), None),
+                Some(Action::SetAvailability(Availability::Up)),
+            ),
+            (
+                tracked(Some("a"), drain.clone(), Some("a"), Some(Availability::Up)),
+                Some(Action::SetAvailability(drain.clone())),
+            ),
+            (
+                tracked(Some("a"), drain.clone(), Some("a"), Some(drain.clone())),
+                None,
+            ),
+            // Gone from Kubernetes: marked DOWN if spurctld knew it, else forgotten.
+            (
+                tracked(None, Availability::Up, Some("a"), None),
+                Some(Action::MarkGone),
+            ),
+            (
+                tracked(None, Availability::Up, None, Some(Availability::Up)),
+                Some(Action::MarkGone),
+            ),
+            (
+                tracked(None, Availability::Up, None, None),
+                Some(Action::Forget),
+            ),
+        ];
+        for (i, (node, expected)) in table.into_iter().enumerate() {
+            assert_eq!(node.next_action(), expected, "row {i}: {node:?}");
+        }
+    }
+
     #[test]
     fn a_not_ready_node_is_drained_by_default_and_never_failed_unless_asked() {
         let down = Availability::Down {
