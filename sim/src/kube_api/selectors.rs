@@ -1,129 +1,39 @@
 //! `labelSelector` and `fieldSelector` parsing and matching.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use serde_json::Value;
+use spur_operator::selector::Selector;
 
 use super::error::{ApiError, ApiResult};
 
-/// One requirement of a label selector.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum LabelReq {
-    Equals(String, String),
-    NotEquals(String, String),
-    In(String, BTreeSet<String>),
-    NotIn(String, BTreeSet<String>),
-    Exists(String),
-    NotExists(String),
-}
-
-/// A parsed label selector: all requirements must hold.
+/// A parsed label selector: the operator's own parser ([`Selector`]), so the API server
+/// and the operator never disagree on what a selector means (an empty requirement, `a=b,`,
+/// is refused by both, as Kubernetes refuses it). A selector that does not parse is a 400.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LabelSelector(Vec<LabelReq>);
+pub struct LabelSelector(Selector);
 
 impl LabelSelector {
     /// Parses `a=b,c!=d,e in (f,g),h notin (i),j,!k`.
     pub fn parse(text: &str) -> ApiResult<Self> {
-        let bad = |why: &str| {
-            ApiError::bad_request(format!(
-                "unable to parse requirement: {why} in labelSelector {text:?}"
-            ))
-        };
-        let mut reqs = Vec::new();
-        for term in split_terms(text) {
-            let term = term.trim();
-            if term.is_empty() {
-                continue;
-            }
-            let req = if let Some(key) = term.strip_prefix('!') {
-                LabelReq::NotExists(valid_key(key.trim()).ok_or_else(|| bad("bad key"))?)
-            } else if let Some((key, value)) = term.split_once("!=") {
-                LabelReq::NotEquals(
-                    valid_key(key.trim()).ok_or_else(|| bad("bad key"))?,
-                    value.trim().to_owned(),
-                )
-            } else if let Some((key, value)) =
-                term.split_once("==").or_else(|| term.split_once('='))
-            {
-                LabelReq::Equals(
-                    valid_key(key.trim()).ok_or_else(|| bad("bad key"))?,
-                    value.trim().to_owned(),
-                )
-            } else if let Some((key, set)) = set_term(term, " notin ") {
-                LabelReq::NotIn(
-                    valid_key(key).ok_or_else(|| bad("bad key"))?,
-                    set.ok_or_else(|| bad("bad set"))?,
-                )
-            } else if let Some((key, set)) = set_term(term, " in ") {
-                LabelReq::In(
-                    valid_key(key).ok_or_else(|| bad("bad key"))?,
-                    set.ok_or_else(|| bad("bad set"))?,
-                )
-            } else {
-                LabelReq::Exists(valid_key(term).ok_or_else(|| bad("bad key"))?)
-            };
-            reqs.push(req);
-        }
-        Ok(Self(reqs))
+        Selector::parse(text)
+            .map(Self)
+            .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))
     }
 
     /// Whether an object (its `metadata.labels`) satisfies every requirement.
     pub fn matches(&self, object: &Value) -> bool {
-        let labels = &object["metadata"]["labels"];
-        let get = |k: &str| labels.get(k).and_then(Value::as_str);
-        self.0.iter().all(|req| match req {
-            LabelReq::Equals(k, v) => get(k) == Some(v.as_str()),
-            LabelReq::NotEquals(k, v) => get(k) != Some(v.as_str()),
-            LabelReq::In(k, set) => get(k).is_some_and(|v| set.contains(v)),
-            LabelReq::NotIn(k, set) => get(k).is_none_or(|v| !set.contains(v)),
-            LabelReq::Exists(k) => get(k).is_some(),
-            LabelReq::NotExists(k) => get(k).is_none(),
-        })
-    }
-}
-
-/// Splits on commas outside parentheses.
-fn split_terms(text: &str) -> Vec<&str> {
-    let mut terms = Vec::new();
-    let (mut depth, mut start) = (0usize, 0usize);
-    for (i, c) in text.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth = depth.saturating_sub(1),
-            ',' if depth == 0 => {
-                terms.push(&text[start..i]);
-                start = i + 1;
-            }
-            _ => {}
+        if self.0.0.is_empty() {
+            return true;
         }
+        let labels: BTreeMap<String, String> = object["metadata"]["labels"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+            .collect();
+        self.0.matches(&labels)
     }
-    terms.push(&text[start..]);
-    terms
-}
-
-/// `key op (a,b)`: the key and the set, `None` as set when the parentheses are wrong.
-fn set_term<'a>(term: &'a str, op: &str) -> Option<(&'a str, Option<BTreeSet<String>>)> {
-    let (key, rest) = term.split_once(op)?;
-    let set = rest
-        .trim()
-        .strip_prefix('(')
-        .and_then(|r| r.strip_suffix(')'))
-        .map(|inner| {
-            inner
-                .split(',')
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-                .collect()
-        });
-    Some((key.trim(), set))
-}
-
-fn valid_key(key: &str) -> Option<String> {
-    let ok = !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
-    ok.then(|| key.to_owned())
 }
 
 /// A parsed field selector: `path=value`, `path==value` or `path!=value` terms, where the
@@ -227,6 +137,9 @@ mod tests {
     fn bad_label_selector_is_400() {
         assert_eq!(LabelSelector::parse("app in web").unwrap_err().code, 400);
         assert_eq!(LabelSelector::parse("a b c").unwrap_err().code, 400);
+        // An empty requirement, as Kubernetes (and the operator) refuse it.
+        assert_eq!(LabelSelector::parse("app=web,").unwrap_err().code, 400);
+        assert_eq!(LabelSelector::parse("a=b,,c=d").unwrap_err().code, 400);
     }
 
     #[test]
