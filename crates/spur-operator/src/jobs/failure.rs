@@ -21,7 +21,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::LABEL_JOB_ID;
-use super::crd::{NodeResult, SpurJobSpec};
+use super::crd::{FailurePolicy, NodeResult, SpurJobSpec};
 use super::pods::{ANNOTATION_REPORTED, ANNOTATION_RUN_ATTEMPT};
 use super::reports::{PodEnd, pod_end};
 
@@ -30,6 +30,36 @@ pub const ANNOTATION_ON_RANK_FAILURE: &str = "spur.amd.com/on-rank-failure";
 
 /// `spec.startTimeout` in seconds, on each pod of a SpurJob that sets one.
 pub const ANNOTATION_START_TIMEOUT: &str = "spur.amd.com/start-timeout-seconds";
+
+/// A policy of `spec.failurePolicy` named by one of a few words.
+pub trait PolicyName: Copy + Default + 'static {
+    /// Every policy, in the order an error lists them.
+    const ALL: &'static [Self];
+
+    fn as_str(self) -> &'static str;
+
+    /// Its field of `spec.failurePolicy`, as written.
+    fn field(policy: &FailurePolicy) -> Option<&str>;
+
+    fn parse(value: &str) -> Result<Self, String> {
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|p| p.as_str() == value)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|p| p.as_str()).collect();
+                format!("`{value}` is not one of {}", names.join(", "))
+            })
+    }
+
+    /// The SpurJob's policy; the default when it names none.
+    fn of(spec: &SpurJobSpec) -> Result<Self, String> {
+        match spec.failure_policy.as_ref().and_then(Self::field) {
+            None => Ok(Self::default()),
+            Some(value) => Self::parse(value),
+        }
+    }
+}
 
 /// `spec.failurePolicy.onRankFailure`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,40 +71,22 @@ pub enum OnRankFailure {
     WaitForOthers,
 }
 
-impl OnRankFailure {
-    const ALL: [OnRankFailure; 2] = [OnRankFailure::FailJob, OnRankFailure::WaitForOthers];
+impl PolicyName for OnRankFailure {
+    const ALL: &'static [Self] = &[OnRankFailure::FailJob, OnRankFailure::WaitForOthers];
 
-    pub fn as_str(self) -> &'static str {
+    fn as_str(self) -> &'static str {
         match self {
             OnRankFailure::FailJob => "FailJob",
             OnRankFailure::WaitForOthers => "WaitForOthers",
         }
     }
 
-    pub fn parse(value: &str) -> Result<OnRankFailure, String> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str() == value)
-            .ok_or_else(|| {
-                format!(
-                    "`{value}` is not one of {}",
-                    Self::ALL.map(OnRankFailure::as_str).join(", ")
-                )
-            })
+    fn field(policy: &FailurePolicy) -> Option<&str> {
+        policy.on_rank_failure.as_deref()
     }
+}
 
-    /// The SpurJob's policy; `FailJob` when it names none.
-    pub fn of(spec: &SpurJobSpec) -> Result<OnRankFailure, String> {
-        match spec
-            .failure_policy
-            .as_ref()
-            .and_then(|p| p.on_rank_failure.as_deref())
-        {
-            None => Ok(OnRankFailure::default()),
-            Some(value) => OnRankFailure::parse(value),
-        }
-    }
-
+impl OnRankFailure {
     /// The policy `pod` was launched with; `None` for a one-node job's pod and for pods
     /// launched without one (upstream's), which keep spurctld's own behaviour.
     pub fn of_pod(pod: &Pod) -> Option<OnRankFailure> {
@@ -98,38 +110,18 @@ pub enum OnStartTimeout {
     Requeue,
 }
 
-impl OnStartTimeout {
-    const ALL: [OnStartTimeout; 2] = [OnStartTimeout::FailJob, OnStartTimeout::Requeue];
+impl PolicyName for OnStartTimeout {
+    const ALL: &'static [Self] = &[OnStartTimeout::FailJob, OnStartTimeout::Requeue];
 
-    pub fn as_str(self) -> &'static str {
+    fn as_str(self) -> &'static str {
         match self {
             OnStartTimeout::FailJob => "FailJob",
             OnStartTimeout::Requeue => "Requeue",
         }
     }
 
-    pub fn parse(value: &str) -> Result<OnStartTimeout, String> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str() == value)
-            .ok_or_else(|| {
-                format!(
-                    "`{value}` is not one of {}",
-                    Self::ALL.map(OnStartTimeout::as_str).join(", ")
-                )
-            })
-    }
-
-    /// The SpurJob's policy; `FailJob` when it names none.
-    pub fn of(spec: &SpurJobSpec) -> Result<OnStartTimeout, String> {
-        match spec
-            .failure_policy
-            .as_ref()
-            .and_then(|p| p.on_start_timeout.as_deref())
-        {
-            None => Ok(OnStartTimeout::default()),
-            Some(value) => OnStartTimeout::parse(value),
-        }
+    fn field(policy: &FailurePolicy) -> Option<&str> {
+        policy.on_start_timeout.as_deref()
     }
 }
 

@@ -18,7 +18,7 @@ use super::convert::{self, Volume as JobVolume};
 use super::crd::SpurJob;
 use super::failure::{
     self, ANNOTATION_MAX_RESTARTS, ANNOTATION_ON_RANK_FAILURE, ANNOTATION_ON_START_TIMEOUT,
-    ANNOTATION_START_TIMEOUT, OnRankFailure, OnStartTimeout,
+    ANNOTATION_START_TIMEOUT, OnRankFailure, OnStartTimeout, PolicyName,
 };
 use super::{
     LABEL_JOB_ID, LABEL_JOB_NAME, LABEL_MANAGED_BY, LABEL_SPURJOB_UID, LABEL_TARGET_NODE,
