@@ -18,6 +18,20 @@ fn start(seed: u64) -> Sim {
     sim
 }
 
+/// The Warning events on SpurJob `name`, as (reason, note), oldest first.
+fn warnings(sim: &Sim, name: &str) -> Vec<(String, String)> {
+    sim.api
+        .list("events.k8s.io/v1", "Event")
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == name && e["type"] == "Warning")
+        .map(|e| {
+            let text = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+            (text("reason"), text("note"))
+        })
+        .collect()
+}
+
 #[test]
 fn a_spurjob_runs_to_completion() {
     let mut sim = start(21);
@@ -178,16 +192,8 @@ fn one_failed_rank_stops_the_others_and_fails_the_job_with_its_exit_code() {
         "{failed:#}"
     );
     // kubectl describe: the failure and the stop, as Warnings on the SpurJob.
-    let events: Vec<(String, String)> = sim
-        .api
-        .list("events.k8s.io/v1", "Event")
-        .unwrap_or_default()
+    let events: Vec<(String, String)> = warnings(&sim, "train")
         .into_iter()
-        .filter(|e| e["regarding"]["name"] == "train" && e["type"] == "Warning")
-        .map(|e| {
-            let text = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
-            (text("reason"), text("note"))
-        })
         .filter(|(reason, _)| reason != "Failed")
         .collect();
     assert_eq!(
@@ -251,20 +257,6 @@ fn a_rank_not_running_by_the_start_timeout_fails_the_job_and_frees_every_node() 
         metrics.contains("spur_operator_launch_failures_total{reason=\"StartTimeout\"} 1"),
         "{metrics}"
     );
-}
-
-/// The Warning events on SpurJob `name`, as (reason, note), oldest first.
-fn warnings(sim: &Sim, name: &str) -> Vec<(String, String)> {
-    sim.api
-        .list("events.k8s.io/v1", "Event")
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e["regarding"]["name"] == name && e["type"] == "Warning")
-        .map(|e| {
-            let text = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
-            (text("reason"), text("note"))
-        })
-        .collect()
 }
 
 #[test]

@@ -77,6 +77,11 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// The kubeconfig the operator reads: the stack's API server, over plain HTTP.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.cluster.dir().join("stack").join("kubeconfig")
+    }
+
     /// Starts everything, on the current tokio runtime; fails, naming it, when a real
     /// binary is missing.
     pub async fn start(config: StackConfig) -> Stack {

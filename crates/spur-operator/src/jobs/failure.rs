@@ -340,37 +340,34 @@ pub fn node_result(pod: &Pod, end: &PodEnd) -> NodeResult {
     }
 }
 
-/// The result of `pod`, stopped because the pod on `failed_node` failed as `end`.
-pub fn stopped_result(pod: &Pod, failed_node: &str, end: &PodEnd) -> NodeResult {
+/// The result of `pod`, stopped by the failure policy, for the reason `message` says
+/// ([`fail_job_note`], [`restart_note`]).
+pub fn stopped_result(pod: &Pod, message: &str) -> NodeResult {
     NodeResult {
         pod: pod.name_any(),
         run_attempt: run_attempt(pod),
         result: "Stopped".to_owned(),
         exit_code: None,
-        message: format!(
-            "stopped by the failure policy: the pod on {failed_node} failed with exit code {}",
-            end.exit_code
-        ),
+        message: message.to_owned(),
     }
 }
 
-/// The result of `pod`, stopped because the job was run again after the pod on
-/// `failed_node` failed as `end`.
-pub fn restarted_result(pod: &Pod, failed_node: &str, end: &PodEnd) -> NodeResult {
-    NodeResult {
-        pod: pod.name_any(),
-        run_attempt: run_attempt(pod),
-        result: "Stopped".to_owned(),
-        exit_code: None,
-        message: format!(
-            "stopped for a restart of the job: the pod on {failed_node} failed ({})",
-            if end.message.is_empty() {
-                format!("exit code {}", end.exit_code)
-            } else {
-                end.message.clone()
-            }
-        ),
-    }
+/// Why `FailJob` stopped a pod: the pod on `failed_node` failed as `end`.
+pub fn fail_job_note(failed_node: &str, end: &PodEnd) -> String {
+    format!(
+        "stopped by the failure policy: the pod on {failed_node} failed with exit code {}",
+        end.exit_code
+    )
+}
+
+/// Why a restart stopped a pod: the pod on `failed_node` failed as `end`.
+pub fn restart_note(failed_node: &str, end: &PodEnd) -> String {
+    let why = if end.message.is_empty() {
+        format!("exit code {}", end.exit_code)
+    } else {
+        end.message.clone()
+    };
+    format!("stopped for a restart of the job: the pod on {failed_node} failed ({why})")
 }
 
 /// The nodes whose pods failed in the latest run attempt `results` tell of, in name order
@@ -668,7 +665,10 @@ mod tests {
         results.insert("gpu-1".to_owned(), node_result(&failed, &end));
         results.insert(
             "gpu-2".to_owned(),
-            stopped_result(&pod("j7-r2", "7", 1, "Running"), "gpu-1", &end),
+            stopped_result(
+                &pod("j7-r2", "7", 1, "Running"),
+                &fail_job_note("gpu-1", &end),
+            ),
         );
         results.insert(
             "gpu-3".to_owned(),

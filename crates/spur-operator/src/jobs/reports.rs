@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
@@ -20,8 +19,9 @@ use tonic::Code;
 
 use super::crd::NodeResult;
 use super::failure::{
-    AfterFailure, OnRankFailure, RunFailure, StartCheck, after_failure, is_current_run,
-    node_result, ranks_to_stop, restarted_result, run_attempt, start_check, stopped_result,
+    AfterFailure, OnRankFailure, RunFailure, StartCheck, after_failure, fail_job_note,
+    is_current_run, node_result, ranks_to_stop, restart_note, run_attempt, start_check,
+    stopped_result,
 };
 use super::pods::{ANNOTATION_REPORTED, ANNOTATION_TARGET_NODE, CONTAINER};
 use super::{JobsTuning, LABEL_JOB_ID, SpurJob};
@@ -365,9 +365,7 @@ async fn restart_run(
         Err(e) => return Err(e.into()),
     };
     let state = info.state();
-    let started = info
-        .start_time
-        .and_then(|t| Timestamp::new(t.seconds, t.nanos).ok());
+    let started = super::status::instant(info.start_time.as_ref());
     let live = matches!(state, pb::JobState::JobRunning | pb::JobState::JobSuspended);
     // A pod of a run already requeued (the job waits out spurctld's hold, or runs again)
     // asks for nothing more: a requeue now would stop the next run.
@@ -418,16 +416,17 @@ async fn restart_run(
     }
     // spurctld tells the agents to stop the run too, but a lost CancelJob is never sent
     // again: the run's pods still running are stopped here.
-    let siblings = pods
-        .list(&ListParams::default().labels(&format!("{LABEL_JOB_ID}={job_id}")))
-        .await?
-        .items;
+    let siblings = job_pods(pods, &job_id.to_string()).await?;
     let stop = ranks_to_stop(pod, &siblings);
     record_results(
         ctx,
         pod,
-        stop.iter()
-            .map(|p| (reporting_node(p), restarted_result(p, node, end))),
+        stop.iter().map(|p| {
+            (
+                reporting_node(p),
+                stopped_result(p, &restart_note(node, end)),
+            )
+        }),
     )
     .await?;
     for sibling in stop {
@@ -477,6 +476,15 @@ async fn report(
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// The pods of job `job_id` (every run) in `pods`' namespace.
+async fn job_pods(pods: &Api<Pod>, job_id: &str) -> Result<Vec<Pod>, kube::Error> {
+    let selector = format!("{LABEL_JOB_ID}={job_id}");
+    Ok(pods
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items)
 }
 
 async fn delete_pod(pods: &Api<Pod>, pod: &Pod) -> Result<(), kube::Error> {
@@ -559,10 +567,7 @@ async fn stop_other_ranks(
         .get(LABEL_JOB_ID)
         .cloned()
         .unwrap_or_default();
-    let siblings = pods
-        .list(&ListParams::default().labels(&format!("{LABEL_JOB_ID}={job_id}")))
-        .await?
-        .items;
+    let siblings = job_pods(pods, &job_id).await?;
     let stop = ranks_to_stop(failed, &siblings);
     if stop.is_empty() {
         return Ok(Vec::new());
@@ -570,8 +575,12 @@ async fn stop_other_ranks(
     record_results(
         ctx,
         failed,
-        stop.iter()
-            .map(|p| (reporting_node(p), stopped_result(p, failed_node, end))),
+        stop.iter().map(|p| {
+            (
+                reporting_node(p),
+                stopped_result(p, &fail_job_note(failed_node, end)),
+            )
+        }),
     )
     .await?;
     let stopped_nodes: Vec<String> = stop.iter().map(|p| reporting_node(p)).collect();

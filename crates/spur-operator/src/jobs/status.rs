@@ -287,12 +287,10 @@ pub fn array_gpu_seconds(job: &SpurJob, tasks: &[pb::JobInfo]) -> f64 {
         .filter(|t| super::convert::uid_in_comment(&t.comment) == Some(uid.as_str()))
         .filter(|t| is_terminal(state_name(t.state())))
         .filter_map(|t| {
-            let start = timestamp(t.start_time.as_ref())?
-                .parse::<k8s_openapi::jiff::Timestamp>()
-                .ok()?;
-            let end = timestamp(t.end_time.as_ref())?
-                .parse::<k8s_openapi::jiff::Timestamp>()
-                .ok()?;
+            let (start, end) = (
+                instant(t.start_time.as_ref())?,
+                instant(t.end_time.as_ref())?,
+            );
             Some(end.duration_since(start).as_secs_f64().max(0.0))
         })
         .map(|seconds| f64::from(per_run) * seconds)
@@ -301,10 +299,13 @@ pub fn array_gpu_seconds(job: &SpurJob, tasks: &[pb::JobInfo]) -> f64 {
 
 /// A controller timestamp as RFC 3339; `None` when unset (spurctld leaves zero).
 fn timestamp(at: Option<&pb::Timestamp>) -> Option<String> {
+    instant(at).map(|t| t.to_string())
+}
+
+/// A controller timestamp; `None` when unset (spurctld leaves zero).
+pub fn instant(at: Option<&pb::Timestamp>) -> Option<k8s_openapi::jiff::Timestamp> {
     let at = at.filter(|t| t.seconds > 0)?;
-    k8s_openapi::jiff::Timestamp::new(at.seconds, at.nanos.clamp(0, 999_999_999))
-        .ok()
-        .map(|t| t.to_string())
+    k8s_openapi::jiff::Timestamp::new(at.seconds, at.nanos.clamp(0, 999_999_999)).ok()
 }
 
 /// The Event a status change is told with, when its state changed: `(warning, reason,
