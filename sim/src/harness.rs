@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
-use spur_operator::jobs::SpurJob;
-use spur_operator::operator::Handles;
+use spur_operator::Handles;
+use spur_operator::SpurJob;
 
 use crate::index::ObjectIndex;
 use crate::kube_api::clock::Clock;

@@ -162,7 +162,7 @@ impl ObjectIndex {
                                 .to_owned(),
                             bound: object["spec"]["nodeName"].is_string(),
                             deleting: !object["metadata"]["deletionTimestamp"].is_null(),
-                            job_id: object["metadata"]["labels"][spur_operator::jobs::LABEL_JOB_ID]
+                            job_id: object["metadata"]["labels"][spur_operator::LABEL_JOB_ID]
                                 .as_str()
                                 .and_then(|v| v.parse().ok()),
                             container: object["spec"]["containers"][0]["name"].clone(),

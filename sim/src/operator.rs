@@ -8,10 +8,10 @@ use std::net::SocketAddr;
 
 use clap::Parser;
 use futures::future::BoxFuture;
+use spur_operator::Handles;
 use spur_operator::clock::WallClock;
-use spur_operator::config::{OperatorConfig, RunArgs};
 use spur_operator::net::{Binder, Dialer, Listener};
-use spur_operator::operator::{self, Handles};
+use spur_operator::{OperatorConfig, RunArgs};
 
 use crate::determinism::sim_now;
 use crate::net::{ServiceDialer, SimStream};
@@ -98,13 +98,13 @@ pub async fn run_operator(
     seed: u64,
     shutdown: impl Future<Output = ()>,
     started: tokio::sync::oneshot::Sender<Handles>,
-) -> Result<(), operator::RunError> {
+) -> Result<(), spur_operator::RunError> {
     let kube = crate::kube_api::client::client_over(dialer.clone(), KUBE_API_HOST, KUBE_API_PORT);
-    let world = operator::World {
+    let world = spur_operator::World {
         network: OperatorNetwork::new(dialer),
         kube,
         clock: WallClock::from_fn(sim_now),
         seed,
     };
-    operator::run_with_handles(world, config, shutdown, started).await
+    spur_operator::run_with_handles(world, config, shutdown, started).await
 }

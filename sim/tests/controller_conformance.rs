@@ -668,7 +668,7 @@ fn a_report_with_the_oom_bit_in_its_signal_ends_the_job_out_of_memory() {
                 job_id: id,
                 state: pb::JobState::JobFailed as i32,
                 exit_code: 137,
-                signal: spur_operator::jobs::reports::OOM_KILLED_SIGNAL,
+                signal: spur_operator::OOM_KILLED_SIGNAL,
                 message: "OOMKilled".to_owned(),
                 reporting_node: "conf-oom".to_owned(),
                 run_attempt,

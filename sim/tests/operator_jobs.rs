@@ -166,7 +166,7 @@ fn one_failed_rank_stops_the_others_and_fails_the_job_with_its_exit_code() {
         job.exit_code, 3,
         "the failed rank's exit, not the stopped one's"
     );
-    let nodes = spur_operator::jobs::status::nodes_of(&job.nodelist).unwrap();
+    let nodes = spur_operator::nodes_of(&job.nodelist).unwrap();
     assert_eq!(nodes.len(), 2, "{}", job.nodelist);
     let (rank0, rank1) = (nodes[0].as_str(), nodes[1].as_str());
     let results = &status["nodeResults"];
@@ -242,7 +242,7 @@ fn a_rank_not_running_by_the_start_timeout_fails_the_job_and_frees_every_node() 
     let id = status["spurJobId"].as_u64().unwrap() as u32;
     let job = sim.controller_job(id).unwrap();
     assert_eq!(job.state(), JobState::JobFailed);
-    let nodes = spur_operator::jobs::status::nodes_of(&job.nodelist).unwrap();
+    let nodes = spur_operator::nodes_of(&job.nodelist).unwrap();
     let results = &status["nodeResults"];
     assert_eq!(results[&nodes[1]]["result"], "Failed", "{results:#}");
     assert_eq!(

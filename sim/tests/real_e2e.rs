@@ -76,7 +76,7 @@ fn one_node_busybox(name: &str) -> pb::JobSpec {
 }
 
 fn terminal(state: &str) -> bool {
-    spur_operator::jobs::status::is_terminal(state)
+    spur_operator::is_terminal(state)
 }
 
 /// Waits for `n` pods of `name` and then for its final state; prints both times.
@@ -1123,9 +1123,8 @@ fn upstreams_example_spurjobs_run_unchanged() {
         let created = Instant::now();
         // Every field the examples use is one our CRD declares: a real API server would
         // prune an unknown one silently (the simulated one keeps it).
-        let crd =
-            serde_json::to_value(<spur_operator::jobs::SpurJob as kube::CustomResourceExt>::crd())
-                .expect("the CRD");
+        let crd = serde_json::to_value(<spur_operator::SpurJob as kube::CustomResourceExt>::crd())
+            .expect("the CRD");
         let declared = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
             ["properties"];
         for (name, object) in &examples {

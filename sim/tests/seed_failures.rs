@@ -12,7 +12,7 @@ mod common;
 use common::{run_until_true, s};
 
 use serde_json::{Value, json};
-use spur_operator::jobs::convert::uid_in_comment;
+use spur_operator::uid_in_comment;
 use spur_sim::controller::{ControllerConfig, LostReply, RefusalKind};
 use spur_sim::harness::Sim;
 use spur_sim::profiles::Profile;

@@ -601,7 +601,7 @@ mod tests {
         .expect("client");
         // The SpurJob of `job_store` ran as job 5; a late duplicate of it is job 7.
         let mut recorded = (*job_store().state()[0]).clone();
-        recorded.status = Some(crate::jobs::SpurJobStatus {
+        recorded.status = Some(crate::jobs::crd::SpurJobStatus {
             spur_job_id: Some(5),
             ..Default::default()
         });

@@ -5,13 +5,13 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use spur_operator::check::{check_controller, describe_failure};
+use spur_operator::LogFormat;
+use spur_operator::World;
 use spur_operator::clock::WallClock;
-use spur_operator::config::{ControllerArgs, RunArgs, fallback_agent_address};
 use spur_operator::net::TcpNetwork;
-use spur_operator::operator::{self, World};
-use spur_operator::reference::{README_BEGIN, README_END, config_table, splice};
-use spur_operator::telemetry::{self, LogFormat};
+use spur_operator::{ControllerArgs, RunArgs, fallback_agent_address};
+use spur_operator::{README_BEGIN, README_END, config_table, splice};
+use spur_operator::{check_controller, describe_failure};
 
 /// Kubernetes operator for the Spur workload manager.
 ///
@@ -82,7 +82,9 @@ async fn main() -> ExitCode {
         Command::Run(_) => "info",
         Command::CheckController(_) | Command::Crd | Command::ConfigTable { .. } => "error",
     };
-    if let Err(e) = telemetry::init(cli.log_format, cli.log_level.as_deref(), default_level) {
+    if let Err(e) =
+        spur_operator::init_telemetry(cli.log_format, cli.log_level.as_deref(), default_level)
+    {
         eprintln!("spur-operator: --log-level: {e}");
         return ExitCode::from(2);
     }
@@ -95,7 +97,7 @@ async fn main() -> ExitCode {
             }
         },
         Command::Crd => {
-            print!("{}", spur_operator::jobs::crd::crd_yaml());
+            print!("{}", spur_operator::crd_yaml());
             ExitCode::SUCCESS
         }
         Command::ConfigTable { write } => {
@@ -170,7 +172,7 @@ async fn run(args: &mut RunArgs) -> anyhow::Result<()> {
         clock: WallClock::system(),
         seed: process_seed(),
     };
-    operator::run(world, config, shutdown_signal()).await?;
+    spur_operator::run(world, config, shutdown_signal()).await?;
     Ok(())
 }
 
@@ -294,7 +296,7 @@ mod tests {
             .nth(1)
             .and_then(|rest| rest.split("\n## ").next())
             .expect("README.md has a Metrics section");
-        let exported = spur_operator::metrics::Metrics::with_a_series_of_each().family_names();
+        let exported = spur_operator::Metrics::with_a_series_of_each().family_names();
         let listed: std::collections::BTreeSet<String> = section
             .lines()
             .filter_map(|l| l.strip_prefix("| `"))

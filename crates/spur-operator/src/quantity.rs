@@ -29,10 +29,6 @@ impl Quantity {
         self.milli / 1000
     }
 
-    pub fn millis(self) -> u128 {
-        self.milli
-    }
-
     /// Whole mebibytes, rounded down.
     pub fn mebibytes(self) -> u128 {
         self.milli / 1000 / (1 << 20)
@@ -131,7 +127,7 @@ mod tests {
             ("0", 0),
         ];
         for (input, milli) in cases {
-            assert_eq!(parse(input).map(|q| q.millis()), Ok(milli), "{input}");
+            assert_eq!(parse(input).map(|q| q.milli), Ok(milli), "{input}");
         }
         assert_eq!(parse("63500m").unwrap().whole(), 63);
         assert_eq!(parse("527920712Ki").unwrap().mebibytes(), 515_547);
@@ -176,7 +172,7 @@ mod properties {
             match parse(&text) {
                 Ok(q) => {
                     // Every view of a parsed quantity is computable.
-                    let _ = (q.whole(), q.millis(), q.mebibytes());
+                    let _ = (q.whole(), q.milli, q.mebibytes());
                 }
                 Err(e) => prop_assert!(e.to_string().contains(text.trim()), "{e} for {text:?}"),
             }

@@ -95,10 +95,6 @@ impl Backoff {
     pub fn reset(&mut self) {
         self.attempt = 0;
     }
-
-    pub fn attempts(&self) -> u32 {
-        self.attempt
-    }
 }
 
 impl Iterator for Backoff {

@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use serde_json::json;
-use spur_operator::agent::{Agent, serve};
-use spur_operator::agent_auth::{AgentAuth, AgentAuthMode, sign};
+use spur_operator::Metrics;
+use spur_operator::Registered;
 use spur_operator::clock::WallClock;
-use spur_operator::metrics::Metrics;
-use spur_operator::nodes::Registered;
+use spur_operator::{Agent, serve_agent as serve};
+use spur_operator::{AgentAuth, AgentAuthMode, sign_agent_token as sign};
 use spur_proto as pb;
 use tonic::Code;
 

@@ -10,9 +10,9 @@ use std::process::Command;
 
 use clap::{Args, FromArgMatches, ValueEnum};
 use serde_json::Value;
-use spur_operator::config::RunArgs;
-use spur_operator::jobs::SpurJob;
-use spur_operator::telemetry::LogFormat;
+use spur_operator::LogFormat;
+use spur_operator::RunArgs;
+use spur_operator::SpurJob;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -358,7 +358,7 @@ fn the_agent_port_is_reachable_only_from_spurctld() {
 fn the_example_spurjob_is_valid() {
     let text = std::fs::read_to_string(repo().join("deploy/examples/spurjob.yaml")).unwrap();
     let job: SpurJob = serde_yaml_ng::from_str(&text).unwrap();
-    let spec = spur_operator::jobs::convert::job_spec(&job, "uid-1")
+    let spec = spur_operator::job_spec(&job, "uid-1")
         .unwrap_or_else(|e| panic!("the example SpurJob does not convert: {e}"));
     assert_eq!(spec.num_nodes, job.spec.num_nodes);
     assert!(spec.comment.contains("spurjob-uid=uid-1"));
@@ -476,7 +476,7 @@ fn the_dashboard_queries_only_exported_metrics() {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/dashboards/spur-operator.json");
     let text = std::fs::read_to_string(&path).expect("the dashboard");
     let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
-    let exported = spur_operator::metrics::Metrics::with_a_series_of_each().family_names();
+    let exported = spur_operator::Metrics::with_a_series_of_each().family_names();
     let mut queried = std::collections::BTreeSet::new();
     for panel in dashboard["panels"].as_array().expect("panels") {
         let targets = panel["targets"].as_array().expect("targets");

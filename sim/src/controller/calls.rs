@@ -28,7 +28,7 @@ pub type CallLog = crate::record_log::RecordLog<CallRecord>;
 
 /// The write methods of `slurm.SlurmController`: what only an acting operator calls, as
 /// the operator's fence knows them.
-pub use spur_operator::controller::LEADER_WRITES as WRITE_METHODS;
+pub use spur_operator::LEADER_WRITES as WRITE_METHODS;
 
 /// A tower layer for a replica's gRPC server that records each write call a client makes
 /// (not the forwards of other replicas) before the replica sees it: who called is read at

@@ -597,7 +597,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                 // spurctld's filters: a hostlist of names, and states (partitions are not
                 // modelled: every node is in the default one).
                 let names: Option<Vec<String>> = (!req.nodelist.trim().is_empty()).then(|| {
-                    spur_operator::hostlist::expand(req.nodelist.trim()).unwrap_or_default()
+                    spur_operator::expand_hostlist(req.nodelist.trim()).unwrap_or_default()
                 });
                 Ok(pb::GetNodesResponse {
                     nodes: cluster.read(slot, |state| {

@@ -198,7 +198,7 @@ fn agent_request<D: Dialer, T>(replica: &Replica<D>, message: T) -> tonic::Reque
     let mut request = tonic::Request::new(message);
     if let Some(key) = &replica.cluster().config().agent_key {
         let iat = (crate::determinism::EPOCH + replica.now()).as_secs();
-        let token = spur_operator::agent_auth::sign(
+        let token = spur_operator::sign_agent_token(
             key,
             &serde_json::json!({"sub": "spurctld", "uid": 0, "iat": iat, "exp": iat + 300,
                 "admin": true}),

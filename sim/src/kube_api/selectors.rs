@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::Value;
-use spur_operator::selector::Selector;
+use spur_operator::Selector;
 
 use super::error::{ApiError, ApiResult};
 

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use kube::CustomResourceExt;
 use serde_json::json;
-use spur_operator::jobs::SpurJob;
-use spur_operator::jobs::convert::uid_in_comment;
-use spur_operator::jobs::status::state_name;
+use spur_operator::SpurJob;
+use spur_operator::state_name;
+use spur_operator::uid_in_comment;
 use spur_proto as pb;
 use spur_proto::SlurmControllerClient;
 use tokio::time::Instant;

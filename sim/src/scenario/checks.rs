@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use spur_operator::jobs::convert::uid_in_comment;
-use spur_operator::jobs::status::{is_terminal, state_name};
+use spur_operator::uid_in_comment;
+use spur_operator::{is_terminal, state_name};
 
 use crate::controller::state::{Command, Outcome};
 use crate::harness::{OPERATOR_LEASE, Sim};
@@ -965,7 +965,7 @@ mod tests {
 
     #[test]
     fn duplicate_submission_fires_on_two_controller_jobs_of_one_spurjob() {
-        let tagged = |uid: &str| format!("k8s {}{uid}", spur_operator::jobs::convert::UID_TAG);
+        let tagged = |uid: &str| format!("k8s {}{uid}", spur_operator::UID_TAG);
         let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
         assert_eq!(
             monitor.finish_with(&[(1, tagged("a")), (2, tagged("b"))], SECOND),

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use spur_operator::jobs::convert::uid_in_comment;
+use spur_operator::uid_in_comment;
 
 use crate::controller::state::Command;
 use crate::kube_api::ApiServer;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
-use spur_operator::jobs::SpurJob;
+use spur_operator::SpurJob;
 use spur_proto as pb;
 use spur_proto::SlurmControllerClient;
 use spur_sim::controller::Clock;

@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
@@ -40,8 +39,6 @@ struct Inner {
     max_message_bytes: usize,
     authorization: Option<AsciiMetadataValue>,
     state: Mutex<State>,
-    leader_hint: Mutex<Option<String>>,
-    stats: Counters,
     metrics: Option<Metrics>,
     /// Checked by each leader-only call ([`LEADER_WRITES`]) once it has its channel, at the
     /// moment it is sent; `None` for a client that acts for no Lease (`check-controller`).
@@ -156,21 +153,6 @@ fn probe_request() -> pb::GetJobsRequest {
     }
 }
 
-#[derive(Default)]
-struct Counters {
-    connects: AtomicU64,
-    connect_failures: AtomicU64,
-    drops: AtomicU64,
-}
-
-/// How often the client connected and dropped its channel.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ClientStats {
-    pub connects: u64,
-    pub connect_failures: u64,
-    pub drops: u64,
-}
-
 /// Tells the policy a call ended when its future is dropped before it did (the caller's own
 /// timeout), so the policy does not wait on it.
 struct CallGuard<'a> {
@@ -246,8 +228,6 @@ impl ControllerClient {
                     wake: Arc::new(tokio::sync::Notify::new()),
                     session: Session::default(),
                 }),
-                leader_hint: Mutex::new(None),
-                stats: Counters::default(),
                 metrics: None,
                 fence: None,
             }),
@@ -280,29 +260,8 @@ impl ControllerClient {
         }
     }
 
-    pub fn addr(&self) -> &ControllerAddr {
-        &self.inner.addr
-    }
-
-    pub fn stats(&self) -> ClientStats {
-        let c = &self.inner.stats;
-        ClientStats {
-            connects: c.connects.load(Ordering::Relaxed),
-            connect_failures: c.connect_failures.load(Ordering::Relaxed),
-            drops: c.drops.load(Ordering::Relaxed),
-        }
-    }
-
-    /// The leader named by the last UNAVAILABLE answer that carried `x-spur-leader`.
-    pub fn leader_hint(&self) -> Option<String> {
-        self.inner
-            .leader_hint
-            .lock()
-            .expect("leader hint lock")
-            .clone()
-    }
-
-    /// Whether a channel is shared now (for readiness and tests).
+    /// Whether a channel is shared now.
+    #[cfg(test)]
     pub async fn is_connected(&self) -> bool {
         self.lock().policy.shared().is_some()
     }
@@ -568,9 +527,6 @@ impl ControllerClient {
                     return Err(self.leave_behind(guard, method, behind));
                 }
                 let leader_hint = leader_hint(status.metadata());
-                if status.code() == Code::Unavailable && leader_hint.is_some() {
-                    *self.inner.leader_hint.lock().expect("leader hint lock") = leader_hint.clone();
-                }
                 let error = ControllerError::Status {
                     method,
                     code: status.code(),
@@ -693,7 +649,6 @@ impl ControllerClient {
             Command::Drop { dial, rule } => {
                 state.channels.remove(&dial);
                 if rule == Rule::DropOnFailure {
-                    self.inner.stats.drops.fetch_add(1, Ordering::Relaxed);
                     if let Some(m) = &self.inner.metrics {
                         m.channel_drops.inc();
                     }
@@ -760,7 +715,6 @@ impl ControllerClient {
         let mut state = self.lock();
         let ok = match dialed {
             Ok(channel) => {
-                self.inner.stats.connects.fetch_add(1, Ordering::Relaxed);
                 if let Some(m) = &self.inner.metrics {
                     m.channel_connects.inc();
                 }
@@ -768,10 +722,6 @@ impl ControllerClient {
                 true
             }
             Err(source) => {
-                self.inner
-                    .stats
-                    .connect_failures
-                    .fetch_add(1, Ordering::Relaxed);
                 if let Some(m) = &self.inner.metrics {
                     m.channel_connect_failures.inc();
                 }

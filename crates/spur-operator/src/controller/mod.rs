@@ -11,9 +11,8 @@ pub mod policy;
 mod session;
 
 pub use address::{AddressError, ControllerAddr, Scheme};
-pub use client::{ClientStats, ControllerClient, LEADER_WRITES};
-pub use connect::connect;
-pub use error::{ConnectError, ControllerError, FailureKind, classify};
+pub use client::{ControllerClient, LEADER_WRITES};
+pub use error::{ConnectError, ControllerError, FailureKind};
 pub use policy::Rule;
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 
 use spur_proto as pb;
 
-use super::crd::{SpurJob, SpurJobSpec};
+use super::crd::SpurJob;
 use crate::quantity;
 
 /// The comment tag that finds a submission again (see `jobs::submit`).
@@ -350,67 +350,6 @@ pub fn uid_in_comment(comment: &str) -> Option<&str> {
         .filter(|uid| !uid.is_empty())
 }
 
-/// The per-node GPU request a JobSpec carries: its `gpus_per_node` (what the operator
-/// sends), else its `gpu:` gres entries (what a LaunchJob's spec carries: spurctld
-/// rewrites them to the node's count and clears gpus_per_node), summed as spurctld sums
-/// them. No type (an empty gpu_type, or `any` in a gres entry) is `None`; a count of 0 is
-/// no request.
-pub fn gpus_from(job: &pb::JobSpec) -> Option<super::crd::GpuSpec> {
-    if let Some(g) = job.gpus_per_node.as_ref().filter(|g| g.count > 0) {
-        return Some(super::crd::GpuSpec {
-            count: g.count,
-            gpu_type: (!g.gpu_type.is_empty()).then(|| g.gpu_type.clone()),
-        });
-    }
-    let typed = |t: &str| (!t.is_empty() && t != "any").then(|| t.to_owned());
-    let mut count = 0u32;
-    let mut gpu_type = None;
-    for entry in &job.gres {
-        let parts: Vec<&str> = entry.trim().split(':').collect();
-        let (kind, n) = match parts.as_slice() {
-            ["gpu"] => (None, Some(1)),
-            ["gpu", n] if n.parse::<u32>().is_ok() => (None, n.parse().ok()),
-            ["gpu", kind] => (Some(*kind), Some(1)),
-            ["gpu", kind, n] => (Some(*kind), n.parse::<u32>().ok()),
-            _ => (None, None),
-        };
-        let Some(n) = n else { continue };
-        count = count.saturating_add(n);
-        if gpu_type.is_none() {
-            gpu_type = kind.and_then(typed);
-        }
-    }
-    (count > 0).then_some(super::crd::GpuSpec { count, gpu_type })
-}
-
-/// The fields of a SpurJobSpec that a JobSpec carries back (for the round-trip tests and
-/// for reading a job adopted from the controller).
-pub fn spec_fields_from(job: &pb::JobSpec) -> SpurJobSpec {
-    let gpus = gpus_from(job);
-    let opt = |s: &str| (!s.is_empty()).then(|| s.to_owned());
-    SpurJobSpec {
-        name: opt(&job.name),
-        image: job.container_image.clone(),
-        args: job.argv.clone(),
-        env: job.environment.clone(),
-        gpus,
-        num_nodes: job.num_nodes,
-        tasks_per_node: job.tasks_per_node,
-        cpus_per_task: job.cpus_per_task,
-        partition: opt(&job.partition),
-        account: opt(&job.account),
-        volumes: job.container_mounts.clone(),
-        host_network: job.host_network,
-        privileged: job.privileged,
-        host_ipc: job.host_ipc,
-        shm_size: opt(&job.shm_size),
-        extra_resources: job.extra_resources.clone(),
-        array_spec: opt(&job.array_spec),
-        dependencies: job.dependency.clone(),
-        ..Default::default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -418,6 +357,67 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::jobs::crd::SpurJobSpec;
+
+    /// The per-node GPU request a JobSpec carries: its `gpus_per_node` (what the operator
+    /// sends), else its `gpu:` gres entries (what a LaunchJob's spec carries: spurctld
+    /// rewrites them to the node's count and clears gpus_per_node), summed as spurctld sums
+    /// them. No type (an empty gpu_type, or `any` in a gres entry) is `None`; a count of 0 is
+    /// no request.
+    fn gpus_from(job: &pb::JobSpec) -> Option<crate::jobs::crd::GpuSpec> {
+        if let Some(g) = job.gpus_per_node.as_ref().filter(|g| g.count > 0) {
+            return Some(crate::jobs::crd::GpuSpec {
+                count: g.count,
+                gpu_type: (!g.gpu_type.is_empty()).then(|| g.gpu_type.clone()),
+            });
+        }
+        let typed = |t: &str| (!t.is_empty() && t != "any").then(|| t.to_owned());
+        let mut count = 0u32;
+        let mut gpu_type = None;
+        for entry in &job.gres {
+            let parts: Vec<&str> = entry.trim().split(':').collect();
+            let (kind, n) = match parts.as_slice() {
+                ["gpu"] => (None, Some(1)),
+                ["gpu", n] if n.parse::<u32>().is_ok() => (None, n.parse().ok()),
+                ["gpu", kind] => (Some(*kind), Some(1)),
+                ["gpu", kind, n] => (Some(*kind), n.parse::<u32>().ok()),
+                _ => (None, None),
+            };
+            let Some(n) = n else { continue };
+            count = count.saturating_add(n);
+            if gpu_type.is_none() {
+                gpu_type = kind.and_then(typed);
+            }
+        }
+        (count > 0).then_some(crate::jobs::crd::GpuSpec { count, gpu_type })
+    }
+
+    /// The fields of a SpurJobSpec that a JobSpec carries back: the round-trip tests' oracle.
+    fn spec_fields_from(job: &pb::JobSpec) -> SpurJobSpec {
+        let gpus = gpus_from(job);
+        let opt = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+        SpurJobSpec {
+            name: opt(&job.name),
+            image: job.container_image.clone(),
+            args: job.argv.clone(),
+            env: job.environment.clone(),
+            gpus,
+            num_nodes: job.num_nodes,
+            tasks_per_node: job.tasks_per_node,
+            cpus_per_task: job.cpus_per_task,
+            partition: opt(&job.partition),
+            account: opt(&job.account),
+            volumes: job.container_mounts.clone(),
+            host_network: job.host_network,
+            privileged: job.privileged,
+            host_ipc: job.host_ipc,
+            shm_size: opt(&job.shm_size),
+            extra_resources: job.extra_resources.clone(),
+            array_spec: opt(&job.array_spec),
+            dependencies: job.dependency.clone(),
+            ..Default::default()
+        }
+    }
     use crate::jobs::crd::GpuSpec;
 
     fn job(spec: SpurJobSpec) -> SpurJob {

@@ -11,7 +11,7 @@ pub mod reports;
 pub mod status;
 pub mod submit;
 
-pub use crd::{SpurJob, SpurJobSpec, SpurJobStatus};
+pub use crd::SpurJob;
 
 /// Keeps a deleted SpurJob until its job is cancelled and its pods are gone.
 pub const FINALIZER: &str = "spur.amd.com/cleanup";

@@ -705,7 +705,7 @@ mod tests {
             },
             Entropy::from_seed(1),
         );
-        let mut job = SpurJob::new("train", crate::jobs::SpurJobSpec::default());
+        let mut job = SpurJob::new("train", crate::jobs::crd::SpurJobSpec::default());
         job.metadata.namespace = Some("ml".into());
         job.metadata.uid = Some("uid-1".into());
 

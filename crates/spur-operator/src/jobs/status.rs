@@ -975,7 +975,7 @@ mod tests {
         let job = |gpus: Option<u32>, nodes: u32, array: bool| {
             let mut job = SpurJob::new(
                 "j",
-                crate::jobs::SpurJobSpec {
+                crate::jobs::crd::SpurJobSpec {
                     image: "x".into(),
                     gpus: gpus.map(|count| crate::jobs::crd::GpuSpec {
                         count,
@@ -1009,7 +1009,7 @@ mod tests {
     fn an_arrays_gpu_seconds_are_the_sum_over_its_ended_tasks() {
         let mut job = SpurJob::new(
             "sweep",
-            crate::jobs::SpurJobSpec {
+            crate::jobs::crd::SpurJobSpec {
                 image: "x".into(),
                 gpus: Some(crate::jobs::crd::GpuSpec {
                     count: 2,

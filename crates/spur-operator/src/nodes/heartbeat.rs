@@ -18,9 +18,6 @@ use super::sync::Registered;
 use crate::controller::ControllerClient;
 use crate::metrics::{Metrics, NodeLabels};
 
-/// spurctld's default `heartbeat_timeout_secs`: a node silent this long goes DOWN.
-pub const CONTROLLER_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(90);
-
 #[derive(Clone, Copy, Debug)]
 pub struct HeartbeatConfig {
     pub interval: Duration,
@@ -163,6 +160,9 @@ impl Ages {
 mod tests {
     use super::*;
 
+    /// spurctld's default `heartbeat_timeout_secs`: a node silent this long goes DOWN.
+    const SPURCTLD_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(90);
+
     fn age(metrics: &Metrics, node: &str) -> Option<f64> {
         let text = metrics.encode();
         let needle = format!("spur_operator_node_heartbeat_age_seconds{{node=\"{node}\"}} ");
@@ -221,7 +221,7 @@ mod tests {
         // A node whose heartbeat failed at t gets tries at t + interval and t + 2 intervals,
         // each answered within the request bound, before the controller's 90 s pass.
         assert!(
-            interval * 2 + bound < CONTROLLER_HEARTBEAT_TIMEOUT,
+            interval * 2 + bound < SPURCTLD_HEARTBEAT_TIMEOUT,
             "{interval:?} {bound:?}"
         );
         // And the defaults of the new flags are the documented ones.

@@ -4,7 +4,7 @@ pub mod heartbeat;
 pub mod resources;
 pub mod sync;
 
-pub use resources::{AgentEndpoint, Availability};
+pub use resources::AgentEndpoint;
 pub use sync::{NodeSync, NodeSyncConfig, NotReadyState, Registered};
 
 #[cfg(test)]
