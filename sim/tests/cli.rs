@@ -61,9 +61,10 @@ fn merged_shards_summarise_exactly_like_one_run() {
 }
 
 /// A denser run draws more faults than the default on the same seed and replays with the
-/// same flags; a knob out of range is refused with a message that names it.
+/// same flags, the step included; a knob out of range is refused with a message that
+/// names it.
 #[test]
-fn fault_density_and_duration_press_harder_and_replay_with_the_same_flags() {
+fn fault_density_duration_and_tick_press_harder_and_replay_with_the_same_flags() {
     let faults = |out: &str| -> usize {
         let line: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
         line["faults"].as_array().map_or(0, Vec::len)
@@ -77,17 +78,24 @@ fn fault_density_and_duration_press_harder_and_replay_with_the_same_flags() {
         "--jobs=1",
         "--fault-density=5",
         "--duration=240s",
+        "--tick=10ms",
     ];
     let (_, dense) = spur_sim(&dense_args);
     assert!(faults(&dense) > faults(&plain), "{plain}\n{dense}");
     let line: Value = serde_json::from_str(dense.lines().next().unwrap()).unwrap();
     let replay = line["replay"].as_str().unwrap();
     assert!(
-        replay.ends_with("--fault-density 5 --duration 4m"),
+        replay.ends_with("--fault-density 5 --duration 4m --tick 10ms"),
         "{replay}"
     );
 
-    for bad in ["--fault-density=0", "--duration=5s", "--duration=soon"] {
+    for bad in [
+        "--fault-density=0",
+        "--duration=5s",
+        "--duration=soon",
+        "--tick=0ms",
+        "--tick=1s",
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_spur-sim"))
             .args(["run", "--seeds=0..1", bad])
             .output()

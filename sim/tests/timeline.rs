@@ -152,8 +152,8 @@ fn the_page_of_a_ten_minute_seed_stays_small() {
     let config = ScenarioConfig {
         timeline: true,
         ..ScenarioConfig::default().with_intensity(spur_sim::scenario::Intensity {
-            fault_density: 1,
             duration: Duration::from_secs(570),
+            ..Default::default()
         })
     };
     let outcome = spur_sim::scenario::run(7, Profile::Default, &config);

@@ -153,22 +153,6 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
         })
 }
 
-/// turmoil's step in scenarios: 20 ms resolves every bound the operator uses (the shortest
-/// is a 250 ms retry or hedge) and runs the 2,000 seeds of `cargo test` in about 4.5
-/// minutes on two cores (a quarter of them with two operator replicas), against 5.5 for
-/// one replica at 10 ms. It once made seeds 205 and 219 miss the status
-/// deadline, through a channel to a replica cut after its probe serving stale reads until
-/// rotation; with the leader recheck all 2,000 seeds pass at either step. `SIM_TICK_MS`
-/// overrides it.
-const DEFAULT_TICK: Duration = Duration::from_millis(20);
-
-fn tick() -> Duration {
-    std::env::var("SIM_TICK_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(DEFAULT_TICK, Duration::from_millis)
-}
-
 /// Runs the scenario of `seed` with the operator configured by `profile`.
 pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
     run_plan(&plan(seed, config), profile, config)
@@ -181,7 +165,7 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
     let seed = plan.seed;
     let world_config = WorldConfig {
         max_duration: plan.end + Duration::from_secs(60),
-        tick: tick(),
+        tick: config.intensity.tick,
         ..WorldConfig::default()
     };
     let mut sim = Sim::without_controllers(seed, world_config);
