@@ -16,7 +16,9 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
 use crate::determinism::sim_elapsed;
-use crate::net::{DialerConnector, ServiceDialer, SimListener};
+use spur_operator::net::Connector;
+
+use crate::net::{ServiceDialer, SimListener};
 use crate::world::{KillMode, World};
 
 /// What a smoke run produced.
@@ -46,7 +48,7 @@ pub async fn connect_controller<D: Dialer>(
     let channel = Endpoint::from_static("http://spurctld:6817")
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(5))
-        .connect_with_connector(DialerConnector::new(dialer))
+        .connect_with_connector(Connector::new(dialer))
         .await?;
     Ok(SlurmControllerClient::new(channel))
 }

@@ -1041,7 +1041,7 @@ async fn kube_runtime_recorder_creates_then_patches_an_event_series() {
 
 #[test]
 fn a_client_on_another_turmoil_host_talks_to_the_server() {
-    use spur_sim::kube_api::{client_over, transport::TurmoilDialer};
+    use spur_sim::kube_api::{client_over, transport::BareTurmoilDialer};
     let mut sim = turmoil::Builder::new()
         .simulation_duration(Duration::from_secs(120))
         .build();
@@ -1053,7 +1053,7 @@ fn a_client_on_another_turmoil_host_talks_to_the_server() {
         Ok(())
     });
     sim.client("operator", async {
-        let client = client_over(TurmoilDialer, "kube-api", 6443);
+        let client = client_over(BareTurmoilDialer, "kube-api", 6443);
         let nodes: Api<Node> = Api::all(client.clone());
         let list = nodes
             .list(&ListParams::default().labels("spur.amd.com/managed=true"))
@@ -1183,7 +1183,7 @@ async fn kubectl_against_the_tcp_mode() {
 
 /// Every change of one turmoil run, as the observer sees it.
 fn turmoil_trace(seed: u64) -> Vec<String> {
-    use spur_sim::kube_api::{client_over, store::StoreConfig, transport::TurmoilDialer};
+    use spur_sim::kube_api::{client_over, store::StoreConfig, transport::BareTurmoilDialer};
     let server = ApiServer::new(ApiServerConfig {
         store: StoreConfig {
             seed,
@@ -1213,7 +1213,7 @@ fn turmoil_trace(seed: u64) -> Vec<String> {
     });
     sim.client("operator", async {
         let pods: Api<Pod> =
-            Api::namespaced(client_over(TurmoilDialer, "kube-api", 6443), "default");
+            Api::namespaced(client_over(BareTurmoilDialer, "kube-api", 6443), "default");
         let mut template = pod("");
         template.metadata.generate_name = Some("worker-".into());
         let mut names = Vec::new();

@@ -6,7 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{channel, now};
-use spur_sim::net::{DialerConnector, NetConfig, NoEndpoint, SimListener};
+use spur_operator::net::Connector;
+use spur_sim::net::{NetConfig, NoEndpoint, SimListener};
 use spur_sim::world::{World, WorldConfig};
 
 fn secs(d: Duration) -> f64 {
@@ -111,7 +112,7 @@ fn axum_serves_and_a_hyper_client_connects_over_turmoil() {
     world.client("client", async move {
         let client =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build::<_, axum::body::Body>(DialerConnector::new(dialer));
+                .build::<_, axum::body::Body>(Connector::new(dialer));
         let response = client.get("http://web:8080/hello".parse()?).await?;
         assert_eq!(response.status(), 200);
         let body = axum::body::to_bytes(axum::body::Body::new(response.into_body()), 1024).await?;

@@ -2,14 +2,20 @@
 //!
 //! Production hands in [`TcpNetwork`]; the simulation hands in a dialer over turmoil's
 //! simulated TCP (and a kube-proxy-like Service). Nothing in the operator opens a socket
-//! on its own, so the same control loops run in both worlds.
+//! on its own, so the same control loops run in both worlds. [`Connector`] is the one
+//! adapter from a [`Dialer`] to the clients (tonic's and hyper's), and [`incoming`] the one
+//! from a [`Listener`] to tonic's server, for the operator, the simulation and the tests.
 
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
+use http::Uri;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Opens a byte stream to `host:port`.
@@ -136,5 +142,181 @@ impl<C: AsyncWrite + Unpin> AsyncWrite for Accepted<C> {
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.conn).poll_shutdown(cx)
+    }
+}
+
+/// A [`Dialer`] as the `tower::Service<Uri>` that tonic (`Endpoint::connect_with_connector`)
+/// and hyper-util's client open their connections through.
+#[derive(Clone, Debug)]
+pub struct Connector<D> {
+    dialer: D,
+    /// Dial this instead of the URI's host and port.
+    to: Option<(String, u16)>,
+    dial_timeout: Option<Duration>,
+    hedge: Option<Duration>,
+}
+
+impl<D: Dialer> Connector<D> {
+    /// Dials each URI's host and port (80 or 443, by its scheme, when it names none), with
+    /// no bound of its own.
+    pub fn new(dialer: D) -> Self {
+        Connector {
+            dialer,
+            to: None,
+            dial_timeout: None,
+            hedge: None,
+        }
+    }
+
+    /// Dials `host:port` whatever the URI: a client of one address parsed it already, and
+    /// dialing the parsed address avoids re-parsing brackets and default ports.
+    pub fn to(mut self, host: &str, port: u16) -> Self {
+        self.to = Some((host.to_owned(), port));
+        self
+    }
+
+    /// Bounds each dial. A client that bounds its whole connect needs this too: tonic's
+    /// channel reconnects on its own after a connection dies, and that dial must be
+    /// bounded as well (a dropped SYN hangs for the kernel's retries, about 127 s).
+    pub fn dial_timeout(mut self, bound: Option<Duration>) -> Self {
+        self.dial_timeout = bound;
+        self
+    }
+
+    /// Dials again every `every` while no dial has completed (see [`hedged_dial`]).
+    pub fn hedge(mut self, every: Option<Duration>) -> Self {
+        self.hedge = every;
+        self
+    }
+}
+
+/// Why a [`Connector`] opened no connection. Displays as hyper-util's own connector does
+/// (`tcp connect error`), so a client over this seam reports what it would over
+/// hyper-util's TCP (tonic: `UNAVAILABLE "tcp connect error"`); the cause is the source.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// The URI names no host.
+    #[error("invalid URI {0}: no host")]
+    NoHost(Uri),
+    /// The dial failed (refused, unreachable, unknown host).
+    #[error("tcp connect error")]
+    Failed(#[source] io::Error),
+    /// The dial did not complete within [`Connector::dial_timeout`].
+    #[error("tcp connect error")]
+    TimedOut(#[source] DialTimedOut),
+}
+
+/// A dial's own bound fired.
+#[derive(Debug, thiserror::Error)]
+#[error("connect timed out after {}", humantime::format_duration(*.0))]
+pub struct DialTimedOut(pub Duration);
+
+impl<D: Dialer> tower::Service<Uri> for Connector<D> {
+    type Response = Dialed<D::Stream>;
+    type Error = DialError;
+    type Future = BoxFuture<'static, Result<Self::Response, DialError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), DialError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let (host, port) = match &self.to {
+            Some((host, port)) => (host.clone(), *port),
+            None => {
+                let Some(host) = uri.host() else {
+                    return Box::pin(async move { Err(DialError::NoHost(uri)) });
+                };
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+                    Some("https") => 443,
+                    _ => 80,
+                });
+                (host.to_owned(), port)
+            }
+        };
+        let dialing = hedged_dial(self.dialer.clone(), host, port, self.hedge);
+        let bound = self.dial_timeout;
+        Box::pin(async move {
+            let stream = match bound {
+                Some(bound) => tokio::time::timeout(bound, dialing)
+                    .await
+                    .map_err(|_| DialError::TimedOut(DialTimedOut(bound)))?,
+                None => dialing.await,
+            }
+            .map_err(DialError::Failed)?;
+            Ok(Dialed(TokioIo::new(stream)))
+        })
+    }
+}
+
+/// Dials `host:port`, and again every `hedge` while no dial has completed; the first
+/// stream wins and the others are dropped. A dial whose SYN a Service with no ready
+/// endpoint dropped never completes; the next one, made once an endpoint is ready,
+/// connects at once. A dial that fails ends the connect when no other is pending (a
+/// refusal is an answer, not a lost SYN).
+async fn hedged_dial<D: Dialer>(
+    dialer: D,
+    host: String,
+    port: u16,
+    hedge: Option<Duration>,
+) -> io::Result<D::Stream> {
+    use futures::StreamExt as _;
+    let Some(every) = hedge else {
+        return dialer.dial(&host, port).await;
+    };
+    let mut dials = futures::stream::FuturesUnordered::new();
+    dials.push(dialer.dial(&host, port));
+    let mut next = tokio::time::Instant::now() + every;
+    loop {
+        tokio::select! {
+            Some(result) = dials.next() => match result {
+                Ok(stream) => return Ok(stream),
+                Err(error) if dials.is_empty() => return Err(error),
+                Err(_) => {}
+            },
+            _ = tokio::time::sleep_until(next) => {
+                dials.push(dialer.dial(&host, port));
+                next += every;
+            }
+        }
+    }
+}
+
+/// A dialed stream as hyper's clients take it.
+#[derive(Debug)]
+pub struct Dialed<S>(TokioIo<S>);
+
+impl<S> Connection for Dialed<S> {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+impl<S: AsyncRead + Unpin> hyper::rt::Read for Dialed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> hyper::rt::Write for Dialed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }

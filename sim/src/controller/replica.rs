@@ -22,7 +22,7 @@ use super::Clock;
 use super::cluster::{Cluster, LostReply, ProposeError, RefusalKind, Role};
 use super::scheduler;
 use super::state::{AgentStop, Command, Outcome, node_not_found};
-use crate::net::DialerConnector;
+use spur_operator::net::Connector;
 
 type Client = SlurmControllerClient<Channel>;
 
@@ -187,7 +187,7 @@ impl<D: Dialer> Replica<D> {
         }
         let uri = format!("http://{leader}:{}", self.port());
         let endpoint = Endpoint::from_shared(uri).map_err(|e| Status::internal(e.to_string()))?;
-        let connector = DialerConnector::new(self.inner.dialer.clone());
+        let connector = Connector::new(self.inner.dialer.clone());
         match endpoint.connect_with_connector(connector).await {
             Ok(channel) => {
                 let client = SlurmControllerClient::new(channel);

@@ -20,7 +20,7 @@ use tonic::transport::{Channel, Endpoint};
 use super::Replica;
 use super::cluster::Role;
 use super::state::{AgentStop, Command, Outcome};
-use crate::net::DialerConnector;
+use spur_operator::net::Connector;
 
 /// One node of a dispatch.
 #[derive(Clone, Debug)]
@@ -186,7 +186,7 @@ async fn agent_client<D: Dialer>(
         endpoint = endpoint.connect_timeout(bound).timeout(bound);
     }
     let channel = endpoint
-        .connect_with_connector(DialerConnector::new(replica.dialer().clone()))
+        .connect_with_connector(Connector::new(replica.dialer().clone()))
         .await
         .map_err(|e| format!("connect: {e}"))?;
     Ok(SlurmAgentClient::new(channel))

@@ -2,8 +2,6 @@
 //! talks to the simulated API server over the simulated network.
 
 use std::{
-    io,
-    pin::Pin,
     task::{Context, Poll},
     time::Duration,
 };
@@ -11,12 +9,9 @@ use std::{
 use futures::future::BoxFuture;
 use http::{Request, Response, StatusCode, Uri, uri::PathAndQuery};
 use hyper::body::Incoming;
-use hyper_util::{
-    client::legacy::connect::{Connected, Connection},
-    rt::{TokioExecutor, TokioIo, TokioTimer},
-};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::Body;
-use spur_operator::net::Dialer;
+use spur_operator::net::{Connector, Dialer};
 use tower::{BoxError, ServiceBuilder, ServiceExt as _};
 
 /// How long an idle pooled connection is kept (hyper's default).
@@ -82,12 +77,11 @@ pub fn client_over_with<D: Dialer>(
     let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .build(DialConnector {
-            dialer,
-            host: host.to_owned(),
-            port,
-            connect_timeout: options.connect_timeout,
-        });
+        .build(
+            Connector::new(dialer)
+                .to(host, port)
+                .dial_timeout(options.connect_timeout),
+        );
     let base_uri = move |mut req: Request<Body>| {
         let path = req
             .uri()
@@ -179,77 +173,4 @@ fn copy_request(req: &Request<Body>) -> Option<Request<Body>> {
     *copy.version_mut() = req.version();
     *copy.headers_mut() = req.headers().clone();
     Some(copy)
-}
-
-/// A hyper connector that dials every connection to one address through a [`Dialer`].
-#[derive(Clone)]
-struct DialConnector<D> {
-    dialer: D,
-    host: String,
-    port: u16,
-    connect_timeout: Option<Duration>,
-}
-
-impl<D: Dialer> tower::Service<Uri> for DialConnector<D> {
-    type Response = Dialed<D::Stream>;
-    type Error = io::Error;
-    type Future = BoxFuture<'static, io::Result<Self::Response>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _uri: Uri) -> Self::Future {
-        let dial = self.dialer.dial(&self.host, self.port);
-        let bound = self.connect_timeout;
-        Box::pin(async move {
-            let stream = match bound {
-                Some(bound) => tokio::time::timeout(bound, dial).await.map_err(|_| {
-                    io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "connect to the API server timed out",
-                    )
-                })??,
-                None => dial.await?,
-            };
-            Ok(Dialed(TokioIo::new(stream)))
-        })
-    }
-}
-
-/// A dialed stream as hyper's client wants it.
-struct Dialed<S>(TokioIo<S>);
-
-impl<S> Connection for Dialed<S> {
-    fn connected(&self) -> Connected {
-        Connected::new()
-    }
-}
-
-impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> hyper::rt::Read for Dialed<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: hyper::rt::ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
-    }
-}
-
-impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> hyper::rt::Write for Dialed<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
-    }
 }

@@ -95,11 +95,13 @@ impl Dialer for MemoryDialer {
     }
 }
 
-/// Dials over turmoil's simulated TCP (the calling host's network).
+/// Dials over turmoil's simulated TCP from the calling host, bare: none of the world's network
+/// model (the kernel's SYN retries, partitions, Services) that `crate::net::TurmoilDialer`
+/// adds. For the API server's own tests.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct TurmoilDialer;
+pub struct BareTurmoilDialer;
 
-impl Dialer for TurmoilDialer {
+impl Dialer for BareTurmoilDialer {
     type Stream = turmoil::net::TcpStream;
 
     fn dial(&self, host: &str, port: u16) -> BoxFuture<'static, io::Result<Self::Stream>> {

@@ -13,7 +13,6 @@
 //! [`Network`] holds that shared record; the [`crate::world::World`] keeps it in step with
 //! turmoil's own partitions.
 
-mod connector;
 mod io;
 mod service;
 
@@ -25,7 +24,6 @@ use futures::future::BoxFuture;
 use rand_chacha::ChaCha8Rng;
 use spur_operator::net::Dialer;
 
-pub use connector::{ConnectError, DialedIo, DialerConnector};
 pub use io::{SimListener, SimStream};
 pub use service::ServiceDialer;
 use service::ServiceTable;

@@ -6,10 +6,10 @@ pub mod kubectl;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use spur_operator::net::Connector;
 use spur_operator::net::Dialer;
 use spur_proto as pb;
 use spur_proto::SlurmControllerClient;
-use spur_sim::net::DialerConnector;
 use spur_sim::world::{KillMode, World};
 use tonic::transport::{Channel, Endpoint};
 
@@ -27,7 +27,7 @@ pub async fn channel<D: Dialer>(
 ) -> Result<SlurmControllerClient<Channel>, tonic::transport::Error> {
     let endpoint = endpoint(Endpoint::from_shared(format!("http://{host}:6817")).unwrap());
     let channel = endpoint
-        .connect_with_connector(DialerConnector::new(dialer))
+        .connect_with_connector(Connector::new(dialer))
         .await?;
     Ok(SlurmControllerClient::new(channel))
 }

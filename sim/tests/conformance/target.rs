@@ -11,10 +11,11 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use spur_operator::net::Connector;
 use spur_proto as pb;
 use spur_proto::{SlurmAgentServer, SlurmControllerClient};
 use spur_sim::controller::ControllerConfig;
-use spur_sim::net::{DialerConnector, SimListener};
+use spur_sim::net::SimListener;
 use spur_sim::real_peer::{self, RealCluster, RealConfig};
 use spur_sim::world::{KillMode, World, WorldConfig};
 use tonic::Code;
@@ -102,7 +103,7 @@ impl Target {
                 hosts,
                 ..
             } => endpoint(format!("http://{}:6817", hosts[slot]))
-                .connect_with_connector(DialerConnector::new(world_dialer.clone()))
+                .connect_with_connector(Connector::new(world_dialer.clone()))
                 .await
                 .ok()
                 .map(SlurmControllerClient::new),

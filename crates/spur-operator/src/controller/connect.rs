@@ -1,18 +1,11 @@
 //! Opening a bounded channel to spurctld. Nothing else in the project opens one.
 
-use std::io;
-use std::task::{Context, Poll};
-use std::time::Duration;
-
-use futures::future::BoxFuture;
-use http::Uri;
-use hyper_util::rt::TokioIo;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use super::address::{ControllerAddr, Scheme};
-use super::error::{ConnectError, DialTimedOut};
+use super::error::ConnectError;
 use crate::config::{ChannelConfig, TlsConfig};
-use crate::net::Dialer;
+use crate::net::{Connector, Dialer};
 
 /// Opens a channel to `addr` over `dialer` with the bounds of `config`:
 ///
@@ -28,13 +21,10 @@ pub async fn connect<D: Dialer>(
     dialer: D,
 ) -> Result<Channel, ConnectError> {
     let endpoint = endpoint(addr, config)?;
-    let dial = DialService {
-        dialer,
-        host: addr.host.clone(),
-        port: addr.port,
-        timeout: config.connect_timeout,
-        hedge: config.hedge(),
-    };
+    let dial = Connector::new(dialer)
+        .to(&addr.host, addr.port)
+        .dial_timeout(config.connect_timeout)
+        .hedge(config.hedge());
     let connecting = endpoint.connect_with_connector(dial);
     let result = match config.connect_timeout {
         Some(bound) => tokio::time::timeout(bound, connecting)
@@ -80,81 +70,4 @@ fn tls_config(addr: &ControllerAddr, tls: Option<&TlsConfig>) -> ClientTlsConfig
         config = config.identity(Identity::from_pem(cert, key));
     }
     config
-}
-
-/// Adapts a [`Dialer`] to the `Service<Uri>` tonic connects through, bounding each dial.
-///
-/// The bound is applied here as well as around the whole connect because tonic's channel
-/// reconnects on its own after a connection dies: that dial must be bounded too.
-#[derive(Clone)]
-struct DialService<D> {
-    dialer: D,
-    host: String,
-    port: u16,
-    timeout: Option<Duration>,
-    hedge: Option<Duration>,
-}
-
-/// Dials `host:port`, and again every `hedge` while no dial has completed; the first
-/// stream wins and the others are dropped. A dial whose SYN a Service with no ready
-/// endpoint dropped never completes; the next one, made once an endpoint is ready,
-/// connects at once. A dial that fails ends the connect when no other is pending (a
-/// refusal is an answer, not a lost SYN).
-async fn hedged_dial<D: Dialer>(
-    dialer: D,
-    host: String,
-    port: u16,
-    hedge: Option<Duration>,
-) -> io::Result<D::Stream> {
-    use futures::StreamExt as _;
-    let Some(every) = hedge else {
-        return dialer.dial(&host, port).await;
-    };
-    let mut dials = futures::stream::FuturesUnordered::new();
-    dials.push(dialer.dial(&host, port));
-    let mut next = tokio::time::Instant::now() + every;
-    loop {
-        tokio::select! {
-            Some(result) = dials.next() => match result {
-                Ok(stream) => return Ok(stream),
-                Err(error) if dials.is_empty() => return Err(error),
-                Err(_) => {}
-            },
-            _ = tokio::time::sleep_until(next) => {
-                dials.push(dialer.dial(&host, port));
-                next += every;
-            }
-        }
-    }
-}
-
-impl<D: Dialer> tower::Service<Uri> for DialService<D> {
-    type Response = TokioIo<D::Stream>;
-    type Error = io::Error;
-    type Future = BoxFuture<'static, io::Result<Self::Response>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _uri: Uri) -> Self::Future {
-        // The URI is the one built from the same address; dialing the parsed host and port
-        // avoids re-parsing brackets and defaults.
-        let dialing = hedged_dial(
-            self.dialer.clone(),
-            self.host.clone(),
-            self.port,
-            self.hedge,
-        );
-        let timeout = self.timeout;
-        Box::pin(async move {
-            let stream = match timeout {
-                Some(bound) => tokio::time::timeout(bound, dialing)
-                    .await
-                    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, DialTimedOut(bound)))??,
-                None => dialing.await?,
-            };
-            Ok(TokioIo::new(stream))
-        })
-    }
 }

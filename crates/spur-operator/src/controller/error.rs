@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use tonic::Code;
 
+use crate::net::DialTimedOut;
+
 /// Whether a failed call says something about the connection or is the controller's
 /// answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,19 +80,13 @@ impl ConnectError {
         let text = error_chain(err);
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
         while let Some(e) = cause {
-            if let Some(io) = e.downcast_ref::<std::io::Error>() {
-                match io.kind() {
-                    std::io::ErrorKind::ConnectionRefused => return ConnectError::Refused(text),
-                    std::io::ErrorKind::TimedOut => {
-                        if let Some(bound) = io
-                            .get_ref()
-                            .and_then(|inner| inner.downcast_ref::<DialTimedOut>())
-                        {
-                            return ConnectError::Timeout(bound.0);
-                        }
-                    }
-                    _ => {}
-                }
+            if let Some(bound) = e.downcast_ref::<DialTimedOut>() {
+                return ConnectError::Timeout(bound.0);
+            }
+            if let Some(io) = e.downcast_ref::<std::io::Error>()
+                && io.kind() == std::io::ErrorKind::ConnectionRefused
+            {
+                return ConnectError::Refused(text);
             }
             cause = e.source();
         }
@@ -101,11 +97,6 @@ impl ConnectError {
         ConnectError::Other(text)
     }
 }
-
-/// The dialer's own bound fired; carried inside an `io::Error` through tonic's connector.
-#[derive(Debug, thiserror::Error)]
-#[error("connect timed out after {}", humantime::format_duration(*.0))]
-pub(crate) struct DialTimedOut(pub Duration);
 
 /// `outer: middle: inner`, skipping causes whose text the outer one already shows.
 pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
@@ -237,6 +228,7 @@ impl ControllerError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::DialError;
 
     #[test]
     fn every_code_is_classified_as_the_seed_learned() {
@@ -344,15 +336,14 @@ mod tests {
 
     #[test]
     fn connect_errors_are_sorted_by_their_cause() {
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        // As the Connector gives them, under tonic's own transport error.
+        let refused =
+            DialError::Failed(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert!(matches!(
             ConnectError::from_transport(&refused),
             ConnectError::Refused(_)
         ));
-        let timed_out = std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            DialTimedOut(Duration::from_secs(10)),
-        );
+        let timed_out = DialError::TimedOut(DialTimedOut(Duration::from_secs(10)));
         let sorted = ConnectError::from_transport(&timed_out);
         assert!(matches!(sorted, ConnectError::Timeout(d) if d == Duration::from_secs(10)));
         assert_eq!(sorted.to_string(), "connect timed out after 10s");
