@@ -15,10 +15,11 @@ FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 COPY . .
 # The caches keep crates.io downloads and compiled dependencies between builds; the binary
-# is copied out of the cache mount so the next stage can take it.
+# is copied out of the cache mount so the next stage can take it. RUSTFLAGS set (empty)
+# replaces .cargo/config.toml's `--cfg tokio_unstable`: only the simulation needs it.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p spur-operator \
+    RUSTFLAGS='' cargo build --release --locked -p spur-operator \
     && install -D -m 0755 target/release/spur-operator /out/spur-operator \
     && sh deploy/image/rootfs.sh /out/spur-operator /rootfs
 

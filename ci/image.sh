@@ -4,13 +4,14 @@
 #
 #   bash ci/image.sh            # the image, its checks, its SBOM, and the smoke runs
 #
-# 1. the release binary (cargo build --release --locked), its root filesystem assembled by
+# 1. the release binary (cargo build --release --locked, without .cargo/config.toml's
+#    `--cfg tokio_unstable`), its root filesystem assembled by
 #    deploy/image/rootfs.sh, and the Dockerfile's `runtime` stage built by buildah from it (the
 #    `build` stage, which needs a registry, is replaced by that directory: --build-context);
 # 2. the OCI archive checked (user 65532, entrypoint, version and source labels, no shell)
 #    and unpacked, its file list with hashes written beside it, and an SPDX SBOM;
 # 3. from the unpacked root, read-only and as uid 65532 (ci/image-run.sh), inside a private
-#    network namespace: `--help`, `check-controller` against the real spurctld, and `run`
+#    network namespace: `--help`, `--version` (no tokio_unstable), `check-controller` against the real spurctld, and `run`
 #    until /readyz answers 200 against it and `spur-sim kube-api`.
 #
 # Outputs in $IMAGE_OUT (default target/image): spur-operator.oci.tar, files.txt,
@@ -69,6 +70,12 @@ if [ "${1:-}" = "--smoke" ]; then
   echo "image: --help from the image's root"
   help_text="$(operator --help)"
   grep -q '^Usage: spur-operator' <<<"$help_text"
+  echo "image: --version names a release build (no --cfg tokio_unstable)"
+  version_text="$(operator --version)"
+  if grep -q tokio_unstable <<<"$version_text"; then
+    echo "image: the operator was built with --cfg tokio_unstable: $version_text" >&2
+    exit 1
+  fi
 
   "$spurctld" -D --state-dir "$dir/spurctld-state" --listen 127.0.0.1:6817 -f /nonexistent \
     >"$dir/spurctld.log" 2>&1 &
@@ -134,7 +141,10 @@ fi
 epoch="$(git log -1 --format=%ct 2>/dev/null || echo 0)"
 
 echo "image: release build"
-cargo build --release --locked -p spur-operator --bin spur-operator
+# RUSTFLAGS set (empty) replaces .cargo/config.toml's `--cfg tokio_unstable`, which only the
+# simulation needs; ci/test.sh's background release build uses the same, so nothing is
+# rebuilt here.
+RUSTFLAGS='' cargo build --release --locked -p spur-operator --bin spur-operator
 cargo build --locked -p spur-sim --bin spur-sim
 
 rm -rf "$out"

@@ -13,12 +13,28 @@ use spur_operator::{ControllerArgs, RunArgs, fallback_agent_address};
 use spur_operator::{README_BEGIN, README_END, config_table, splice};
 use spur_operator::{check_controller, describe_failure};
 
+/// `--version`. A build with `--cfg tokio_unstable` (which only the simulation needs, to
+/// seed its runtimes; `.cargo/config.toml` turns it on for development) says so: the
+/// release build of the image is made without it, and `ci/image.sh` checks this line.
+#[cfg(tokio_unstable)]
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (a development build: --cfg tokio_unstable)"
+);
+#[cfg(not(tokio_unstable))]
+const LONG_VERSION: &str = env!("CARGO_PKG_VERSION");
+
 /// Kubernetes operator for the Spur workload manager.
 ///
 /// With no subcommand it runs the operator, taking `run`'s flags, as upstream's operator
 /// (`spur-k8s`) does, so its manifests' command lines work unchanged.
 #[derive(Parser)]
-#[command(version, about, args_conflicts_with_subcommands = true)]
+#[command(
+    version,
+    long_version = LONG_VERSION,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     /// Log format.
     #[arg(
