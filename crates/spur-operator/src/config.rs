@@ -891,6 +891,9 @@ pub struct OperatorConfig {
     pub agent_listen: SocketAddr,
     pub health_listen: SocketAddr,
     pub probe_timeout: Duration,
+    /// The retry of one object's failed or refused work (`--retry-*`): SpurJobs, pod
+    /// reports, the watches; node sync takes the same (`node_sync.retry`).
+    pub retry: BackoffPolicy,
     pub node_sync: NodeSyncConfig,
     pub heartbeat: HeartbeatConfig,
     pub lease: LeaseConfig,
@@ -1029,6 +1032,12 @@ impl RunArgs {
             flag: "--lease-*",
             reason,
         })?;
+        let retry = BackoffPolicy {
+            initial: self.retry_initial,
+            max: self.retry_max,
+            jitter: self.retry_jitter,
+            transient: self.retry_transient.0,
+        };
         Ok(OperatorConfig {
             controller,
             agent_auth: AgentAuthConfig {
@@ -1041,14 +1050,10 @@ impl RunArgs {
             agent_listen: self.agent_listen,
             health_listen: self.health_listen,
             probe_timeout: self.probe_timeout,
+            retry,
             node_sync: NodeSyncConfig {
                 concurrency: self.register_concurrency,
-                retry: BackoffPolicy {
-                    initial: self.retry_initial,
-                    max: self.retry_max,
-                    jitter: self.retry_jitter,
-                    transient: self.retry_transient.0,
-                },
+                retry,
                 failure_log_interval: self.failure_log_interval,
                 agent: AgentEndpoint {
                     address: agent_address,

@@ -33,7 +33,7 @@ use crate::metrics::Metrics;
 use crate::net::Network;
 use crate::nodes::heartbeat;
 use crate::nodes::{NodeSync, Registered};
-use crate::retry::Entropy;
+use crate::retry::{Backoffs, Entropy};
 
 /// What the operator runs in.
 pub struct World<N> {
@@ -269,7 +269,7 @@ fn start_leader_tasks<N: Network>(
         watcher::Config::default(),
     )
     .with_config(reconcile_limits(config))
-    .trigger_backoff(config.node_sync.retry.start(entropy.clone()));
+    .trigger_backoff(config.retry.start(entropy.clone()));
     let store = jobs.store();
     let _ = jobs_tx.send(Some(store.clone()));
     let jobs_ctx = Arc::new(
@@ -279,7 +279,7 @@ fn start_leader_tasks<N: Network>(
             metrics.clone(),
             events.clone(),
             world.clock.clone(),
-            config.node_sync.retry,
+            config.retry,
             entropy.clone(),
         )
         .with_submit_read_back(config.submit_read_back)
@@ -318,30 +318,31 @@ fn start_leader_tasks<N: Network>(
         tuning: config.jobs,
         clock: world.clock.clone(),
         events: events.clone(),
+        backoffs: Backoffs::new(config.retry, entropy.clone()),
     });
-    let report_retry = config.node_sync.retry;
-    let report_entropy = entropy.clone();
-    let report_backoffs = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
-        String,
-        crate::retry::Backoff,
-    >::new()));
     let pods = Controller::new(
         Api::<Pod>::all(kube.clone()),
         watcher::Config::default().labels(&managed),
     )
     .with_config(reconcile_limits(config))
-    .trigger_backoff(config.node_sync.retry.start(entropy.clone()))
+    .trigger_backoff(config.retry.start(entropy.clone()))
     .run(
-        reconcile_pod,
-        move |pod: Arc<Pod>, error, _ctx| {
-            let mut backoffs = report_backoffs.lock().expect("backoffs lock");
-            let delay = backoffs
-                .entry(pod.name_any())
-                .or_insert_with(|| report_retry.start(report_entropy.clone()))
-                .delay_after(match error {
+        |pod: Arc<Pod>, ctx: Arc<ReportContext>| async move {
+            let name = pod.name_any();
+            let done = reconcile_pod(pod, ctx.clone()).await;
+            if done.is_ok() {
+                ctx.backoffs.succeeded(&name);
+            }
+            done
+        },
+        |pod: Arc<Pod>, error, ctx: Arc<ReportContext>| {
+            let delay = ctx.backoffs.delay_after(
+                &pod.name_any(),
+                match error {
                     crate::jobs::reports::ReportError::Controller(e) => e.kind(),
                     crate::jobs::reports::ReportError::Kube(_) => crate::controller::FailureKind::Answer,
-                });
+                },
+            );
             tracing::warn!(pod = %pod.name_any(), %error, ?delay, "could not report the pod's end; retrying");
             Action::requeue(delay)
         },
@@ -352,7 +353,7 @@ fn start_leader_tasks<N: Network>(
 
     let (forgotten_tx, forgotten_rx) = mpsc::unbounded_channel();
     let nodes = Api::<Node>::all(kube.clone());
-    let watch_backoff = config.node_sync.retry.start(entropy.clone());
+    let watch_backoff = config.retry.start(entropy.clone());
     let events = watcher(
         nodes,
         watcher::Config::default().labels(&config.node_selector.to_string()),

@@ -4,6 +4,7 @@
 //! drawing it from a seeded RNG keeps the simulation replayable. Production seeds the RNG
 //! from the OS once at start-up; the simulation from the scenario's seed.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -97,6 +98,47 @@ impl Backoff {
     }
 }
 
+/// One [`Backoff`] per key (a SpurJob's uid, a pod's name), for the error policies of the
+/// reconcilers: one failing object never slows the others, each key's delays grow from its
+/// own first failure, and a success forgets the key, so only keys failing now are held.
+#[derive(Debug)]
+pub struct Backoffs {
+    policy: BackoffPolicy,
+    entropy: Entropy,
+    failing: Mutex<BTreeMap<String, Backoff>>,
+}
+
+impl Backoffs {
+    pub fn new(policy: BackoffPolicy, entropy: Entropy) -> Backoffs {
+        Backoffs {
+            policy,
+            entropy,
+            failing: Mutex::default(),
+        }
+    }
+
+    /// The delay before `key`'s next attempt, after a failure of `kind`.
+    pub fn delay_after(&self, key: &str, kind: crate::controller::FailureKind) -> Duration {
+        self.failing
+            .lock()
+            .expect("backoffs lock")
+            .entry(key.to_owned())
+            .or_insert_with(|| self.policy.start(self.entropy.clone()))
+            .delay_after(kind)
+    }
+
+    /// `key` succeeded: its next failure starts from the initial delay again.
+    pub fn succeeded(&self, key: &str) {
+        self.failing.lock().expect("backoffs lock").remove(key);
+    }
+
+    /// Keys failing now.
+    #[cfg(test)]
+    fn failing(&self) -> usize {
+        self.failing.lock().expect("backoffs lock").len()
+    }
+}
+
 impl Iterator for Backoff {
     type Item = Duration;
     fn next(&mut self) -> Option<Duration> {
@@ -122,6 +164,26 @@ mod tests {
         jitter: 0.0,
         transient: Some((Duration::from_millis(250), Duration::from_secs(1))),
     };
+
+    #[test]
+    fn each_key_backs_off_alone_and_a_success_forgets_it() {
+        use crate::controller::FailureKind::Answer;
+        let backoffs = Backoffs::new(POLICY, Entropy::from_seed(1));
+        let ms = Duration::from_millis;
+        assert_eq!(backoffs.delay_after("a", Answer), ms(500));
+        assert_eq!(backoffs.delay_after("a", Answer), ms(1000));
+        assert_eq!(backoffs.delay_after("a", Answer), ms(2000));
+        // Another key starts from the first delay, whatever "a" went through.
+        assert_eq!(backoffs.delay_after("b", Answer), ms(500));
+        assert_eq!(backoffs.failing(), 2);
+        backoffs.succeeded("a");
+        assert_eq!(backoffs.failing(), 1);
+        assert_eq!(backoffs.delay_after("a", Answer), ms(500));
+        backoffs.succeeded("a");
+        backoffs.succeeded("b");
+        backoffs.succeeded("never failed");
+        assert_eq!(backoffs.failing(), 0);
+    }
 
     #[test]
     fn transport_failures_retry_fast_and_flat_refusals_double() {

@@ -25,7 +25,7 @@ use crate::clock::WallClock;
 use crate::controller::{ControllerClient, ControllerError};
 use crate::events::EventPublisher;
 use crate::metrics::{Metrics, ReconcileLabels};
-use crate::retry::{Backoff, BackoffPolicy, Entropy};
+use crate::retry::{BackoffPolicy, Backoffs, Entropy};
 
 /// What the reconciler works with.
 pub struct JobsContext {
@@ -34,16 +34,14 @@ pub struct JobsContext {
     pub metrics: Metrics,
     pub events: EventPublisher,
     pub clock: WallClock,
-    pub retry: BackoffPolicy,
-    pub entropy: Entropy,
     /// How often a SubmitJob still waiting for its answer is read back (see
     /// [`submit_once`]), or `None` to wait for the answer alone.
     pub submit_read_back: Option<std::time::Duration>,
     pub tuning: JobsTuning,
     /// `JobSpec.user` for a SpurJob without a `spur.amd.com/user` annotation.
     pub default_user: String,
-    /// Per-object backoff, by UID.
-    backoffs: Mutex<BTreeMap<String, Backoff>>,
+    /// Each failing SpurJob's backoff, by uid.
+    backoffs: Backoffs,
     /// Since when CancelJob has answered "not found" for each job id.
     not_found_since: Mutex<BTreeMap<u32, tokio::time::Instant>>,
     /// The SpurJobs whose submission went unanswered, read back for a late duplicate.
@@ -66,12 +64,10 @@ impl JobsContext {
             metrics,
             events,
             clock,
-            retry,
-            entropy,
             submit_read_back: None,
             tuning: JobsTuning::default(),
             default_user: convert::DEFAULT_USER.to_owned(),
-            backoffs: Mutex::default(),
+            backoffs: Backoffs::new(retry, entropy),
             not_found_since: Mutex::default(),
             watch: duplicates::Watch::default(),
         }
@@ -93,18 +89,6 @@ impl JobsContext {
     pub fn with_submit_read_back(mut self, every: Option<std::time::Duration>) -> JobsContext {
         self.submit_read_back = every;
         self
-    }
-
-    fn next_delay(&self, uid: &str, kind: crate::controller::FailureKind) -> std::time::Duration {
-        let mut backoffs = self.backoffs.lock().expect("backoffs lock");
-        backoffs
-            .entry(uid.to_owned())
-            .or_insert_with(|| self.retry.start(self.entropy.clone()))
-            .delay_after(kind)
-    }
-
-    fn succeeded(&self, uid: &str) {
-        self.backoffs.lock().expect("backoffs lock").remove(uid);
     }
 }
 
@@ -289,7 +273,7 @@ pub async fn reconcile(job: Arc<SpurJob>, ctx: Arc<JobsContext>) -> Result<Actio
     .await;
     match result {
         Ok(action) => {
-            ctx.succeeded(&uid);
+            ctx.backoffs.succeeded(&uid);
             Ok(action)
         }
         Err(kube::runtime::finalizer::Error::ApplyFailed(e))
@@ -303,7 +287,7 @@ pub async fn reconcile(job: Arc<SpurJob>, ctx: Arc<JobsContext>) -> Result<Actio
 /// Per-object backoff: one failing SpurJob never slows the others.
 pub fn error_policy(job: Arc<SpurJob>, error: &ReconcileError, ctx: Arc<JobsContext>) -> Action {
     let uid = job.uid().unwrap_or_default();
-    let delay = ctx.next_delay(&uid, error.failure_kind());
+    let delay = ctx.backoffs.delay_after(&uid, error.failure_kind());
     ctx.metrics.reconcile_error("spurjob", error.metric_label());
     tracing::warn!(spurjob = %job.name_any(), namespace = ?job.namespace(), %error, ?delay, "reconcile failed; retrying this SpurJob");
     Action::requeue(delay)
@@ -495,7 +479,7 @@ async fn refused(
     patch_status(api, &job.name_any(), &next).await?;
     ctx.events.warning(job, "SubmitRefused", &message).await;
     ctx.metrics.reconcile_error("spurjob", "submit_refused");
-    ctx.succeeded(&job.uid().unwrap_or_default());
+    ctx.backoffs.succeeded(&job.uid().unwrap_or_default());
     match refusal {
         Refusal::FailedPrecondition => {
             let retry = ctx.tuning.precondition_retry;

@@ -29,6 +29,7 @@ use crate::clock::WallClock;
 use crate::controller::ControllerClient;
 use crate::events::EventPublisher;
 use crate::metrics::{Metrics, ReconcileLabels};
+use crate::retry::Backoffs;
 
 /// How a pod ended, as the controller is told.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -136,6 +137,8 @@ pub struct ReportContext {
     pub clock: WallClock,
     /// Where a failed pod is told, as a Warning on its SpurJob.
     pub events: EventPublisher,
+    /// Each pod whose report is failing, by name.
+    pub backoffs: Backoffs,
 }
 
 #[derive(Debug, thiserror::Error)]
