@@ -13,7 +13,7 @@ use spur_operator::Handles;
 use spur_operator::SpurJob;
 
 use crate::index::ObjectIndex;
-use crate::kube_api::clock::Clock;
+use crate::kube_api::clock::TimeSource;
 use crate::kube_api::store::StoreConfig;
 use crate::kube_api::{ApiServer, ApiServerConfig, seed};
 use crate::leases::LeaseHistory;
@@ -86,7 +86,7 @@ impl Sim {
                 seed,
                 ..Default::default()
             },
-            clock: Some(Clock::of_world(world.time())),
+            clock: Some(TimeSource::of_world(world.time())),
         });
         let index = ObjectIndex::attach(&api);
         let leases = LeaseHistory::attach(&api, world.time());

@@ -100,11 +100,11 @@ pub async fn run_operator(
     started: tokio::sync::oneshot::Sender<Handles>,
 ) -> Result<(), spur_operator::RunError> {
     let kube = crate::kube_api::client::client_over(dialer.clone(), KUBE_API_HOST, KUBE_API_PORT);
-    let world = spur_operator::World {
+    let seams = spur_operator::Seams {
         network: OperatorNetwork::new(dialer),
         kube,
         clock: WallClock::from_fn(sim_now),
         seed,
     };
-    spur_operator::run_with_handles(world, config, shutdown, started).await
+    spur_operator::run_with_handles(seams, config, shutdown, started).await
 }

@@ -34,7 +34,7 @@ mod telemetry;
 
 // Running the operator: its command line, its configuration and its world.
 pub use config::{ControllerArgs, OperatorConfig, RunArgs, fallback_agent_address};
-pub use operator::{Handles, RunError, World, run, run_with_handles};
+pub use operator::{Handles, RunError, Seams, run, run_with_handles};
 pub use telemetry::{LogFormat, init as init_telemetry};
 
 // `spur-operator check-controller`.

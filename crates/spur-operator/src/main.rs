@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use spur_operator::LogFormat;
-use spur_operator::World;
+use spur_operator::Seams;
 use spur_operator::clock::WallClock;
 use spur_operator::net::TcpNetwork;
 use spur_operator::{ControllerArgs, RunArgs, fallback_agent_address};
@@ -182,13 +182,13 @@ async fn run(args: &mut RunArgs) -> anyhow::Result<()> {
             .context("no in-cluster configuration and no usable default kubeconfig")?,
     };
     let kube = kube::Client::try_from(kube_config).context("building the Kubernetes client")?;
-    let world = World {
+    let seams = Seams {
         network: TcpNetwork,
         kube,
         clock: WallClock::system(),
         seed: process_seed(),
     };
-    spur_operator::run(world, config, shutdown_signal()).await?;
+    spur_operator::run(seams, config, shutdown_signal()).await?;
     Ok(())
 }
 

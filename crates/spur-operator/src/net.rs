@@ -64,8 +64,8 @@ pub trait Listener: Send + 'static {
 }
 
 /// Both halves of the network seam, as the operator takes it.
-pub trait Network: Dialer + Binder {}
-impl<N: Dialer + Binder> Network for N {}
+pub trait Sockets: Dialer + Binder {}
+impl<N: Dialer + Binder> Sockets for N {}
 
 impl Binder for TcpNetwork {
     type Listener = tokio::net::TcpListener;

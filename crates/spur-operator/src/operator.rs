@@ -30,13 +30,14 @@ use crate::jobs::reports::{ReportContext, reconcile_pod};
 use crate::jobs::{LABEL_MANAGED_BY, LABEL_SPURJOB_UID, MANAGED_BY, MANAGED_BY_UPSTREAM, SpurJob};
 use crate::lease::Elector;
 use crate::metrics::Metrics;
-use crate::net::Network;
+use crate::net::Sockets;
 use crate::nodes::heartbeat;
 use crate::nodes::{NodeSync, Registered};
 use crate::retry::{Backoffs, Entropy};
 
-/// What the operator runs in.
-pub struct World<N> {
+/// What the operator runs in: the seams production (TCP, the process's clock) and the
+/// simulation hand in.
+pub struct Seams<N> {
     pub network: N,
     pub kube: kube::Client,
     pub clock: WallClock,
@@ -68,45 +69,45 @@ pub struct Handles {
 /// Runs the operator until `shutdown` completes: serves health, campaigns for the lease,
 /// and while leading runs node sync and heartbeats. On shutdown it stops taking new work,
 /// lets calls in flight finish within the grace period, then releases the lease.
-pub async fn run<N: Network>(
-    world: World<N>,
+pub async fn run<N: Sockets>(
+    seams: Seams<N>,
     config: OperatorConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     let (started, ready) = tokio::sync::oneshot::channel();
     drop(ready);
-    run_with_handles(world, config, shutdown, started).await
+    run_with_handles(seams, config, shutdown, started).await
 }
 
 /// [`run`], also sending [`Handles`] once everything is started.
-pub async fn run_with_handles<N: Network>(
-    world: World<N>,
+pub async fn run_with_handles<N: Sockets>(
+    seams: Seams<N>,
     config: OperatorConfig,
     shutdown: impl Future<Output = ()>,
     started: tokio::sync::oneshot::Sender<Handles>,
 ) -> Result<(), RunError> {
     let metrics = Metrics::new();
-    let entropy = Entropy::from_seed(world.seed);
+    let entropy = Entropy::from_seed(seams.seed);
     // Every write made on behalf of leadership goes through the fence: the API writes by
     // way of `acting_kube`, the controller's leader-only calls inside the client. Only the
     // elector (the Lease itself) and the readiness probe use the unfenced client.
     let fence = Fence::with_metrics(metrics.clone());
-    let acting_kube = fence.kube_client(world.kube.clone());
+    let acting_kube = fence.kube_client(seams.kube.clone());
     let settings = &config.controller;
     let controller = ControllerClient::new(
         settings.addr.clone(),
         settings.channel.clone(),
         settings.token.as_deref(),
-        world.network.clone(),
+        seams.network.clone(),
     )?
     .with_metrics(metrics.clone())
     .with_fence(fence.clone());
 
     let (stopping_tx, stopping) = watch::channel(false);
-    let health_listener = listen(&world.network, config.health_listen, "health").await?;
+    let health_listener = listen(&seams.network, config.health_listen, "health").await?;
     let health = Health::new(
         metrics.clone(),
-        readiness_probes(world.kube.clone(), controller.clone(), config.probe_timeout),
+        readiness_probes(seams.kube.clone(), controller.clone(), config.probe_timeout),
         config.probe_timeout,
     );
     let health_task = tokio::spawn(serve_http(
@@ -117,7 +118,7 @@ pub async fn run_with_handles<N: Network>(
 
     let (jobs_tx, jobs_rx) = watch::channel::<Option<Store<SpurJob>>>(None);
     let registered = Registered::default();
-    let agent_listener = listen(&world.network, config.agent_listen, "the agent").await?;
+    let agent_listener = listen(&seams.network, config.agent_listen, "the agent").await?;
     let agent = Agent::new(acting_kube.clone(), jobs_rx, registered.clone())
         .with_launch_timeout(config.agent_launch_timeout)
         .with_exec_limits(config.agent_exec)
@@ -128,7 +129,7 @@ pub async fn run_with_handles<N: Network>(
         auth.mode,
         auth.key.as_ref().map(|k| k.0.as_slice()),
         auth.leeway,
-        world.clock.clone(),
+        seams.clock.clone(),
     );
     let agent_calls = agent.clone();
     let agent_task = tokio::spawn(crate::agent::serve(
@@ -140,9 +141,9 @@ pub async fn run_with_handles<N: Network>(
     ));
 
     let (elector, mut leading) = Elector::new(
-        world.kube.clone(),
+        seams.kube.clone(),
         config.lease.clone(),
-        world.clock.clone(),
+        seams.clock.clone(),
         metrics.clone(),
         fence.clone(),
     );
@@ -150,7 +151,7 @@ pub async fn run_with_handles<N: Network>(
     let elector_task = tokio::spawn(elector.run(wait_for(release)));
     let events = EventPublisher::new(
         acting_kube.clone(),
-        world.clock.clone(),
+        seams.clock.clone(),
         config.lease.identity.clone(),
     )
     .with_series_window(config.event_series_window);
@@ -177,7 +178,7 @@ pub async fn run_with_handles<N: Network>(
             events: &events,
             jobs_tx: &jobs_tx,
         };
-        let mut tasks = start_leader_tasks(&world, &config, &parts, drain);
+        let mut tasks = start_leader_tasks(&seams, &config, &parts, drain);
         let shutting_down = tokio::select! {
             () = &mut shutdown => true,
             _ = leading.wait_for(|l| !*l) => false,
@@ -246,8 +247,8 @@ struct Parts<'a> {
     jobs_tx: &'a watch::Sender<Option<Store<SpurJob>>>,
 }
 
-fn start_leader_tasks<N: Network>(
-    world: &World<N>,
+fn start_leader_tasks<N: Sockets>(
+    seams: &Seams<N>,
     config: &OperatorConfig,
     parts: &Parts<'_>,
     drain: watch::Receiver<bool>,
@@ -278,7 +279,7 @@ fn start_leader_tasks<N: Network>(
             controller.clone(),
             metrics.clone(),
             events.clone(),
-            world.clock.clone(),
+            seams.clock.clone(),
             config.retry,
             entropy.clone(),
         )
@@ -298,7 +299,7 @@ fn start_leader_tasks<N: Network>(
             store: store.clone(),
             kube: kube.clone(),
             controller: controller.clone(),
-            clock: world.clock.clone(),
+            clock: seams.clock.clone(),
             metrics: metrics.clone(),
             events: events.clone(),
         }
@@ -316,7 +317,7 @@ fn start_leader_tasks<N: Network>(
         controller: controller.clone(),
         metrics: metrics.clone(),
         tuning: config.jobs,
-        clock: world.clock.clone(),
+        clock: seams.clock.clone(),
         events: events.clone(),
         backoffs: Backoffs::new(config.retry, entropy.clone()),
     });
@@ -449,7 +450,7 @@ async fn delete_orphans(kube: kube::Client, store: Store<SpurJob>) {
 }
 
 /// Binds `addr` for `what`, naming both when it fails.
-async fn listen<N: Network>(
+async fn listen<N: Sockets>(
     network: &N,
     addr: std::net::SocketAddr,
     what: &'static str,

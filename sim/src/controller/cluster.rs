@@ -17,7 +17,7 @@ use rand_chacha::ChaCha8Rng;
 use tonic::Status;
 
 use super::scheduler::{Dispatch, DispatchNode};
-use super::state::{Command, LogEntry, Outcome, StateMachine};
+use super::state::{Command, Effect, LogEntry, StateMachine};
 use super::{ControllerConfig, replica_host};
 use crate::net::Network;
 use crate::trace::Trace;
@@ -297,7 +297,7 @@ impl Cluster {
             .log
             .iter()
             .filter_map(|entry| match entry.outcome {
-                Outcome::JobId(id) => Some(id),
+                Effect::JobId(id) => Some(id),
                 _ => None,
             })
             .collect()
@@ -354,7 +354,7 @@ impl Cluster {
         slot: usize,
         command: Command,
         now: Duration,
-    ) -> Result<Outcome, ProposeError> {
+    ) -> Result<Effect, ProposeError> {
         let mut state = self.lock();
         self.leadership(&state, slot)?;
         state.slots[slot]
@@ -449,7 +449,7 @@ impl Cluster {
         slot: usize,
         command: Command,
         now: Duration,
-    ) -> Outcome {
+    ) -> Effect {
         let index = state.log.len() as u64 + 1;
         let term = state.term;
         let outcome = state.slots[slot].state.apply(&command);

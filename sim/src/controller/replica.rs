@@ -21,7 +21,7 @@ use tonic::{Code, Request, Response, Status};
 use super::Clock;
 use super::cluster::{Cluster, LostReply, ProposeError, RefusalKind, Role};
 use super::scheduler;
-use super::state::{AgentStop, Command, Outcome, node_not_found};
+use super::state::{AgentStop, Command, Effect, node_not_found};
 use spur_operator::net::Connector;
 
 type Client = SlurmControllerClient<Channel>;
@@ -236,7 +236,7 @@ impl<D: Dialer> Replica<D> {
     /// proposal of a leader cut off from its majority waits until the replica learns of a
     /// newer term (another leader reaches it, or it wins a new election itself) and then
     /// fails, as an openraft proposal of an older term does (fidelity.md row 8).
-    pub(super) async fn commit(&self, command: Command) -> Result<Outcome, Status> {
+    pub(super) async fn commit(&self, command: Command) -> Result<Effect, Status> {
         let proposed_in = self.inner.cluster.term();
         loop {
             match self
@@ -532,7 +532,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                     })
                     .await?
                 {
-                    Outcome::JobId(job_id) => Ok(pb::SubmitJobResponse {
+                    Effect::JobId(job_id) => Ok(pb::SubmitJobResponse {
                         job_id,
                         warnings: Vec::new(),
                     }),
@@ -638,7 +638,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                         at,
                     })
                     .await?;
-                if let Outcome::Stop(stops) = outcome {
+                if let Effect::Stop(stops) = outcome {
                     this.stop_on_agents(stops);
                 }
                 Ok(())
@@ -671,7 +671,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                         defer_until,
                     })
                     .await?;
-                if let Outcome::Stop(stops) = outcome {
+                if let Effect::Stop(stops) = outcome {
                     this.stop_on_agents(stops);
                 }
                 Ok(pb::RequeueJobResponse {

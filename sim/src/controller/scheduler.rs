@@ -19,7 +19,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::Replica;
 use super::cluster::Role;
-use super::state::{AgentStop, Command, Outcome};
+use super::state::{AgentStop, Command, Effect};
 use spur_operator::net::Connector;
 
 /// One node of a dispatch.
@@ -147,7 +147,7 @@ async fn health_check<D: Dialer>(replica: &Replica<D>) {
         return;
     }
     let at = (replica.clock().wall)();
-    if let Ok(Outcome::Stop(stops)) = replica
+    if let Ok(Effect::Stop(stops)) = replica
         .commit(Command::NodesNotResponding { names: silent, at })
         .await
     {

@@ -128,12 +128,12 @@ pub struct LogEntry {
     /// What it does.
     pub command: Command,
     /// What applying it produced (the job id of a submission).
-    pub outcome: Outcome,
+    pub outcome: Effect,
 }
 
 /// What applying a command produced.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Effect {
     /// Nothing to report.
     Done,
     /// A submission's new job id.
@@ -389,7 +389,7 @@ impl StateMachine {
 
     /// Applies one command. Commands were checked before they were appended; anything
     /// that no longer fits (a report for a cancelled job) is ignored.
-    pub fn apply(&mut self, command: &Command) -> Outcome {
+    pub fn apply(&mut self, command: &Command) -> Effect {
         self.applied += 1;
         match command {
             Command::RegisterNode {
@@ -417,7 +417,7 @@ impl StateMachine {
                 };
                 node.resources = resources.clone();
                 node.labels = labels.clone();
-                Outcome::Done
+                Effect::Done
             }
             Command::UpdateNode {
                 name,
@@ -427,7 +427,7 @@ impl StateMachine {
                 remove_labels,
             } => {
                 let Some(node) = self.nodes.get_mut(name) else {
-                    return Outcome::Done;
+                    return Effect::Done;
                 };
                 if let Some(reason) = reason {
                     node.reason = reason.clone();
@@ -443,7 +443,7 @@ impl StateMachine {
                         self.fail_jobs_on(std::slice::from_ref(name), "NodeDown", None);
                     }
                 }
-                Outcome::Done
+                Effect::Done
             }
             Command::SubmitJob { spec, at } => {
                 let id = self.next_job_id;
@@ -482,18 +482,18 @@ impl StateMachine {
                         self.jobs.insert(task_id, record);
                     }
                 }
-                Outcome::JobId(id)
+                Effect::JobId(id)
             }
             Command::CancelJob { job_id, at } => {
                 let Some(job) = self.jobs.get_mut(job_id) else {
-                    return Outcome::Done;
+                    return Effect::Done;
                 };
                 if job.is_terminal() {
-                    return Outcome::Done;
+                    return Effect::Done;
                 }
                 job.end(pb::JobState::JobCancelled, "cancelled", job.exit_code, *at);
                 let nodes = std::mem::take(&mut job.nodes);
-                Outcome::Stop(self.release_nodes(*job_id, &nodes, 0))
+                Effect::Stop(self.release_nodes(*job_id, &nodes, 0))
             }
             Command::RequeueJob {
                 job_id,
@@ -501,14 +501,14 @@ impl StateMachine {
                 ..
             } => {
                 let Some(job) = self.jobs.get_mut(job_id) else {
-                    return Outcome::Done;
+                    return Effect::Done;
                 };
                 let live = matches!(
                     job.state,
                     pb::JobState::JobRunning | pb::JobState::JobSuspended
                 );
                 if !live && !job.is_terminal() {
-                    return Outcome::Done;
+                    return Effect::Done;
                 }
                 job.state = pb::JobState::JobPending;
                 job.start_time = None;
@@ -519,12 +519,12 @@ impl StateMachine {
                 if !live {
                     // Its nodes were freed when it ended.
                     job.state_reason = "None".to_owned();
-                    return Outcome::Done;
+                    return Effect::Done;
                 }
                 job.state_reason = "BeginTime".to_owned();
                 job.begin_time = Some(*defer_until);
                 let nodes = std::mem::take(&mut job.nodes);
-                Outcome::Stop(self.release_nodes(*job_id, &nodes, 0))
+                Effect::Stop(self.release_nodes(*job_id, &nodes, 0))
             }
             Command::StartJob {
                 job_id,
@@ -533,14 +533,14 @@ impl StateMachine {
                 at,
             } => {
                 let Some(job) = self.jobs.get_mut(job_id) else {
-                    return Outcome::Done;
+                    return Effect::Done;
                 };
                 if !matches!(
                     job.state,
                     pb::JobState::JobPending | pb::JobState::JobRunning
                 ) || !job.nodes.is_empty()
                 {
-                    return Outcome::Done;
+                    return Effect::Done;
                 }
                 job.state = pb::JobState::JobRunning;
                 job.state_reason = String::new();
@@ -557,7 +557,7 @@ impl StateMachine {
                         }
                     }
                 }
-                Outcome::Done
+                Effect::Done
             }
             Command::JobRunning { job_id, at } => {
                 if let Some(job) = self.jobs.get_mut(job_id)
@@ -567,7 +567,7 @@ impl StateMachine {
                     job.state_reason = String::new();
                     job.start_time = Some(*at);
                 }
-                Outcome::Done
+                Effect::Done
             }
             Command::DispatchFailed {
                 job_id,
@@ -576,10 +576,10 @@ impl StateMachine {
                 max_requeue,
             } => {
                 let Some(job) = self.jobs.get_mut(job_id) else {
-                    return Outcome::Done;
+                    return Effect::Done;
                 };
                 if job.state != pb::JobState::JobPending {
-                    return Outcome::Done;
+                    return Effect::Done;
                 }
                 job.requeue_count += 1;
                 job.begin_time = Some(*retry_at);
@@ -589,7 +589,7 @@ impl StateMachine {
                 } else {
                     job.state_reason = format!("JobLaunchFailure ({detail})");
                 }
-                Outcome::Done
+                Effect::Done
             }
             Command::ReportJobStatus {
                 job_id,
@@ -600,14 +600,14 @@ impl StateMachine {
                 at,
             } => {
                 let Some(job) = self.jobs.get_mut(job_id) else {
-                    return Outcome::Done;
+                    return Effect::Done;
                 };
                 // A finished job, or a report of an older attempt, is ignored.
                 if job.is_terminal() || is_stale(*run_attempt, job.attempt) {
-                    return Outcome::Done;
+                    return Effect::Done;
                 }
                 if !job.nodes.contains(node) {
-                    return Outcome::Done;
+                    return Effect::Done;
                 }
                 job.reports.insert(node.clone(), *exit_code);
                 job.oom_killed |= *oom;
@@ -631,7 +631,7 @@ impl StateMachine {
                     let nodes = job.nodes.clone();
                     self.release_nodes(*job_id, &nodes, 0);
                 }
-                Outcome::Done
+                Effect::Done
             }
             Command::NodesNotResponding { names, at } => {
                 for name in names {
@@ -640,17 +640,17 @@ impl StateMachine {
                         node.reason = "Not responding".to_owned();
                     }
                 }
-                Outcome::Stop(self.fail_jobs_on(names, "NodeDown", Some((*at, 9))))
+                Effect::Stop(self.fail_jobs_on(names, "NodeDown", Some((*at, 9))))
             }
             Command::EvictJobs { before } => {
                 self.jobs.retain(|_, job| {
                     !job.is_terminal() || job.end_time.is_none_or(|t| t >= *before)
                 });
-                Outcome::Done
+                Effect::Done
             }
             Command::ForgetNodes => {
                 self.nodes.clear();
-                Outcome::Done
+                Effect::Done
             }
         }
     }
@@ -868,8 +868,8 @@ mod tests {
     #[test]
     fn job_ids_increase_from_one() {
         let mut state = StateMachine::default();
-        assert_eq!(state.apply(&submit("a", 1)), Outcome::JobId(1));
-        assert_eq!(state.apply(&submit("b", 1)), Outcome::JobId(2));
+        assert_eq!(state.apply(&submit("a", 1)), Effect::JobId(1));
+        assert_eq!(state.apply(&submit("b", 1)), Effect::JobId(2));
     }
 
     #[test]
@@ -943,7 +943,7 @@ mod tests {
             spec: Box::new(spec.clone()),
             at: at(),
         });
-        assert_eq!(parent, Outcome::JobId(1));
+        assert_eq!(parent, Effect::JobId(1));
         assert!(!state.jobs.contains_key(&1));
         assert_eq!(state.jobs.keys().copied().collect::<Vec<_>>(), [2, 3, 4]);
         assert!(
@@ -958,7 +958,7 @@ mod tests {
                 spec: Box::new(spec),
                 at: at()
             }),
-            Outcome::JobId(5)
+            Effect::JobId(5)
         );
     }
 

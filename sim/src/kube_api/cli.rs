@@ -8,7 +8,7 @@ use std::{
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::clock::Clock;
+use super::clock::TimeSource;
 use super::server::{ApiServer, ApiServerConfig};
 use super::store::StoreConfig;
 
@@ -42,9 +42,9 @@ pub async fn run(args: KubeApiArgs) -> io::Result<()> {
             ..StoreConfig::default()
         },
         clock: Some(if args.simulated_clock {
-            Clock::simulated()
+            TimeSource::simulated()
         } else {
-            Clock::from_fn(Timestamp::now)
+            TimeSource::from_fn(Timestamp::now)
         }),
     });
     server

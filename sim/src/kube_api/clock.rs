@@ -17,15 +17,15 @@ pub const DEFAULT_EPOCH_SECS: i64 = 1_767_225_600;
 
 /// A source of "now" for the objects' timestamps.
 #[derive(Clone)]
-pub struct Clock(Arc<dyn Fn() -> Timestamp + Send + Sync>);
+pub struct TimeSource(Arc<dyn Fn() -> Timestamp + Send + Sync>);
 
-impl std::fmt::Debug for Clock {
+impl std::fmt::Debug for TimeSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Clock").field(&self.now()).finish()
+        f.debug_tuple("TimeSource").field(&self.now()).finish()
     }
 }
 
-impl Clock {
+impl TimeSource {
     /// A clock from any function (the simulation hands in its own).
     pub fn from_fn(now: impl Fn() -> Timestamp + Send + Sync + 'static) -> Self {
         Self(Arc::new(now))
@@ -97,7 +97,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn simulated_clock_follows_tokio_time() {
-        let clock = Clock::simulated();
+        let clock = TimeSource::simulated();
         assert_eq!(clock.now_rfc3339(), "2026-01-01T00:00:00Z");
         tokio::time::advance(Duration::from_millis(61_500)).await;
         assert_eq!(clock.now_rfc3339(), "2026-01-01T00:01:01Z");

@@ -29,7 +29,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{
     client::{ClientOptions, client_over_with},
-    clock::Clock,
+    clock::TimeSource,
     discovery,
     error::{ApiError, ApiResult},
     event_view,
@@ -74,8 +74,8 @@ struct Peer(Option<Arc<str>>);
 pub struct ApiServerConfig {
     /// History size and seed.
     pub store: StoreConfig,
-    /// Where timestamps come from; `None`: [`Clock::simulated`], started at creation.
-    pub clock: Option<Clock>,
+    /// Where timestamps come from; `None`: [`TimeSource::simulated`], started at creation.
+    pub clock: Option<TimeSource>,
 }
 
 /// An in-memory Kubernetes API server. Cheap to clone; clones share the same state.
@@ -95,7 +95,7 @@ impl std::fmt::Debug for ApiServer {
 impl ApiServer {
     /// A server with the built-in kinds, the `default` and `kube-system` namespaces.
     pub fn new(config: ApiServerConfig) -> Self {
-        let clock = config.clock.unwrap_or_else(Clock::simulated);
+        let clock = config.clock.unwrap_or_else(TimeSource::simulated);
         let store = Store::new(clock, config.store);
         Self {
             shared: Arc::new(Shared {

@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
 use super::{
-    clock::Clock,
+    clock::TimeSource,
     error::{ApiError, ApiResult},
     patch::{PatchKind, apply_patch},
     resources::{ResourceKey, ResourceType, builtin_types, types_from_crd},
@@ -111,7 +111,7 @@ pub struct Store {
     /// Changes up to and including this resourceVersion are no longer in `history`.
     compacted_rv: u64,
     config: StoreConfig,
-    clock: Clock,
+    clock: TimeSource,
     notify: watch::Sender<u64>,
     observers: Vec<Observer>,
 }
@@ -131,7 +131,7 @@ impl std::fmt::Debug for Store {
 
 impl Store {
     /// A store with the built-in kinds and the `default` namespace.
-    pub fn new(clock: Clock, config: StoreConfig) -> Self {
+    pub fn new(clock: TimeSource, config: StoreConfig) -> Self {
         let (notify, _) = watch::channel(0);
         let mut store = Self {
             types: BTreeMap::new(),
@@ -175,7 +175,7 @@ impl Store {
     }
 
     /// The clock timestamps come from.
-    pub fn clock(&self) -> &Clock {
+    pub fn clock(&self) -> &TimeSource {
         &self.clock
     }
 
@@ -928,7 +928,7 @@ mod tests {
 
     fn store() -> Store {
         Store::new(
-            Clock::from_fn(|| k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            TimeSource::from_fn(|| k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
             StoreConfig {
                 history_limit: 100,
                 seed: 7,

@@ -115,7 +115,7 @@ impl Lab {
         let _ = std::fs::remove_dir_all(&setup.dir);
         std::fs::create_dir_all(&setup.dir)?;
         let api = ApiServer::new(ApiServerConfig {
-            clock: Some(crate::kube_api::clock::Clock::from_fn(
+            clock: Some(crate::kube_api::clock::TimeSource::from_fn(
                 k8s_openapi::jiff::Timestamp::now,
             )),
             ..ApiServerConfig::default()

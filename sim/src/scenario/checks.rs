@@ -9,7 +9,7 @@ use std::time::Duration;
 use spur_operator::uid_in_comment;
 use spur_operator::{is_terminal, state_name};
 
-use crate::controller::state::{Command, Outcome};
+use crate::controller::state::{Command, Effect};
 use crate::harness::{OPERATOR_LEASE, Sim};
 use crate::index::SpurJobView;
 use crate::operator::KUBE_API_HOST;
@@ -594,7 +594,7 @@ impl Monitor {
             .log()
             .into_iter()
             .filter_map(|entry| match (entry.command, entry.outcome) {
-                (Command::SubmitJob { spec, .. }, Outcome::JobId(id)) => Some((id, spec.comment)),
+                (Command::SubmitJob { spec, .. }, Effect::JobId(id)) => Some((id, spec.comment)),
                 _ => None,
             })
             .collect();

@@ -117,7 +117,7 @@ impl Stack {
 
         // The API server, its CRD, its nodes, and the kubelet stand-in.
         let api = ApiServer::new(ApiServerConfig {
-            clock: Some(spur_sim::kube_api::clock::Clock::from_fn(
+            clock: Some(spur_sim::kube_api::clock::TimeSource::from_fn(
                 k8s_openapi::jiff::Timestamp::now,
             )),
             ..ApiServerConfig::default()
