@@ -704,6 +704,38 @@ mod tests {
     }
 
     #[test]
+    fn a_job_spurctld_forgot_is_lost_once_with_its_last_state_named() {
+        let running = SpurJobStatus {
+            state: Some("Running".into()),
+            spur_job_id: Some(4),
+            ..Default::default()
+        };
+        let lost_one = lost(&running, 4, "t1").expect("a change");
+        assert_eq!(lost_one.state.as_deref(), Some(LOST_STATE));
+        assert_eq!(lost_one.spur_job_id, Some(4));
+        let message = lost_one.message.as_deref().unwrap();
+        assert!(message.contains("job 4"), "{message}");
+        assert!(message.contains("last state seen here was Running"), "{message}");
+        let conditions: Vec<_> = lost_one
+            .conditions
+            .iter()
+            .map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_str()))
+            .collect();
+        assert_eq!(
+            conditions,
+            [
+                ("Running", "False", LOST_STATE),
+                ("Finished", "True", LOST_STATE)
+            ]
+        );
+        // Already lost: nothing to write, however often it is asked again.
+        assert_eq!(lost(&lost_one, 4, "t2"), None);
+        // A SpurJob never seen in any state says so.
+        let never = lost(&SpurJobStatus::default(), 9, "t1").unwrap();
+        assert!(never.message.unwrap().contains("was unknown"));
+    }
+
+    #[test]
     fn mirrors_state_nodes_and_conditions() {
         let pending = SpurJobStatus {
             state: Some("Pending".into()),
