@@ -102,7 +102,7 @@ impl Sim {
         world.host(KUBE_API_HOST, move || {
             let server = server.clone();
             async move {
-                let listener = turmoil::net::TcpListener::bind(("0.0.0.0", KUBE_API_PORT)).await?;
+                let listener = crate::net::SimListener::bind(KUBE_API_PORT).await?;
                 server.serve(listener).await?;
                 Ok(())
             }

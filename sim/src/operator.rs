@@ -10,11 +10,11 @@ use clap::Parser;
 use futures::future::BoxFuture;
 use spur_operator::Handles;
 use spur_operator::clock::WallClock;
-use spur_operator::net::{Binder, Dialer, Listener};
+use spur_operator::net::{Binder, Dialer};
 use spur_operator::{OperatorConfig, RunArgs};
 
 use crate::determinism::sim_now;
-use crate::net::{ServiceDialer, SimStream};
+use crate::net::{ServiceDialer, SimListener};
 
 /// Where the simulated API server listens.
 pub const KUBE_API_HOST: &str = "kube-api";
@@ -34,37 +34,22 @@ impl OperatorNetwork {
 }
 
 impl Dialer for OperatorNetwork {
-    type Stream = SimStream;
+    type Stream = turmoil::net::TcpStream;
 
-    fn dial(&self, host: &str, port: u16) -> BoxFuture<'static, io::Result<SimStream>> {
+    fn dial(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> BoxFuture<'static, io::Result<turmoil::net::TcpStream>> {
         self.dialer.dial(host, port)
     }
 }
 
 impl Binder for OperatorNetwork {
-    type Listener = OperatorListener;
+    type Listener = SimListener;
 
-    fn bind(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<OperatorListener>> {
-        Box::pin(async move {
-            let inner = turmoil::net::TcpListener::bind(addr).await?;
-            Ok(OperatorListener { inner })
-        })
-    }
-}
-
-/// A turmoil listener as the operator's servers take it.
-pub struct OperatorListener {
-    inner: turmoil::net::TcpListener,
-}
-
-impl Listener for OperatorListener {
-    type Conn = SimStream;
-
-    fn accept(&mut self) -> BoxFuture<'_, io::Result<(SimStream, SocketAddr)>> {
-        Box::pin(async move {
-            let (stream, peer) = self.inner.accept().await?;
-            Ok((SimStream::new(stream), peer))
-        })
+    fn bind(&self, addr: SocketAddr) -> BoxFuture<'static, io::Result<SimListener>> {
+        Box::pin(SimListener::bind_addr(addr))
     }
 }
 

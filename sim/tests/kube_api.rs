@@ -1048,7 +1048,7 @@ fn a_client_on_another_turmoil_host_talks_to_the_server() {
     sim.host("kube-api", || async {
         let server = ApiServer::new(ApiServerConfig::default());
         server.seed_nodes(2).unwrap();
-        let listener = turmoil::net::TcpListener::bind(("0.0.0.0", 6443)).await?;
+        let listener = spur_sim::net::SimListener::bind(6443).await?;
         server.serve(listener).await?;
         Ok(())
     });
@@ -1206,7 +1206,7 @@ fn turmoil_trace(seed: u64) -> Vec<String> {
         let server = host_server.clone();
         async move {
             server
-                .serve(turmoil::net::TcpListener::bind(("0.0.0.0", 6443)).await?)
+                .serve(spur_sim::net::SimListener::bind(6443).await?)
                 .await?;
             Ok(())
         }

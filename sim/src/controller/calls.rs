@@ -52,11 +52,9 @@ fn write_call<B>(request: &http::Request<B>, replica: &str) -> Option<CallRecord
     let name = request.uri().path().rsplit('/').next()?;
     let method = WRITE_METHODS.into_iter().find(|m| *m == name)?;
     turmoil::sim_elapsed()?;
-    // tonic hands the peer address of a [`crate::net::SimStream`] in as connection info.
-    let peer = request
-        .extensions()
-        .get::<Option<SocketAddr>>()
-        .copied()??;
+    // tonic hands the peer address of an accepted connection in as connection info
+    // (`spur_operator::net::Accepted`).
+    let peer = request.extensions().get::<SocketAddr>().copied()?;
     Some(CallRecord {
         at: crate::determinism::sim_elapsed(),
         caller: turmoil::reverse_lookup(peer.ip())?,

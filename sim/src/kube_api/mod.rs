@@ -5,8 +5,9 @@
 //! runs against it unchanged: over turmoil's TCP in a simulation, over tokio TCP on a
 //! laptop (`spur-sim kube-api`), over in-memory pipes in tests.
 //!
-//! - start: [`ApiServer::new`], then [`ApiServer::serve`] with any [`transport::Accept`]
-//!   (a turmoil or tokio `TcpListener`, a [`transport::MemoryListener`]); the state lives in
+//! - start: [`ApiServer::new`], then [`ApiServer::serve`] with any
+//!   `spur_operator::net::Listener` (`crate::net::SimListener`, a tokio `TcpListener`, a
+//!   [`transport::MemoryListener`]); the state lives in
 //!   the `ApiServer` (clones share it), so it survives a restart of the host serving it;
 //! - clients: [`client_over`] / [`client_over_with`] build a `kube::Client` over any
 //!   `spur_operator::net::Dialer`, with kube's default transport (30 s connect bound,

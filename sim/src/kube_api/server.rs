@@ -25,6 +25,7 @@ use hyper_util::{
     service::TowerToHyperService,
 };
 use serde_json::{Value, json};
+use spur_operator::net::Listener;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{
@@ -40,7 +41,7 @@ use super::{
     seed,
     selectors::{FieldSelector, Filter, LabelSelector},
     store::{Change, Preconditions, Store, StoreConfig},
-    transport::{Accept, memory_pair},
+    transport::memory_pair,
     watch::{WatchRequest, partial_metadata, watch_stream},
     writes::{WriteLog, WriteMethod, WriteRecord, lease_holder},
 };
@@ -158,12 +159,12 @@ impl ApiServer {
             .with_state(self.shared.clone())
     }
 
-    /// Serves every connection `listener` accepts, each on its own task, until accepting fails.
-    pub async fn serve<L: Accept>(&self, mut listener: L) -> io::Result<()> {
+    /// Serves every connection `listener` accepts, each on its own task, until accepting
+    /// fails; in a simulation, the writes of each are recorded under its peer's host.
+    pub async fn serve<L: Listener>(&self, mut listener: L) -> io::Result<()> {
         loop {
-            let io = listener.accept().await?;
-            let peer = L::peer_host(&io);
-            tokio::spawn(self.serve_connection_from(io, peer));
+            let (io, peer) = listener.accept().await?;
+            tokio::spawn(self.serve_connection_from(io, crate::net::peer_host(peer)));
         }
     }
 

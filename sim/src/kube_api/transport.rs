@@ -1,54 +1,12 @@
-//! Where connections come from: any listener of byte streams (tokio TCP on a laptop,
-//! turmoil TCP in a simulation, in-memory pipes in tests), and dialers for the client side.
+//! In-memory connections to the API server (a [`spur_operator::net::Listener`] and its
+//! [`Dialer`]), and a bare turmoil dialer. It serves any listener of the seam: tokio TCP on
+//! a laptop, `crate::net::SimListener` in a simulation, these pipes in tests.
 
-use std::{future::Future, io};
+use std::{io, net::SocketAddr};
 
 use futures::future::BoxFuture;
-use spur_operator::net::Dialer;
-use tokio::{
-    io::{AsyncRead, AsyncWrite, DuplexStream},
-    sync::mpsc,
-};
-
-/// A source of accepted connections the API server serves.
-pub trait Accept: Send + 'static {
-    /// An accepted connection.
-    type Io: AsyncRead + AsyncWrite + Send + Unpin + 'static;
-
-    /// Waits for the next connection; an error ends serving.
-    fn accept(&mut self) -> impl Future<Output = io::Result<Self::Io>> + Send;
-
-    /// The name of the host a connection comes from, when the transport knows one
-    /// (recorded with each write it makes).
-    fn peer_host(_io: &Self::Io) -> Option<String> {
-        None
-    }
-}
-
-impl Accept for tokio::net::TcpListener {
-    type Io = tokio::net::TcpStream;
-
-    async fn accept(&mut self) -> io::Result<Self::Io> {
-        let (stream, _) = tokio::net::TcpListener::accept(self).await?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
-    }
-}
-
-impl Accept for turmoil::net::TcpListener {
-    type Io = turmoil::net::TcpStream;
-
-    async fn accept(&mut self) -> io::Result<Self::Io> {
-        let (stream, _) = turmoil::net::TcpListener::accept(self).await?;
-        Ok(stream)
-    }
-
-    /// turmoil's name for the peer's address (called on the accepting host).
-    fn peer_host(io: &Self::Io) -> Option<String> {
-        let peer = io.peer_addr().ok()?;
-        turmoil::reverse_lookup(peer.ip())
-    }
-}
+use spur_operator::net::{Dialer, Listener};
+use tokio::{io::DuplexStream, sync::mpsc};
 
 /// Size of each in-memory pipe's buffer; a watch event is far smaller.
 const PIPE_BUFFER: usize = 256 * 1024;
@@ -67,12 +25,16 @@ pub fn memory_pair() -> (MemoryDialer, MemoryListener) {
     (MemoryDialer(tx), MemoryListener(rx))
 }
 
-impl Accept for MemoryListener {
-    type Io = DuplexStream;
+impl Listener for MemoryListener {
+    type Conn = DuplexStream;
 
-    async fn accept(&mut self) -> io::Result<Self::Io> {
-        self.0.recv().await.ok_or_else(|| {
-            io::Error::new(io::ErrorKind::NotConnected, "every memory dialer is gone")
+    /// The peer is `0.0.0.0:0`: a pipe has no address, and no simulated host has that one.
+    fn accept(&mut self) -> BoxFuture<'_, io::Result<(DuplexStream, SocketAddr)>> {
+        Box::pin(async move {
+            let pipe = self.0.recv().await.ok_or_else(|| {
+                io::Error::new(io::ErrorKind::NotConnected, "every memory dialer is gone")
+            })?;
+            Ok((pipe, SocketAddr::from(([0, 0, 0, 0], 0))))
         })
     }
 }

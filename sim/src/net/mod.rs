@@ -24,7 +24,7 @@ use futures::future::BoxFuture;
 use rand_chacha::ChaCha8Rng;
 use spur_operator::net::Dialer;
 
-pub use io::{SimListener, SimStream};
+pub use io::{SimListener, peer_host};
 pub use service::ServiceDialer;
 use service::ServiceTable;
 
@@ -284,9 +284,13 @@ pub(crate) fn syn_timed_out(host: &str, port: u16) -> std::io::Error {
 }
 
 impl Dialer for TurmoilDialer {
-    type Stream = SimStream;
+    type Stream = turmoil::net::TcpStream;
 
-    fn dial(&self, host: &str, port: u16) -> BoxFuture<'static, std::io::Result<SimStream>> {
+    fn dial(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> BoxFuture<'static, std::io::Result<turmoil::net::TcpStream>> {
         let net = self.net.clone();
         let local = self.local.clone();
         let host = host.to_owned();
@@ -315,8 +319,7 @@ impl Dialer for TurmoilDialer {
                     format!("connect to {host}:{port}: connection refused"),
                 ));
             }
-            let stream = turmoil::net::TcpStream::connect((host.as_str(), port)).await?;
-            Ok(SimStream::new(stream))
+            turmoil::net::TcpStream::connect((host.as_str(), port)).await
         })
     }
 }

@@ -6,7 +6,9 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use spur_operator::net::Dialer;
 
-use super::{NoEndpoint, SimStream, TurmoilDialer, syn_timed_out};
+use turmoil::net::TcpStream;
+
+use super::{NoEndpoint, TurmoilDialer, syn_timed_out};
 use crate::determinism::sim_elapsed;
 
 /// One Service's endpoints, with the propagation delay applied when read.
@@ -104,9 +106,9 @@ impl ServiceDialer {
 }
 
 impl Dialer for ServiceDialer {
-    type Stream = SimStream;
+    type Stream = TcpStream;
 
-    fn dial(&self, host: &str, port: u16) -> BoxFuture<'static, std::io::Result<SimStream>> {
+    fn dial(&self, host: &str, port: u16) -> BoxFuture<'static, std::io::Result<TcpStream>> {
         let net = self.plain.network();
         let Some(service) = net.service_for(host) else {
             return self.plain.dial(host, port);

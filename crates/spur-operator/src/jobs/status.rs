@@ -715,7 +715,10 @@ mod tests {
         assert_eq!(lost_one.spur_job_id, Some(4));
         let message = lost_one.message.as_deref().unwrap();
         assert!(message.contains("job 4"), "{message}");
-        assert!(message.contains("last state seen here was Running"), "{message}");
+        assert!(
+            message.contains("last state seen here was Running"),
+            "{message}"
+        );
         let conditions: Vec<_> = lost_one
             .conditions
             .iter()
