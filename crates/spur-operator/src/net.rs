@@ -107,6 +107,11 @@ pub struct Accepted<C> {
 }
 
 impl<C> Accepted<C> {
+    /// `conn`, accepted from `peer`.
+    pub fn new(conn: C, peer: SocketAddr) -> Self {
+        Accepted { conn, peer }
+    }
+
     pub fn peer(&self) -> SocketAddr {
         self.peer
     }

@@ -6,21 +6,22 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use spur_proto as pb;
-use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
+use tokio::io::DuplexStream;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::metadata::MetadataValue;
-use tonic::transport::server::Connected;
 use tonic::{Request, Response, Status};
 
-use crate::net::Dialer;
+use crate::net::{Accepted, Dialer};
+
+/// The peer a scripted server sees: a pipe has no address.
+const PIPE_PEER: std::net::SocketAddr =
+    std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
 
 /// What the far end does with a new connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,7 +36,8 @@ pub enum Peer {
     Refuse,
 }
 
-type ToServer = mpsc::UnboundedSender<io::Result<Pipe>>;
+/// The server ends of in-memory connections, as the scripted servers accept them.
+type ToServer = mpsc::UnboundedSender<io::Result<Accepted<DuplexStream>>>;
 
 /// A dialer whose connections end in a [`ScriptedController`] (or nowhere), counting dials.
 /// Every host leads to the first controller unless [`MemoryNetwork::add_host`] gave it
@@ -138,9 +140,9 @@ impl MemoryNetwork {
 }
 
 impl Dialer for MemoryNetwork {
-    type Stream = Pipe;
+    type Stream = DuplexStream;
 
-    fn dial(&self, host: &str, _port: u16) -> BoxFuture<'static, io::Result<Pipe>> {
+    fn dial(&self, host: &str, _port: u16) -> BoxFuture<'static, io::Result<DuplexStream>> {
         self.dials.fetch_add(1, Ordering::SeqCst);
         let host = self
             .redirects
@@ -167,52 +169,18 @@ impl Dialer for MemoryNetwork {
                     .get(host)
                     .cloned()
                     .unwrap_or_else(|| self.to_server.clone());
-                let _ = to_server.send(Ok(Pipe(server)));
-                Box::pin(async move { Ok(Pipe(client)) })
+                let _ = to_server.send(Ok(Accepted::new(server, PIPE_PEER)));
+                Box::pin(async move { Ok(client) })
             }
             Peer::BlackHole => {
                 self.held.lock().unwrap().push(server);
-                Box::pin(async move { Ok(Pipe(client)) })
+                Box::pin(async move { Ok(client) })
             }
             Peer::NeverConnect => Box::pin(futures::future::pending()),
             Peer::Refuse => {
                 Box::pin(async { Err(io::Error::from(io::ErrorKind::ConnectionRefused)) })
             }
         }
-    }
-}
-
-/// One end of an in-memory connection.
-pub struct Pipe(DuplexStream);
-
-impl Connected for Pipe {
-    type ConnectInfo = ();
-    fn connect_info(&self) -> Self::ConnectInfo {}
-}
-
-impl AsyncRead for Pipe {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Pipe {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }
 
