@@ -594,7 +594,7 @@ mod tests {
         let controller = ScriptedController::default();
         let client = crate::controller::ControllerClient::new(
             crate::controller::ControllerAddr::new("spurctld", 6817),
-            crate::config::ChannelConfig::default(),
+            crate::controller::ChannelConfig::default(),
             None,
             MemoryNetwork::start(controller.clone()),
         )

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::config::ControllerSettings;
+use crate::controller::ControllerSettings;
 use crate::controller::{ControllerClient, ControllerError};
 use crate::net::Dialer;
 

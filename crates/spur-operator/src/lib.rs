@@ -15,6 +15,7 @@ mod config;
 mod controller;
 mod events;
 mod fence;
+mod flags;
 mod health;
 mod hostlist;
 mod job_io;
@@ -33,7 +34,8 @@ mod selector;
 mod telemetry;
 
 // Running the operator: its command line, its configuration and its world.
-pub use config::{ControllerArgs, OperatorConfig, RunArgs, fallback_agent_address};
+pub use config::{OperatorConfig, RunArgs, fallback_agent_address};
+pub use controller::ControllerArgs;
 pub use operator::{Handles, RunError, Seams, run, run_with_handles};
 pub use telemetry::{LogFormat, init as init_telemetry};
 

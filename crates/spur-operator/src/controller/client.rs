@@ -14,12 +14,12 @@ use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
+use super::ChannelConfig;
 use super::address::ControllerAddr;
 use super::connect::connect;
 use super::error::{ConnectError, ControllerError, FailureKind, classify, status_text};
 use super::policy::{CallId, Command, DialId, Ended, Event, Policy, ReplicaId, Rule, Rules};
 use super::session::Session;
-use crate::config::ChannelConfig;
 use crate::fence::{Fence, Permit, Refused};
 use crate::metrics::Metrics;
 use crate::net::Dialer;

@@ -4,7 +4,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use super::address::{ControllerAddr, Scheme};
 use super::error::ConnectError;
-use crate::config::{ChannelConfig, TlsConfig};
+use super::{ChannelConfig, TlsConfig};
 use crate::net::{Connector, Dialer};
 
 /// Opens a channel to `addr` over `dialer` with the bounds of `config`:

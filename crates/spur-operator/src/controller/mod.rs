@@ -4,6 +4,7 @@
 //! controller connection.
 
 mod address;
+mod args;
 mod client;
 mod connect;
 mod error;
@@ -11,6 +12,7 @@ pub mod policy;
 mod session;
 
 pub use address::{AddressError, ControllerAddr, Scheme};
+pub use args::{ChannelConfig, ControllerArgs, ControllerSettings, TlsConfig};
 pub use client::{ControllerClient, LEADER_WRITES};
 pub use error::{ConnectError, ControllerError, FailureKind};
 pub use policy::Rule;

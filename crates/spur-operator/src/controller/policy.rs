@@ -113,7 +113,7 @@ pub struct Rules {
 
 impl Rules {
     /// The rules of `config`, with those named in `config.rules_off` switched off.
-    pub fn from_config(config: &crate::config::ChannelConfig) -> Rules {
+    pub fn from_config(config: &crate::controller::ChannelConfig) -> Rules {
         let off = |rule: Rule| config.rules_off.contains(&rule);
         let probe = config.connect_probe.filter(|_| !off(Rule::ProbeRedial));
         Rules {

@@ -561,10 +561,10 @@ fn a_read_behind_on_a_channel_already_replaced_or_with_the_rule_off_changes_noth
 
 #[test]
 fn every_rule_can_be_switched_off_on_its_own() {
-    let default = crate::config::ChannelConfig::default();
+    let default = crate::controller::ChannelConfig::default();
     let shipped = Rules::from_config(&default);
     for rule in Rule::ALL {
-        let config = crate::config::ChannelConfig {
+        let config = crate::controller::ChannelConfig {
             rules_off: [rule].into(),
             ..default.clone()
         };

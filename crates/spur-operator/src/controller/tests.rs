@@ -5,9 +5,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::{Code, Status};
 
+use super::ChannelConfig;
 use super::testing::{MemoryNetwork, Peer, ScriptedController, not_leader};
 use super::{ConnectError, ControllerAddr, ControllerClient, ControllerError, Rule};
-use crate::config::ChannelConfig;
 use crate::metrics::Metrics;
 
 fn client_over(network: &MemoryNetwork, config: ChannelConfig) -> ControllerClient {

@@ -121,7 +121,7 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
-    use crate::config::ChannelConfig;
+    use crate::controller::ChannelConfig;
     use crate::controller::ControllerAddr;
     use crate::controller::testing::{MemoryNetwork, ScriptedController};
 

@@ -11,7 +11,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use super::heartbeat;
 use super::resources::tests::node;
 use super::{AgentEndpoint, NodeSync, NodeSyncConfig, NotReadyState, Registered};
-use crate::config::ChannelConfig;
+use crate::controller::ChannelConfig;
 use crate::controller::testing::{MemoryNetwork, ScriptedController};
 use crate::controller::{ControllerAddr, ControllerClient};
 use crate::metrics::Metrics;
