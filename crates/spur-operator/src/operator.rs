@@ -6,14 +6,11 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{DeleteParams, ListParams};
-use kube::runtime::controller::{Action, Controller};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
 use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, ResourceExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
@@ -25,9 +22,9 @@ use crate::controller::{ControllerClient, ControllerError};
 use crate::events::EventPublisher;
 use crate::fence::Fence;
 use crate::health::{Health, Probe, serve_http};
-use crate::jobs::reconcile::{JobsContext, error_policy, reconcile};
-use crate::jobs::reports::{ReportContext, reconcile_pod};
-use crate::jobs::{LABEL_MANAGED_BY, LABEL_SPURJOB_UID, MANAGED_BY, MANAGED_BY_UPSTREAM, SpurJob};
+use crate::jobs::SpurJob;
+use crate::jobs::reconcile::JobsContext;
+use crate::jobs::reports::ReportContext;
 use crate::lease::Elector;
 use crate::metrics::Metrics;
 use crate::net::Sockets;
@@ -265,14 +262,6 @@ fn start_leader_tasks<N: Sockets>(
     let mut tasks = JoinSet::new();
 
     // SpurJobs: submit, record, cancel on deletion; then mirror state by polling.
-    let jobs = Controller::new(
-        Api::<SpurJob>::all(kube.clone()),
-        watcher::Config::default(),
-    )
-    .with_config(reconcile_limits(config))
-    .trigger_backoff(config.retry.start(entropy.clone()));
-    let store = jobs.store();
-    let _ = jobs_tx.send(Some(store.clone()));
     let jobs_ctx = Arc::new(
         JobsContext::new(
             kube.clone(),
@@ -287,9 +276,13 @@ fn start_leader_tasks<N: Sockets>(
         .with_tuning(config.jobs)
         .with_default_user(&config.default_user),
     );
-    let jobs_run = jobs
-        .run(reconcile, error_policy, jobs_ctx)
-        .for_each(|_| async {});
+    let (store, jobs_run) = crate::jobs::reconcile::run(
+        kube.clone(),
+        jobs_ctx,
+        reconcile_limits(config),
+        config.retry.start(entropy.clone()),
+    );
+    let _ = jobs_tx.send(Some(store.clone()));
     // Every leader task stops at the drain: one that polls on would keep a shutdown
     // waiting out the whole grace period, holding the lease and saying "ready".
     tasks.spawn(until_drained(drain.clone(), jobs_run));
@@ -307,49 +300,23 @@ fn start_leader_tasks<N: Sockets>(
     ));
     tasks.spawn(until_drained(
         drain.clone(),
-        delete_orphans(kube.clone(), store),
+        crate::jobs::orphans::delete_orphans(kube.clone(), store),
     ));
 
     // Pods: report each one's end, upstream's operator's pods included (a swap adopts them).
-    let managed = format!("{LABEL_MANAGED_BY} in ({MANAGED_BY},{MANAGED_BY_UPSTREAM})");
-    let report_ctx = Arc::new(ReportContext {
-        kube: kube.clone(),
-        controller: controller.clone(),
-        metrics: metrics.clone(),
-        tuning: config.jobs,
-        clock: seams.clock.clone(),
-        events: events.clone(),
-        backoffs: Backoffs::new(config.retry, entropy.clone()),
-    });
-    let pods = Controller::new(
-        Api::<Pod>::all(kube.clone()),
-        watcher::Config::default().labels(&managed),
-    )
-    .with_config(reconcile_limits(config))
-    .trigger_backoff(config.retry.start(entropy.clone()))
-    .run(
-        |pod: Arc<Pod>, ctx: Arc<ReportContext>| async move {
-            let name = pod.name_any();
-            let done = reconcile_pod(pod, ctx.clone()).await;
-            if done.is_ok() {
-                ctx.backoffs.succeeded(&name);
-            }
-            done
+    let pods = crate::jobs::reports::run(
+        ReportContext {
+            kube: kube.clone(),
+            controller: controller.clone(),
+            metrics: metrics.clone(),
+            tuning: config.jobs,
+            clock: seams.clock.clone(),
+            events: events.clone(),
+            backoffs: Backoffs::new(config.retry, entropy.clone()),
         },
-        |pod: Arc<Pod>, error, ctx: Arc<ReportContext>| {
-            let delay = ctx.backoffs.delay_after(
-                &pod.name_any(),
-                match error {
-                    crate::jobs::reports::ReportError::Controller(e) => e.kind(),
-                    crate::jobs::reports::ReportError::Kube(_) => crate::controller::FailureKind::Answer,
-                },
-            );
-            tracing::warn!(pod = %pod.name_any(), %error, ?delay, "could not report the pod's end; retrying");
-            Action::requeue(delay)
-        },
-        report_ctx,
-    )
-    .for_each(|_| async {});
+        reconcile_limits(config),
+        config.retry.start(entropy.clone()),
+    );
     tasks.spawn(until_drained(drain.clone(), pods));
 
     let (forgotten_tx, forgotten_rx) = mpsc::unbounded_channel();
@@ -407,46 +374,6 @@ fn readiness_probes(
         ("kube-apiserver", Box::new(api_server)),
         ("spurctld", Box::new(spurctld)),
     ]
-}
-
-/// Deletes the pods the operator made for SpurJobs that no longer exist (deleted while no
-/// replica was acting, so no finalizer ran). Runs once the SpurJob store is complete.
-async fn delete_orphans(kube: kube::Client, store: Store<SpurJob>) {
-    if store.wait_until_ready().await.is_err() {
-        return;
-    }
-    let live: std::collections::BTreeSet<String> =
-        store.state().iter().filter_map(|job| job.uid()).collect();
-    let pods: Api<Pod> = Api::all(kube.clone());
-    let selector = format!("{LABEL_MANAGED_BY}={MANAGED_BY}");
-    let listed = match pods.list(&ListParams::default().labels(&selector)).await {
-        Ok(listed) => listed,
-        Err(e) => {
-            tracing::warn!(error = %e, "could not list pods to find orphans");
-            return;
-        }
-    };
-    for pod in listed {
-        let owner = pod
-            .labels()
-            .get(LABEL_SPURJOB_UID)
-            .cloned()
-            .unwrap_or_default();
-        if live.contains(&owner) {
-            continue;
-        }
-        let namespaced: Api<Pod> =
-            Api::namespaced(kube.clone(), &pod.namespace().unwrap_or_default());
-        match namespaced
-            .delete(&pod.name_any(), &DeleteParams::default())
-            .await
-        {
-            Ok(_) => tracing::info!(pod = %pod.name_any(), "deleted an orphaned job pod"),
-            Err(e) => {
-                tracing::warn!(pod = %pod.name_any(), error = %e, "could not delete an orphaned pod")
-            }
-        }
-    }
 }
 
 /// Binds `addr` for `what`, naming both when it fails.

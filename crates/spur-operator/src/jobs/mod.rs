@@ -5,6 +5,7 @@ pub mod convert;
 pub mod crd;
 pub mod duplicates;
 pub mod failure;
+pub mod orphans;
 pub mod pods;
 pub mod reconcile;
 pub mod reports;

@@ -284,6 +284,33 @@ pub async fn reconcile(job: Arc<SpurJob>, ctx: Arc<JobsContext>) -> Result<Actio
     }
 }
 
+/// The SpurJob reconciler as kube-runtime runs it: every SpurJob is submitted, recorded,
+/// mirrored and cancelled on deletion by [`reconcile`], each failing one on its own backoff
+/// ([`error_policy`]). Returns the store of SpurJobs it keeps (the agent, the status poller
+/// and the orphan cleanup read it) and the task that runs it.
+pub fn run(
+    kube: kube::Client,
+    ctx: Arc<JobsContext>,
+    limits: kube::runtime::controller::Config,
+    trigger_backoff: crate::retry::Backoff,
+) -> (
+    kube::runtime::reflector::Store<SpurJob>,
+    impl std::future::Future<Output = ()> + Send,
+) {
+    let jobs = kube::runtime::Controller::new(
+        Api::<SpurJob>::all(kube),
+        kube::runtime::watcher::Config::default(),
+    )
+    .with_config(limits)
+    .trigger_backoff(trigger_backoff);
+    use futures::StreamExt as _;
+    let store = jobs.store();
+    let task = jobs
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {});
+    (store, task)
+}
+
 /// Per-object backoff: one failing SpurJob never slows the others.
 pub fn error_policy(job: Arc<SpurJob>, error: &ReconcileError, ctx: Arc<JobsContext>) -> Action {
     let uid = job.uid().unwrap_or_default();

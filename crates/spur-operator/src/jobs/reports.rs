@@ -189,6 +189,50 @@ pub fn after_refusal(refusals: u32, tuning: &JobsTuning) -> AfterRefusal {
     }
 }
 
+/// The pod reports as kube-runtime runs them: every pod of a SpurJob (upstream's
+/// operator's included, so a swap adopts them) has its end reported by [`reconcile_pod`],
+/// each failing one on its own backoff, forgotten once it succeeds.
+pub fn run(
+    ctx: ReportContext,
+    limits: kube::runtime::controller::Config,
+    trigger_backoff: crate::retry::Backoff,
+) -> impl std::future::Future<Output = ()> + Send {
+    use futures::StreamExt as _;
+    let managed = format!(
+        "{} in ({},{})",
+        super::LABEL_MANAGED_BY,
+        super::MANAGED_BY,
+        super::MANAGED_BY_UPSTREAM
+    );
+    kube::runtime::Controller::new(
+        Api::<Pod>::all(ctx.kube.clone()),
+        kube::runtime::watcher::Config::default().labels(&managed),
+    )
+    .with_config(limits)
+    .trigger_backoff(trigger_backoff)
+    .run(
+        |pod: Arc<Pod>, ctx: Arc<ReportContext>| async move {
+            let name = pod.name_any();
+            let done = reconcile_pod(pod, ctx.clone()).await;
+            if done.is_ok() {
+                ctx.backoffs.succeeded(&name);
+            }
+            done
+        },
+        |pod: Arc<Pod>, error, ctx: Arc<ReportContext>| {
+            let kind = match error {
+                ReportError::Controller(e) => e.kind(),
+                ReportError::Kube(_) => crate::controller::FailureKind::Answer,
+            };
+            let delay = ctx.backoffs.delay_after(&pod.name_any(), kind);
+            tracing::warn!(pod = %pod.name_any(), %error, ?delay, "could not report the pod's end; retrying");
+            Action::requeue(delay)
+        },
+        Arc::new(ctx),
+    )
+    .for_each(|_| async {})
+}
+
 pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Action, ReportError> {
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     if annotations.contains_key(ANNOTATION_REPORTED) || pod.metadata.deletion_timestamp.is_some() {
