@@ -164,9 +164,10 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: &mut RunArgs) -> anyhow::Result<()> {
-    if args.agent_address.is_none() {
+    if args.agent.agent_address.is_none() {
         let var = |name| std::env::var(name).ok();
-        args.agent_address = fallback_agent_address(var("SPUR_OPERATOR_ADDRESS"), var("POD_IP"));
+        args.agent.agent_address =
+            fallback_agent_address(var("SPUR_OPERATOR_ADDRESS"), var("POD_IP"));
     }
     let config = args.validate()?;
     let kube_config = match &config.kubeconfig {

@@ -1,6 +1,7 @@
 //! SpurJobs: the custom resource, its conversion to the controller's JobSpec, the
 //! reconciler that submits and mirrors them, and the reports of their pods' ends.
 
+mod args;
 pub mod convert;
 pub mod crd;
 pub mod duplicates;
@@ -12,6 +13,7 @@ pub mod reports;
 pub mod status;
 pub mod submit;
 
+pub use args::JobsArgs;
 pub use crd::SpurJob;
 
 /// Keeps a deleted SpurJob until its job is cancelled and its pods are gone.

@@ -1,9 +1,11 @@
 //! Node sync and heartbeats: the labelled Kubernetes nodes, as the controller sees them.
 
+mod args;
 pub mod heartbeat;
 pub mod resources;
 pub mod sync;
 
+pub use args::NodeArgs;
 pub use resources::AgentEndpoint;
 pub use sync::{NodeSync, NodeSyncConfig, NotReadyState, Registered};
 
