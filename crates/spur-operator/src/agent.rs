@@ -3,6 +3,8 @@
 //! pinned to the target node.
 
 use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
@@ -13,7 +15,8 @@ use spur_proto as pb;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::agent_auth::AgentAuth;
+use crate::agent_auth::{AgentAuth, AgentAuthMode};
+use crate::flags::parse_duration;
 use crate::jobs::convert::uid_in_comment;
 use crate::jobs::duplicates;
 use crate::jobs::pods::{
@@ -489,102 +492,89 @@ pub async fn serve<L: Listener>(
         .await
 }
 
-pub use args::AgentArgs;
+/// The virtual agent: where it listens, how spurctld reaches it, its tokens and its
+/// bounds. Flattened into `spur-operator run`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct AgentArgs {
+    /// Address the virtual agent listens on for spurctld's LaunchJob calls.
+    #[arg(
+        long,
+        visible_alias = "listen",
+        env = "SPUR_OPERATOR_AGENT_LISTEN",
+        default_value = "0.0.0.0:6818"
+    )]
+    pub agent_listen: SocketAddr,
 
-mod args {
-    //! `spur-operator run`'s flags for the virtual agent.
+    /// Address spurctld dials back to reach the agent: this pod's IP (Downward API
+    /// status.podIP). Not a load-balanced Service: spurctld must reach the acting replica,
+    /// and the standby refuses launches. Unset, upstream's `SPUR_OPERATOR_ADDRESS` is
+    /// used, then `POD_IP`, as upstream's manifests set them.
+    #[arg(long, visible_alias = "address", env = "SPUR_OPERATOR_AGENT_ADDRESS")]
+    pub agent_address: Option<String>,
 
-    use std::net::SocketAddr;
-    use std::path::PathBuf;
-    use std::time::Duration;
+    /// How the agent treats spurctld's bearer tokens (HS256 JWTs under
+    /// --agent-auth-key-file): `required` refuses a call without a valid one; `permissive`
+    /// refuses an invalid token but admits a call with none (counted in
+    /// spur_operator_agent_calls_total), so tokens can be rolled out before they are
+    /// enforced; `disabled` ignores them. Permissive by default: a spurctld that sends no
+    /// token keeps working, and one that sends a token has it checked.
+    #[arg(
+        long,
+        visible_alias = "auth-mode",
+        env = "SPUR_OPERATOR_AGENT_AUTH",
+        value_enum,
+        default_value_t
+    )]
+    pub agent_auth: AgentAuthMode,
 
-    use crate::agent_auth::AgentAuthMode;
-    use crate::flags::parse_duration;
+    /// File holding the HS256 key spurctld signs agent tokens with (its `[auth] jwt_key`'s
+    /// bytes; one trailing newline is ignored). Any non-empty length is accepted, as
+    /// spurctld signs with whatever key it is given; below the 32 bytes RFC 7518 asks of an
+    /// HS256 key a warning is logged. Without it no token is checked, which
+    /// `--agent-auth required` does not allow.
+    #[arg(long, env = "SPUR_OPERATOR_AGENT_AUTH_KEY_FILE")]
+    pub agent_auth_key_file: Option<PathBuf>,
 
-    /// The virtual agent: where it listens, how spurctld reaches it, its tokens and its
-    /// bounds. Flattened into `spur-operator run`.
-    #[derive(clap::Args, Clone, Debug)]
-    pub struct AgentArgs {
-        /// Address the virtual agent listens on for spurctld's LaunchJob calls.
-        #[arg(
-            long,
-            visible_alias = "listen",
-            env = "SPUR_OPERATOR_AGENT_LISTEN",
-            default_value = "0.0.0.0:6818"
-        )]
-        pub agent_listen: SocketAddr,
+    /// The same key given as its value, as upstream's `--jwt-key`/`SPUR_JWT_KEY` take it
+    /// (from a Secret in the environment; on the command line it shows in `ps`). Prefer
+    /// --agent-auth-key-file, a mounted Secret file.
+    #[arg(
+        long,
+        visible_alias = "jwt-key",
+        env = "SPUR_JWT_KEY",
+        hide_env_values = true,
+        conflicts_with = "agent_auth_key_file"
+    )]
+    pub agent_auth_key: Option<String>,
 
-        /// Address spurctld dials back to reach the agent: this pod's IP (Downward API
-        /// status.podIP). Not a load-balanced Service: spurctld must reach the acting replica,
-        /// and the standby refuses launches. Unset, upstream's `SPUR_OPERATOR_ADDRESS` is
-        /// used, then `POD_IP`, as upstream's manifests set them.
-        #[arg(long, visible_alias = "address", env = "SPUR_OPERATOR_AGENT_ADDRESS")]
-        pub agent_address: Option<String>,
+    /// Clock skew forgiven when checking a token's `exp` and `nbf`. 30 s: nodes kept by NTP
+    /// differ by milliseconds, and a token long expired is still refused.
+    #[arg(long, env = "SPUR_OPERATOR_AGENT_AUTH_LEEWAY", default_value = "30s", value_parser = parse_duration)]
+    pub agent_auth_leeway: Duration,
 
-        /// How the agent treats spurctld's bearer tokens (HS256 JWTs under
-        /// --agent-auth-key-file): `required` refuses a call without a valid one; `permissive`
-        /// refuses an invalid token but admits a call with none (counted in
-        /// spur_operator_agent_calls_total), so tokens can be rolled out before they are
-        /// enforced; `disabled` ignores them. Permissive by default: a spurctld that sends no
-        /// token keeps working, and one that sends a token has it checked.
-        #[arg(
-            long,
-            visible_alias = "auth-mode",
-            env = "SPUR_OPERATOR_AGENT_AUTH",
-            value_enum,
-            default_value_t
-        )]
-        pub agent_auth: AgentAuthMode,
+    /// Bound on one LaunchJob's Kubernetes work (reading the node, creating the pod and the
+    /// Service); past it the agent answers UNAVAILABLE and spurctld retries after its
+    /// backoff. spurctld waits on a LaunchJob with no bound and handles its assignments one
+    /// after another, so an API server that does not answer would otherwise hold up all its
+    /// scheduling. 10 s: a healthy API server answers a launch's three calls in
+    /// milliseconds, and an outage then costs spurctld at most 10 s per assignment (its
+    /// LaunchJobs to one job's nodes go out together) before it backs off and moves on.
+    #[arg(long, env = "SPUR_OPERATOR_AGENT_LAUNCH_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub agent_launch_timeout: Duration,
 
-        /// File holding the HS256 key spurctld signs agent tokens with (its `[auth] jwt_key`'s
-        /// bytes; one trailing newline is ignored). Any non-empty length is accepted, as
-        /// spurctld signs with whatever key it is given; below the 32 bytes RFC 7518 asks of an
-        /// HS256 key a warning is logged. Without it no token is checked, which
-        /// `--agent-auth required` does not allow.
-        #[arg(long, env = "SPUR_OPERATOR_AGENT_AUTH_KEY_FILE")]
-        pub agent_auth_key_file: Option<PathBuf>,
+    /// Bound on one `spur exec` into a job's pod (ExecInJob, relayed by spurctld), from the
+    /// call to the command's exit; past it the agent answers DEADLINE_EXCEEDED. spur exec
+    /// runs one-shot commands (`nvidia-smi`, `rocm-smi`, `cat` a log) and spurctld waits on
+    /// the call with no bound of its own. 60 s: such commands end in seconds, and a hung one
+    /// holds no more than a minute of the caller's time.
+    #[arg(long, env = "SPUR_OPERATOR_AGENT_EXEC_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub agent_exec_timeout: Duration,
 
-        /// The same key given as its value, as upstream's `--jwt-key`/`SPUR_JWT_KEY` take it
-        /// (from a Secret in the environment; on the command line it shows in `ps`). Prefer
-        /// --agent-auth-key-file, a mounted Secret file.
-        #[arg(
-            long,
-            visible_alias = "jwt-key",
-            env = "SPUR_JWT_KEY",
-            hide_env_values = true,
-            conflicts_with = "agent_auth_key_file"
-        )]
-        pub agent_auth_key: Option<String>,
-
-        /// Clock skew forgiven when checking a token's `exp` and `nbf`. 30 s: nodes kept by NTP
-        /// differ by milliseconds, and a token long expired is still refused.
-        #[arg(long, env = "SPUR_OPERATOR_AGENT_AUTH_LEEWAY", default_value = "30s", value_parser = parse_duration)]
-        pub agent_auth_leeway: Duration,
-
-        /// Bound on one LaunchJob's Kubernetes work (reading the node, creating the pod and the
-        /// Service); past it the agent answers UNAVAILABLE and spurctld retries after its
-        /// backoff. spurctld waits on a LaunchJob with no bound and handles its assignments one
-        /// after another, so an API server that does not answer would otherwise hold up all its
-        /// scheduling. 10 s: a healthy API server answers a launch's three calls in
-        /// milliseconds, and an outage then costs spurctld at most 10 s per assignment (its
-        /// LaunchJobs to one job's nodes go out together) before it backs off and moves on.
-        #[arg(long, env = "SPUR_OPERATOR_AGENT_LAUNCH_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
-        pub agent_launch_timeout: Duration,
-
-        /// Bound on one `spur exec` into a job's pod (ExecInJob, relayed by spurctld), from the
-        /// call to the command's exit; past it the agent answers DEADLINE_EXCEEDED. spur exec
-        /// runs one-shot commands (`nvidia-smi`, `rocm-smi`, `cat` a log) and spurctld waits on
-        /// the call with no bound of its own. 60 s: such commands end in seconds, and a hung one
-        /// holds no more than a minute of the caller's time.
-        #[arg(long, env = "SPUR_OPERATOR_AGENT_EXEC_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
-        pub agent_exec_timeout: Duration,
-
-        /// The most of each of an exec's stdout and stderr returned, in bytes; the rest is read
-        /// and dropped, and the answer says it was cut. 1 MiB: ExecInJobResponse carries both in
-        /// one message, and two of these stay well inside the 4 MiB gRPC clients take by default.
-        #[arg(long, env = "SPUR_OPERATOR_AGENT_EXEC_OUTPUT_LIMIT", default_value_t = 1 << 20)]
-        pub agent_exec_output_limit: usize,
-    }
+    /// The most of each of an exec's stdout and stderr returned, in bytes; the rest is read
+    /// and dropped, and the answer says it was cut. 1 MiB: ExecInJobResponse carries both in
+    /// one message, and two of these stay well inside the 4 MiB gRPC clients take by default.
+    #[arg(long, env = "SPUR_OPERATOR_AGENT_EXEC_OUTPUT_LIMIT", default_value_t = 1 << 20)]
+    pub agent_exec_output_limit: usize,
 }
 
 #[cfg(test)]

@@ -92,3 +92,21 @@ pub(crate) fn read_file(flag: &'static str, path: &Path) -> Result<Vec<u8>, Conf
         source,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_retry_range_parses() {
+        assert_eq!(
+            parse_range("250ms..1s"),
+            Ok(RetryRange(Some((
+                Duration::from_millis(250),
+                Duration::from_secs(1)
+            ))))
+        );
+        assert_eq!(parse_range("off"), Ok(RetryRange(None)));
+        assert!(parse_range("2s..1s").is_err() && parse_range("1s").is_err());
+    }
+}

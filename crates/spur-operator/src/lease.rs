@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use crate::clock::WallClock;
 use crate::fence::Fence;
+use crate::flags::parse_duration;
 use crate::metrics::Metrics;
 
 #[derive(Clone, Debug)]
@@ -355,45 +356,35 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     }
 }
 
-pub use args::LeaseArgs;
+/// The Lease that elects the acting replica. Flattened into `spur-operator run`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct LeaseArgs {
+    /// Name of the Lease that elects the acting replica.
+    #[arg(
+        long,
+        env = "SPUR_OPERATOR_LEASE_NAME",
+        default_value = "spur-operator"
+    )]
+    pub lease_name: String,
 
-mod args {
-    //! `spur-operator run`'s flags for the Lease.
+    /// How long a Lease holds without renewal before a standby may take over. 15 s, as
+    /// client-go's default: a crashed leader is replaced within about 15 s.
+    #[arg(long, env = "SPUR_OPERATOR_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
 
-    use std::time::Duration;
+    /// The holder stops acting when it has not renewed for this long; shorter than the
+    /// lease duration so it always stops before a standby can start.
+    #[arg(long, env = "SPUR_OPERATOR_LEASE_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    pub lease_renew_deadline: Duration,
 
-    use crate::flags::parse_duration;
+    /// Time between renewals (and a standby's attempts). Two tries fit in the deadline.
+    #[arg(long, env = "SPUR_OPERATOR_LEASE_RETRY_PERIOD", default_value = "5s", value_parser = parse_duration)]
+    pub lease_retry_period: Duration,
 
-    /// The Lease that elects the acting replica. Flattened into `spur-operator run`.
-    #[derive(clap::Args, Clone, Debug)]
-    pub struct LeaseArgs {
-        /// Name of the Lease that elects the acting replica.
-        #[arg(
-            long,
-            env = "SPUR_OPERATOR_LEASE_NAME",
-            default_value = "spur-operator"
-        )]
-        pub lease_name: String,
-
-        /// How long a Lease holds without renewal before a standby may take over. 15 s, as
-        /// client-go's default: a crashed leader is replaced within about 15 s.
-        #[arg(long, env = "SPUR_OPERATOR_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
-        pub lease_duration: Duration,
-
-        /// The holder stops acting when it has not renewed for this long; shorter than the
-        /// lease duration so it always stops before a standby can start.
-        #[arg(long, env = "SPUR_OPERATOR_LEASE_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
-        pub lease_renew_deadline: Duration,
-
-        /// Time between renewals (and a standby's attempts). Two tries fit in the deadline.
-        #[arg(long, env = "SPUR_OPERATOR_LEASE_RETRY_PERIOD", default_value = "5s", value_parser = parse_duration)]
-        pub lease_retry_period: Duration,
-
-        /// Bound on each Lease API call, so a hung API server cannot hold a renewal past the
-        /// renew deadline.
-        #[arg(long, env = "SPUR_OPERATOR_KUBE_CALL_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
-        pub kube_call_timeout: Duration,
-    }
+    /// Bound on each Lease API call, so a hung API server cannot hold a renewal past the
+    /// renew deadline.
+    #[arg(long, env = "SPUR_OPERATOR_KUBE_CALL_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub kube_call_timeout: Duration,
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@ use std::time::Duration;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::flags::{RetryRange, parse_duration, parse_range};
+
 /// A shared, seeded source of randomness. Cloning shares the stream.
 #[derive(Clone, Debug)]
 pub struct Entropy(Arc<Mutex<ChaCha8Rng>>);
@@ -154,42 +156,32 @@ impl kube::runtime::utils::Backoff for Backoff {
     }
 }
 
-pub use args::RetryArgs;
+/// The retry of one object's failed or refused work. Flattened into `spur-operator run`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RetryArgs {
+    /// First delay before retrying a failed or refused call for one object. Short, so a
+    /// blip costs well under a second.
+    #[arg(long, env = "SPUR_OPERATOR_RETRY_INITIAL", default_value = "500ms", value_parser = parse_duration)]
+    pub retry_initial: Duration,
 
-mod args {
-    //! `spur-operator run`'s flags for the retry of one object's work.
+    /// Longest delay between retries for one object; doubling stops here. 30 s bounds how
+    /// stale a refused node can get once the refusal clears.
+    #[arg(long, env = "SPUR_OPERATOR_RETRY_MAX", default_value = "30s", value_parser = parse_duration)]
+    pub retry_max: Duration,
 
-    use std::time::Duration;
+    /// Fraction by which each retry delay is shortened at random, so objects that failed
+    /// together do not retry in lockstep.
+    #[arg(long, env = "SPUR_OPERATOR_RETRY_JITTER", default_value_t = 0.2)]
+    pub retry_jitter: f64,
 
-    use crate::flags::{RetryRange, parse_duration, parse_range};
-
-    /// The retry of one object's failed or refused work. Flattened into `spur-operator run`.
-    #[derive(clap::Args, Clone, Debug)]
-    pub struct RetryArgs {
-        /// First delay before retrying a failed or refused call for one object. Short, so a
-        /// blip costs well under a second.
-        #[arg(long, env = "SPUR_OPERATOR_RETRY_INITIAL", default_value = "500ms", value_parser = parse_duration)]
-        pub retry_initial: Duration,
-
-        /// Longest delay between retries for one object; doubling stops here. 30 s bounds how
-        /// stale a refused node can get once the refusal clears.
-        #[arg(long, env = "SPUR_OPERATOR_RETRY_MAX", default_value = "30s", value_parser = parse_duration)]
-        pub retry_max: Duration,
-
-        /// Fraction by which each retry delay is shortened at random, so objects that failed
-        /// together do not retry in lockstep.
-        #[arg(long, env = "SPUR_OPERATOR_RETRY_JITTER", default_value_t = 0.2)]
-        pub retry_jitter: f64,
-
-        /// Retry after a transport failure (controller unreachable, mid-election: UNAVAILABLE
-        /// and the like) at a random delay in this range, without doubling, or `off` to double
-        /// as for any failure. An election takes seconds; a doubling backoff grown during it
-        /// outlasts it (the seed's run 9 waited 32 s), while this retries within a second of
-        /// the new leader at a few calls per second per object.
-        #[arg(long, env = "SPUR_OPERATOR_RETRY_TRANSIENT", default_value = "250ms..1s",
-              value_parser = parse_range)]
-        pub retry_transient: RetryRange,
-    }
+    /// Retry after a transport failure (controller unreachable, mid-election: UNAVAILABLE
+    /// and the like) at a random delay in this range, without doubling, or `off` to double
+    /// as for any failure. An election takes seconds; a doubling backoff grown during it
+    /// outlasts it (the seed's run 9 waited 32 s), while this retries within a second of
+    /// the new leader at a few calls per second per object.
+    #[arg(long, env = "SPUR_OPERATOR_RETRY_TRANSIENT", default_value = "250ms..1s",
+          value_parser = parse_range)]
+    pub retry_transient: RetryRange,
 }
 
 #[cfg(test)]

@@ -51,13 +51,13 @@ fn write_call<B>(request: &http::Request<B>, replica: &str) -> Option<CallRecord
     }
     let name = request.uri().path().rsplit('/').next()?;
     let method = WRITE_METHODS.into_iter().find(|m| *m == name)?;
-    turmoil::sim_elapsed()?;
     // tonic hands the peer address of an accepted connection in as connection info
-    // (`spur_operator::net::Accepted`).
+    // (`spur_operator::net::Accepted`); outside a simulation it names no host.
     let peer = request.extensions().get::<SocketAddr>().copied()?;
+    let caller = crate::net::peer_host(peer)?;
     Some(CallRecord {
         at: crate::determinism::sim_elapsed(),
-        caller: turmoil::reverse_lookup(peer.ip())?,
+        caller,
         replica: replica.to_owned(),
         method,
     })

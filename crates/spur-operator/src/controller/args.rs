@@ -399,3 +399,129 @@ fn read_token(path: &Path) -> Result<String, ConfigError> {
     }
     Ok(token)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        controller: ControllerArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ControllerSettings, String> {
+        let cli = Cli::try_parse_from(std::iter::once("test").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.controller.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn flag_defaults_match_the_config_defaults() {
+        let settings = parse(&[]).unwrap();
+        assert_eq!(settings.channel, ChannelConfig::default());
+        assert_eq!(settings.addr.to_string(), "http://spurctld:6817");
+        assert_eq!(settings.token, None);
+    }
+
+    #[test]
+    fn channel_rules_can_be_switched_off_by_name_and_a_wrong_name_is_named() {
+        let settings = parse(&["--controller-rules-off", "hedge,rotate"]).unwrap();
+        assert_eq!(
+            settings.channel.rules_off,
+            BTreeSet::from([Rule::Hedge, Rule::Rotate])
+        );
+        assert_eq!(settings.channel.hedge(), None);
+        let err = parse(&["--controller-rules-off", "hedge,recheck"]).unwrap_err();
+        assert!(err.contains("unknown rule `recheck`"), "{err}");
+    }
+
+    #[test]
+    fn keepalive_finds_a_dead_peer_before_the_request_bound_fires() {
+        let c = ChannelConfig::default();
+        let keepalive = c.keepalive.unwrap();
+        assert!(keepalive.interval + keepalive.timeout < c.request_timeout.unwrap());
+    }
+
+    #[test]
+    fn bounds_parse_and_switch_off() {
+        let settings = parse(&[
+            "--controller-connect-timeout",
+            "2s",
+            "--controller-request-timeout",
+            "off",
+            "--controller-keepalive-interval",
+            "1m 30s",
+            "--controller-keepalive-timeout",
+            "750ms",
+        ])
+        .unwrap();
+        assert_eq!(
+            settings.channel.connect_timeout,
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(settings.channel.request_timeout, None);
+        let keepalive = settings.channel.keepalive.unwrap();
+        assert_eq!(keepalive.interval, Duration::from_secs(90));
+        assert_eq!(keepalive.timeout, Duration::from_millis(750));
+
+        let off = parse(&["--controller-keepalive-interval", "off"]).unwrap();
+        assert_eq!(off.channel.keepalive, None);
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        let err = parse(&["--controller-connect-timeout", "soon"]).unwrap_err();
+        assert!(err.contains("--controller-connect-timeout"), "{err}");
+        let err = parse(&["--controller-request-timeout", "0s"]).unwrap_err();
+        assert!(err.contains("zero"), "{err}");
+        let err = parse(&["--controller-addr", "ftp://x:1"]).unwrap_err();
+        assert!(err.starts_with("--controller-addr:"), "{err}");
+        let err = parse(&["--controller-tls-ca-file", "/nonexistent"]).unwrap_err();
+        assert!(err.contains("not https://"), "{err}");
+        let err = parse(&[
+            "--controller-addr",
+            "https://spurctld:6817",
+            "--controller-tls-ca-file",
+            "/nonexistent/ca.pem",
+        ])
+        .unwrap_err();
+        assert!(
+            err.starts_with("--controller-tls-ca-file: cannot read /nonexistent/ca.pem"),
+            "{err}"
+        );
+        let err = parse(&[
+            "--controller-addr",
+            "https://spurctld:6817",
+            "--controller-tls-cert-file",
+            "/nonexistent/cert.pem",
+        ])
+        .unwrap_err();
+        assert!(
+            err.starts_with("--controller-tls-key-file: required"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn token_file_is_trimmed_and_checked() {
+        let dir = std::env::temp_dir().join(format!("spur-token-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good");
+        std::fs::write(&good, "s3cr3t-token\n").unwrap();
+        let bad = dir.join("bad");
+        std::fs::write(&bad, "two words").unwrap();
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+
+        let settings = parse(&["--controller-token-file", good.to_str().unwrap()]).unwrap();
+        assert_eq!(settings.token.as_deref(), Some("s3cr3t-token"));
+        let err = parse(&["--controller-token-file", bad.to_str().unwrap()]).unwrap_err();
+        assert!(err.contains("visible ASCII"), "{err}");
+        let err = parse(&["--controller-token-file", empty.to_str().unwrap()]).unwrap_err();
+        assert!(err.contains("is empty"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
