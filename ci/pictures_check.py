@@ -61,8 +61,8 @@ def check_dom(path):
     if not any(lane and lane.startswith("spurctld") for lane in lanes):
         problems.append("no controller replica lane")
     shades = having("fault", "rect")
-    if not any(e[2].get("data-fault") == "leader-freeze" for e in shades):
-        problems.append("no shade of the leader-freeze fault over a lane")
+    if not any(e[2].get("data-fault") == "leader-kill-silent" for e in shades):
+        problems.append("no shade of the leader-kill-silent fault over a lane")
     if not having("fault-bar", "rect"):
         problems.append("no fault bar")
     outcomes = {c for e in having("call", "rect") for c in e[1] if c not in ("call", "clickable")}

@@ -104,6 +104,17 @@ impl LeaseHistory {
         i.checked_sub(1).map(|i| terms[i].clone())
     }
 
+    /// Whether the Lease `key` named `holder` at any instant from `from` to `to`.
+    pub fn named_within(&self, key: &str, holder: &str, from: Duration, to: Duration) -> bool {
+        let named = |t: &Term| t.holder.as_deref() == Some(holder);
+        self.term_at(key, from).is_some_and(|t| named(&t))
+            || self.lock().get(key).is_some_and(|l| {
+                l.terms
+                    .iter()
+                    .any(|t| t.at > from && t.at <= to && named(t))
+            })
+    }
+
     /// Whether `holder` took Lease `key` over at a resourceVersion strictly between
     /// `after` and `before`.
     pub fn acquired_between(&self, key: &str, holder: &str, after: u64, before: u64) -> bool {

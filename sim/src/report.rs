@@ -32,7 +32,12 @@ pub struct RecordMetrics {
     pub registration_lag_ms: LagSummary,
     pub submission_lag_ms: LagSummary,
     pub status_lag_ms: LagSummary,
+    /// Beyond the first, the controller jobs of one SpurJob that ran or may still run.
     pub duplicates: usize,
+    /// Second controller jobs of SpurJobs that ended without running (the operator
+    /// stopped them: `duplicate-submission`'s doc).
+    #[serde(default)]
+    pub duplicates_stopped: usize,
     /// Calls the operator made to the controller replicas (a forward is not a second call;
     /// the readiness probe's Pings are calls).
     pub rpcs: usize,
@@ -89,6 +94,7 @@ impl From<&Outcome> for ScenarioRecord {
                 submission_lag_ms: lag(&o.submission_lags),
                 status_lag_ms: lag(&o.status_lags),
                 duplicates: o.duplicates,
+                duplicates_stopped: o.duplicates_stopped,
                 rpcs: o.rpcs,
                 acting_writes: o.acting_writes.clone(),
             },
@@ -123,6 +129,7 @@ pub struct Summary {
     pub status: LagStats,
     pub failover_submission: LagStats,
     pub duplicates: usize,
+    pub duplicates_stopped: usize,
     pub rpcs_per_sim_minute: f64,
 }
 
@@ -153,6 +160,7 @@ impl Summary {
             status: all(|r| &r.lags_ms.status),
             failover_submission: all(|r| &r.lags_ms.failover_submission),
             duplicates: records.iter().map(|r| r.metrics.duplicates).sum(),
+            duplicates_stopped: records.iter().map(|r| r.metrics.duplicates_stopped).sum(),
             rpcs_per_sim_minute: if minutes > 0.0 {
                 (rpcs as f64 / minutes * 10.0).round() / 10.0
             } else {
@@ -174,6 +182,7 @@ impl Summary {
             "status_lag_ms": lag(&self.status),
             "failover_submission_lag_ms": lag(&self.failover_submission),
             "duplicates": self.duplicates,
+            "duplicates_stopped": self.duplicates_stopped,
             "rpcs_per_sim_minute": self.rpcs_per_sim_minute,
         });
         if let Some(wall_ms) = wall_ms {
@@ -355,6 +364,7 @@ mod tests {
                 submission_lag_ms: LagSummary::default(),
                 status_lag_ms: LagSummary::default(),
                 duplicates: 0,
+                duplicates_stopped: 0,
                 rpcs: 30,
                 acting_writes: BTreeMap::new(),
             },

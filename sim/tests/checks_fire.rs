@@ -93,7 +93,7 @@ fn deletion_fires_when_another_finalizer_holds_the_spurjob() {
 }
 
 #[test]
-fn duplicate_submission_fires_on_a_second_job_planted_for_one_spurjob() {
+fn duplicate_submission_fires_on_a_second_job_of_one_spurjob_that_ran() {
     let plan = calm();
     let (job, created) = name(&plan, 0);
     let checks = fired(

@@ -203,7 +203,58 @@ const PINNED: &[(u64, &str)] = &[
     // answered every poll for it with no jobs at all, which rule 6 did not judge until it
     // also weighed the ids a read asked for.
     (107160, "a leader cut off from its peers, asked by id"),
+    // operator-b not ready for 15 s: the follower it probed through forwarded nothing for
+    // the 150 s after a replica partition healed, because the model dropped what a cut
+    // held and turmoil's TCP never retransmits, so the forward connection hung for good. A
+    // kernel retransmits: cuts now hold and deliver at the heal (`world::Cut`).
+    (
+        101513,
+        "a forward connection that lost a frame in a partition",
+    ),
 ];
+
+/// Seed 941 once cuts held instead of dropping: the leader's ReportJobStatus, sent across a
+/// cut to spurctld-0 before a leader change, landed when the cut healed 22 s into
+/// operator-b's term. It is judged by when it may have been sent, and counted.
+#[test]
+fn a_call_a_cut_held_lands_after_the_lease_moved_and_is_judged_by_its_sending() {
+    let outcomes = run_seeds(&[941], Profile::Default, 1, |_| {});
+    let outcome = &outcomes[0];
+    assert!(outcome.passed(), "{:?}", outcome.violations);
+    assert!(
+        outcome
+            .landed_after_cut
+            .get("operator")
+            .copied()
+            .unwrap_or(0)
+            > 0,
+        "{:?}",
+        outcome.landed_after_cut
+    );
+}
+
+/// Seeds 106265 and 109870, once cuts held what crossed them: a SubmitJob forwarded across
+/// a replica partition, given up on by the operator, landed at the heal as a second job of
+/// its SpurJob (spurctld does not deduplicate). The operator stops it before it runs
+/// (`jobs::duplicates`: in 106265 the agent refused job 20's launch, naming job 17, and
+/// cancelled it), so the check counts it as stopped, not as a duplicate that ran.
+#[test]
+fn a_second_job_a_heal_delivers_is_stopped_before_it_runs() {
+    let outcomes = run_seeds(&[106265, 109870], Profile::Default, 2, |_| {});
+    for outcome in &outcomes {
+        assert!(
+            outcome.passed(),
+            "seed {}: {:?}",
+            outcome.seed,
+            outcome.violations
+        );
+        assert!(
+            outcome.duplicates_stopped > 0,
+            "seed {}: no second job landed: the case no longer happens",
+            outcome.seed
+        );
+    }
+}
 
 #[test]
 fn the_pinned_regressions_pass() {

@@ -483,10 +483,12 @@ fn failed_record(
         status_lags: Vec::new(),
         failover_submission_lags: Vec::new(),
         duplicates: 0,
+        duplicates_stopped: 0,
         rpcs: 0,
         replay_args: String::new(),
         acting_writes: Default::default(),
         acting_calls: Default::default(),
+        landed_after_cut: Default::default(),
         timeline: None,
     });
     record.replay = replay(name, profile, quiet, None);

@@ -11,7 +11,9 @@ use serde_json::json;
 use super::world::{API_IP, Lab, Stop};
 use crate::operator::KUBE_API_HOST;
 use crate::profiles::Profile;
-use crate::scenario::checks::{Deadlines, Monitor, Violation};
+use spur_operator::is_terminal;
+
+use crate::scenario::checks::{AcceptedJob, Deadlines, Duplicates, Monitor, Violation};
 use crate::scenario::plan::{Fault, LeaderChange, Plan, PlannedJob};
 use crate::scenario::{OPERATOR, OPERATOR_B, Outcome, REPLACE_AFTER, SAMPLE};
 use crate::timeline::{FaultSpan, Timeline};
@@ -125,12 +127,17 @@ pub async fn run_plan(
     let now = lab.now();
     let duplicates = match lab.controller_jobs().await {
         Some(mut jobs) => {
-            jobs.sort_by_key(|j| j.0);
-            let submitted: Vec<(u32, String)> = jobs
+            jobs.sort_by_key(|j| j.id);
+            let accepted: Vec<AcceptedJob> = jobs
                 .into_iter()
-                .map(|(id, _, _, comment)| (id, comment))
+                .map(|job| AcceptedJob {
+                    id: job.id,
+                    live: !is_terminal(job.state),
+                    ran: job.started,
+                    comment: job.comment,
+                })
                 .collect();
-            monitor.finish_with(&submitted, now)
+            monitor.finish_with(&accepted, now)
         }
         None => {
             monitor.violations.push(Violation {
@@ -139,7 +146,7 @@ pub async fn run_plan(
                 at: now,
                 detail: "no leader answered at the end: the duplicate check could not run".into(),
             });
-            0
+            Duplicates::default()
         }
     };
     let violations = std::mem::take(&mut monitor.violations);
@@ -179,10 +186,12 @@ pub async fn run_plan(
         submission_lags: monitor.lags.submission.clone(),
         status_lags: monitor.lags.status.clone(),
         failover_submission_lags: monitor.lags.failover_submission.clone(),
-        duplicates,
+        duplicates: duplicates.ran,
+        duplicates_stopped: duplicates.stopped,
         rpcs: lab.controller_calls() as usize,
         acting_writes: BTreeMap::new(),
         acting_calls: BTreeMap::new(),
+        landed_after_cut: BTreeMap::new(),
         replay_args: String::new(),
         timeline,
     })

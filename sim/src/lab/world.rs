@@ -44,6 +44,16 @@ pub const IMAGE_OPERATOR: &str = "/usr/local/bin/spur-operator";
 /// How long the lab waits for one ground-truth read of a replica.
 const READ_BOUND: Duration = Duration::from_secs(1);
 
+/// A job as the replicas' leader shows it at the end of a run.
+pub struct LeaderJob {
+    pub id: u32,
+    pub state: &'static str,
+    pub exit_code: i32,
+    /// It has a start time: its agents took its launch.
+    pub started: bool,
+    pub comment: String,
+}
+
 /// What the lab runs.
 #[derive(Clone, Debug)]
 pub struct LabSetup {
@@ -544,7 +554,7 @@ impl Lab {
 
     /// Every job the leader knows: (id, state, exit code, comment). `None` when no leader
     /// answered within the bound.
-    pub async fn controller_jobs(&mut self) -> Option<Vec<(u32, &'static str, i32, String)>> {
+    pub async fn controller_jobs(&mut self) -> Option<Vec<LeaderJob>> {
         let slot = self.leader_slot()?;
         let mut client = self.client(slot).await?;
         let jobs = match client.get_jobs(pb::GetJobsRequest::default()).await {
@@ -556,9 +566,14 @@ impl Lab {
         };
         Some(
             jobs.into_iter()
-                .map(|j| {
-                    let state = pb::JobState::try_from(j.state).unwrap_or(pb::JobState::JobPending);
-                    (j.job_id, state_name(state), j.exit_code, j.comment)
+                .map(|j| LeaderJob {
+                    id: j.job_id,
+                    state: state_name(
+                        pb::JobState::try_from(j.state).unwrap_or(pb::JobState::JobPending),
+                    ),
+                    exit_code: j.exit_code,
+                    started: j.start_time.is_some(),
+                    comment: j.comment,
                 })
                 .collect(),
         )
@@ -630,13 +645,11 @@ impl Lab {
                 registered,
                 owners: jobs
                     .iter()
-                    .filter_map(|(id, _, _, comment)| {
-                        Some((*id, uid_in_comment(comment)?.to_owned()))
-                    })
+                    .filter_map(|job| Some((job.id, uid_in_comment(&job.comment)?.to_owned())))
                     .collect(),
                 jobs: jobs
                     .into_iter()
-                    .map(|(id, state, exit, _)| (id, (state, exit)))
+                    .map(|job| (job.id, (job.state, job.exit_code)))
                     .collect(),
             });
         }

@@ -27,6 +27,14 @@
 //! - `acting-interleaved`: when the writer of leader-only writes changes from one replica
 //!   to another, the Lease passed to the new writer between the old writer's last write
 //!   and the new writer's first: two replicas' writes never interleave within one term.
+//!
+//! A message a cut held lands when the cut heals, as a kernel's retransmission delivers it
+//! (`crate::world::Cut`), whoever holds the Lease by then: no sender can recall what it
+//! sent, and neither spurctld nor the API server takes a fencing token. So a write that
+//! lands outside its sender's term, just after a cut between the two hosts healed, is
+//! judged by when it may have been sent: it passes if the Lease named its sender at some
+//! instant of the cut (the operator's fence refuses a write from a replica the Lease does
+//! not name when it is sent), and is counted in [`ActingCheck::landed_after_cut`].
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -34,6 +42,7 @@ use std::time::Duration;
 use crate::controller::calls::CallRecord;
 use crate::kube_api::WriteRecord;
 use crate::leases::{LeaseHistory, Term};
+use crate::world::Cut;
 
 use super::Violation;
 
@@ -64,6 +73,9 @@ pub struct ActingCheck {
     pub calls_judged: std::collections::BTreeMap<String, usize>,
     /// Leader-only writes judged, per host (a check that judged nothing proves nothing).
     pub judged: std::collections::BTreeMap<String, usize>,
+    /// Writes and write calls that landed outside their sender's term after a cut that held
+    /// them healed, per host (see the module doc).
+    pub landed_after_cut: std::collections::BTreeMap<String, usize>,
 }
 
 fn describe(w: &WriteRecord) -> String {
@@ -123,7 +135,32 @@ impl ActingCheck {
             calls_lost_flagged: false,
             calls_judged: Default::default(),
             judged: Default::default(),
+            landed_after_cut: Default::default(),
         }
+    }
+
+    /// Whether a message from `host` that reached `server` at `at` may have been held by a
+    /// cut between them that healed just before, and sent while the Lease named `host`;
+    /// counted when so.
+    fn landed_after_cut(
+        &mut self,
+        cuts: &[Cut],
+        leases: &LeaseHistory,
+        (host, server, at): (&str, &str, Duration),
+    ) -> bool {
+        let held = cuts.iter().any(|cut| {
+            let (Some(healed), Some(landed_by)) = (cut.healed, cut.landed_by) else {
+                return false;
+            };
+            // On its way when the cut began: sent at most a landing's time before.
+            let sent_from = cut.from.saturating_sub(landed_by - healed);
+            cut.may_have_held(host, server, at)
+                && leases.named_within(&self.lease, host, sent_from, healed)
+        });
+        if held {
+            *self.landed_after_cut.entry(host.to_owned()).or_default() += 1;
+        }
+        held
     }
 
     /// Judges `writes` (in the order applied, as [`crate::kube_api::ApiServer::take_writes`]
@@ -134,6 +171,7 @@ impl ActingCheck {
         writes: &[WriteRecord],
         leases: &LeaseHistory,
         lost: u64,
+        cuts: &[Cut],
     ) -> Vec<Violation> {
         let at = writes.last().map_or(Duration::ZERO, |w| w.at);
         let mut violations: Vec<Violation> = incomplete(
@@ -155,6 +193,11 @@ impl ActingCheck {
             *self.judged.entry(host.to_owned()).or_default() += 1;
             let term = leases.term_before(&self.lease, w.rv);
             let holder = term.as_ref().and_then(|t| t.holder.as_deref());
+            if holder != Some(host)
+                && self.landed_after_cut(cuts, leases, (host, crate::operator::KUBE_API_HOST, w.at))
+            {
+                continue; // not an act of the term it landed in
+            }
             if holder != Some(host) {
                 let since = term.as_ref().map_or(0, |t| t.rv);
                 let named = named(term.as_ref());
@@ -206,6 +249,7 @@ impl ActingCheck {
         calls: &[CallRecord],
         leases: &LeaseHistory,
         lost: u64,
+        cuts: &[Cut],
     ) -> Vec<Violation> {
         let at = calls.last().map_or(Duration::ZERO, |c| c.at);
         let mut violations: Vec<Violation> = incomplete(
@@ -223,7 +267,9 @@ impl ActingCheck {
             }
             *self.calls_judged.entry(call.caller.clone()).or_default() += 1;
             let term = leases.term_at(&self.lease, call.at);
-            if term.as_ref().and_then(|t| t.holder.as_deref()) == Some(call.caller.as_str()) {
+            if term.as_ref().and_then(|t| t.holder.as_deref()) == Some(call.caller.as_str())
+                || self.landed_after_cut(cuts, leases, (&call.caller, &call.replica, call.at))
+            {
                 continue;
             }
             let detail = format!(
@@ -257,10 +303,11 @@ impl ActingCheck {
     /// the last call.
     pub fn sample(&mut self, sim: &crate::harness::Sim) -> Vec<Violation> {
         let writes = sim.api.take_writes();
-        let mut violations = self.judge(&writes, &sim.leases, sim.api.writes_dropped());
+        let cuts = sim.world.cuts();
+        let mut violations = self.judge(&writes, &sim.leases, sim.api.writes_dropped(), cuts);
         let cluster = sim.world.cluster();
         let calls = cluster.take_calls();
-        violations.extend(self.judge_calls(&calls, &sim.leases, cluster.calls_dropped()));
+        violations.extend(self.judge_calls(&calls, &sim.leases, cluster.calls_dropped(), cuts));
         violations
     }
 
@@ -336,7 +383,7 @@ mod tests {
             // Not a replica: not judged.
             write(22, "kubectl", "Pod"),
         ];
-        assert!(check.judge(&writes, &leases, 0).is_empty());
+        assert!(check.judge(&writes, &leases, 0, &[]).is_empty());
         assert_eq!(check.judged["a"], 3);
         assert_eq!(check.judged["b"], 1);
     }
@@ -345,7 +392,12 @@ mod tests {
     fn a_write_while_the_lease_names_another_is_flagged() {
         let leases = history(&[(1, Some("a")), (12, Some("b"))]);
         let mut check = ActingCheck::new(LEASE, &["a", "b"]);
-        let v = check.judge(&[write(2, "a", "Pod"), write(13, "a", "Pod")], &leases, 0);
+        let v = check.judge(
+            &[write(2, "a", "Pod"), write(13, "a", "Pod")],
+            &leases,
+            0,
+            &[],
+        );
         assert_eq!(checks(&v), ["acting-without-lease"]);
         assert!(
             v[0].detail.contains("a applied patch Pod default/obj-13"),
@@ -356,7 +408,7 @@ mod tests {
         assert_eq!(v[0].at, Duration::from_secs(13));
         // Before the lease exists, nobody acts.
         let mut check = ActingCheck::new(LEASE, &["a"]);
-        let v = check.judge(&[write(1, "a", "Pod")], &history(&[(5, Some("a"))]), 0);
+        let v = check.judge(&[write(1, "a", "Pod")], &history(&[(5, Some("a"))]), 0, &[]);
         assert!(v[0].detail.contains("did not exist"), "{}", v[0].detail);
     }
 
@@ -376,6 +428,7 @@ mod tests {
             ],
             &leases,
             0,
+            &[],
         );
         assert_eq!(
             checks(&v),
@@ -410,7 +463,7 @@ mod tests {
             call(14, "a"),
             call(15, "x"),
         ];
-        let v = check.judge_calls(&calls, &leases, 0);
+        let v = check.judge_calls(&calls, &leases, 0, &[]);
         assert_eq!(checks(&v), ["acting-without-lease"]);
         assert!(
             v[0].detail
@@ -422,12 +475,58 @@ mod tests {
     }
 
     #[test]
+    fn a_call_a_cut_held_is_judged_by_when_it_may_have_been_sent() {
+        // a leads until 12 s, b from 12 s; a cut between a and spurctld-0 from 10 s to
+        // 20 s holds what a sent, and it lands at the heal (seed 941 after partitions
+        // began to hold).
+        let leases = history(&[(1, Some("a")), (12, Some("b"))]);
+        let cut = |from, healed| Cut {
+            hosts: ("a".into(), "spurctld-0".into()),
+            from: Duration::from_secs(from),
+            healed: Some(Duration::from_secs(healed)),
+            landed_by: Some(Duration::from_secs(healed) + Duration::from_millis(20)),
+        };
+        let at = |secs: f64, replica: &str| CallRecord {
+            at: Duration::from_secs_f64(secs),
+            caller: "a".into(),
+            replica: replica.into(),
+            method: "ReportJobStatus",
+        };
+        let mut check = ActingCheck::new(LEASE, &["a", "b"]);
+        let v = check.judge_calls(&[at(20.01, "spurctld-0")], &leases, 0, &[cut(10, 20)]);
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(check.landed_after_cut["a"], 1);
+        for (call, cuts, why) in [
+            (
+                at(20.5, "spurctld-0"),
+                [cut(10, 20)],
+                "landed after what the cut held",
+            ),
+            (
+                at(20.01, "spurctld-1"),
+                [cut(10, 20)],
+                "another replica: not held",
+            ),
+            (
+                at(30.01, "spurctld-0"),
+                [cut(13, 30)],
+                "a never held the Lease while cut",
+            ),
+        ] {
+            let mut check = ActingCheck::new(LEASE, &["a", "b"]);
+            let v = check.judge_calls(&[call], &leases, 0, &cuts);
+            assert_eq!(checks(&v), ["acting-without-lease"], "{why}");
+            assert!(check.landed_after_cut.is_empty(), "{why}");
+        }
+    }
+
+    #[test]
     fn a_lost_record_is_a_violation() {
         let mut check = ActingCheck::new(LEASE, &["a"]);
-        let v = check.judge(&[], &history(&[]), 2);
+        let v = check.judge(&[], &history(&[]), 2, &[]);
         assert_eq!(checks(&v), ["acting-record"]);
         assert!(
-            check.judge(&[], &history(&[]), 2).is_empty(),
+            check.judge(&[], &history(&[]), 2, &[]).is_empty(),
             "flagged once"
         );
     }

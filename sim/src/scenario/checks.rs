@@ -9,7 +9,7 @@ use std::time::Duration;
 use spur_operator::uid_in_comment;
 use spur_operator::{is_terminal, state_name};
 
-use crate::controller::state::{Command, Effect};
+use crate::controller::state::{Command, Effect, LogEntry, StateMachine};
 use crate::harness::{OPERATOR_LEASE, Sim};
 use crate::index::SpurJobView;
 use crate::operator::KUBE_API_HOST;
@@ -273,6 +273,12 @@ impl Monitor {
     /// Controller write calls judged, per operator replica.
     pub fn acting_calls(&self) -> &BTreeMap<String, usize> {
         &self.acting.calls_judged
+    }
+
+    /// Writes and write calls that landed outside their sender's term after a cut that held
+    /// them healed, per operator replica.
+    pub fn landed_after_cut(&self) -> &BTreeMap<String, usize> {
+        &self.acting.landed_after_cut
     }
 
     /// sim.md's lease liveness, which bounds the pause the deadlines take while nobody
@@ -588,29 +594,26 @@ impl Monitor {
     }
 
     /// The checks on the whole run, on the simulation's replicated log.
-    pub fn finish(&mut self, sim: &Sim, now: Duration) -> usize {
-        let submitted: Vec<(u32, String)> = sim
-            .world
-            .log()
-            .into_iter()
-            .filter_map(|entry| match (entry.command, entry.outcome) {
-                (Command::SubmitJob { spec, .. }, Effect::JobId(id)) => Some((id, spec.comment)),
-                _ => None,
-            })
-            .collect();
-        self.finish_with(&submitted, now)
+    pub fn finish(&mut self, sim: &Sim, now: Duration) -> Duplicates {
+        self.finish_with(&accepted_jobs(&sim.world.log()), now)
     }
 
-    /// The check on the whole run: no SpurJob maps to more than one controller job.
-    /// `submitted` is every job the controller accepted, with its comment. (Whether job ids
-    /// increase is the controller's business, which the real one does not promise in
-    /// submission order (fidelity.md row 14); what the operator must guarantee is judged
-    /// here and by `spurjob-id-names-its-job`.)
+    /// The check on the whole run: at most one controller job of each SpurJob runs.
+    /// `accepted` is every job the controller accepted, with its comment, whether it ran
+    /// and whether it may still run. spurctld does not deduplicate, and a SubmitJob the
+    /// operator gave up on in a cut can land after the heal (`crate::world::Cut`); what the
+    /// operator must guarantee is that such a second job is stopped before it starts
+    /// (`spur_operator`'s `jobs::duplicates`): two jobs of one SpurJob that ran, or that
+    /// are still pending at the end, are a violation; a second job that ended without
+    /// running is counted in [`Duplicates::stopped`]. (Whether job ids increase is the
+    /// controller's business, which the real one does not promise in submission order
+    /// (fidelity.md row 14); what the operator must guarantee is judged here and by
+    /// `spurjob-id-names-its-job`.)
     ///
     /// And every deletion was judged: a SpurJob deleted in the run whose deletion neither
     /// completed nor outlived its deadline was never weighed (the world never held still
     /// long enough), which would otherwise pass unseen.
-    pub fn finish_with(&mut self, submitted: &[(u32, String)], now: Duration) -> usize {
+    pub fn finish_with(&mut self, accepted: &[AcceptedJob], now: Duration) -> Duplicates {
         let unjudged: Vec<(String, Duration)> = self
             .jobs
             .iter()
@@ -628,26 +631,92 @@ impl Monitor {
                 ),
             );
         }
-        let mut by_uid: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-        for (id, comment) in submitted {
-            if let Some(uid) = uid_in_comment(comment) {
-                by_uid.entry(uid.to_owned()).or_default().push(*id);
+        let mut by_uid: BTreeMap<&str, Vec<&AcceptedJob>> = BTreeMap::new();
+        for job in accepted {
+            if let Some(uid) = uid_in_comment(&job.comment) {
+                by_uid.entry(uid).or_default().push(job);
             }
         }
-        let mut duplicates = 0;
-        for (uid, ids) in by_uid {
-            if ids.len() > 1 {
-                duplicates += ids.len() - 1;
+        let mut duplicates = Duplicates::default();
+        for (uid, jobs) in by_uid {
+            if jobs.len() < 2 {
+                continue;
+            }
+            let ids: Vec<u32> = jobs.iter().map(|j| j.id).collect();
+            let running: Vec<u32> = jobs
+                .iter()
+                .filter(|j| j.ran || j.live)
+                .map(|j| j.id)
+                .collect();
+            duplicates.stopped += jobs.len() - running.len().max(1);
+            if running.len() > 1 {
+                duplicates.ran += running.len() - 1;
                 self.violate(
                     "duplicate-submission",
                     &format!("spurjob-uid/{uid}"),
                     now,
-                    format!("controller jobs {ids:?} carry the same SpurJob"),
+                    format!(
+                        "controller jobs {ids:?} carry the same SpurJob, and {running:?} ran or may still run"
+                    ),
                 );
             }
         }
         duplicates
     }
+}
+
+/// One job the controller accepted, as the whole-run duplicate check weighs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcceptedJob {
+    pub id: u32,
+    pub comment: String,
+    /// It started on its agents (for an array, one of its tasks did).
+    pub ran: bool,
+    /// It has not ended by the end of the run (for an array, one of its tasks): it may
+    /// still run.
+    pub live: bool,
+}
+
+/// The second controller jobs of SpurJobs a run left (`Monitor::finish_with`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Duplicates {
+    /// Beyond the first, the jobs of one SpurJob that ran or may still run: violations.
+    pub ran: usize,
+    /// Second jobs that ended without running: the operator stopped them in time.
+    pub stopped: usize,
+}
+
+/// Every job the simulated controller accepted, from its replicated log: replayed into a
+/// fresh copy of the state machine, as a replica derives its state, noting each job that
+/// started.
+pub fn accepted_jobs(log: &[LogEntry]) -> Vec<AcceptedJob> {
+    let mut state = StateMachine::default();
+    let mut started: BTreeSet<u32> = BTreeSet::new();
+    let mut submitted: Vec<(u32, String)> = Vec::new();
+    for entry in log {
+        if let Command::JobRunning { job_id, .. } = &entry.command {
+            let array = state.jobs.get(job_id).and_then(|job| job.array);
+            started.insert(array.map_or(*job_id, |(parent, _)| parent));
+        }
+        state.apply(&entry.command);
+        if let (Command::SubmitJob { spec, .. }, Effect::JobId(id)) =
+            (&entry.command, &entry.outcome)
+        {
+            submitted.push((*id, spec.comment.clone()));
+        }
+    }
+    submitted
+        .into_iter()
+        .map(|(id, comment)| AcceptedJob {
+            id,
+            comment,
+            ran: started.contains(&id),
+            live: state.jobs.values().any(|job| {
+                let of = job.array.map_or(job.id, |(parent, _)| parent);
+                of == id && !job.is_terminal()
+            }),
+        })
+        .collect()
 }
 
 /// What one sample sees of the world's ground truth. The simulation fills it from its
@@ -964,28 +1033,113 @@ mod tests {
     }
 
     #[test]
-    fn duplicate_submission_fires_on_two_controller_jobs_of_one_spurjob() {
-        let tagged = |uid: &str| format!("k8s {}{uid}", spur_operator::UID_TAG);
-        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+    fn accepted_jobs_replays_the_log_for_who_ran_and_who_may_still_run() {
+        use spur_proto as pb;
+        let at = crate::determinism::epoch();
+        let spec = |uid: &str, array: &str| {
+            Box::new(pb::JobSpec {
+                name: "j".into(),
+                comment: format!("k8s {}{uid}", spur_operator::UID_TAG),
+                array_spec: array.into(),
+                ..Default::default()
+            })
+        };
+        let mut state = StateMachine::default();
+        let mut log = Vec::new();
+        for command in [
+            Command::SubmitJob {
+                spec: spec("a", ""),
+                at,
+            }, // 1: runs
+            Command::SubmitJob {
+                spec: spec("a", ""),
+                at,
+            }, // 2: cancelled before it ran
+            Command::SubmitJob {
+                spec: spec("b", ""),
+                at,
+            }, // 3: still pending
+            Command::SubmitJob {
+                spec: spec("c", "0-1"),
+                at,
+            }, // 4: tasks 5 and 6
+            Command::JobRunning { job_id: 1, at },
+            Command::CancelJob { job_id: 2, at },
+            Command::JobRunning { job_id: 6, at },
+        ] {
+            let outcome = state.apply(&command);
+            log.push(LogEntry {
+                index: log.len() as u64 + 1,
+                term: 1,
+                command,
+                outcome,
+            });
+        }
+        let got: Vec<(u32, bool, bool)> = accepted_jobs(&log)
+            .iter()
+            .map(|j| (j.id, j.ran, j.live))
+            .collect();
         assert_eq!(
-            monitor.finish_with(&[(1, tagged("a")), (2, tagged("b"))], SECOND),
-            0
-        );
-        assert!(monitor.violations.is_empty());
-        assert_eq!(
-            monitor.finish_with(
-                &[(1, tagged("a")), (3, tagged("b")), (2, tagged("a"))],
-                SECOND
-            ),
-            1
-        );
-        let fired: Vec<String> = monitor.violations.iter().map(|v| v.to_string()).collect();
-        assert_eq!(
-            fired,
+            got,
             [
-                "duplicate-submission spurjob-uid/a at 1.0s: controller jobs [1, 2] carry the same SpurJob"
+                (1, true, true),
+                (2, false, false),
+                (3, false, true),
+                // The array ran through its task 6; task 5 is still pending.
+                (4, true, true),
             ]
         );
+    }
+
+    #[test]
+    fn duplicate_submission_fires_when_two_jobs_of_one_spurjob_ran_or_may_still_run() {
+        let job = |id: u32, uid: &str, ran: bool, live: bool| AcceptedJob {
+            id,
+            comment: format!("k8s {}{uid}", spur_operator::UID_TAG),
+            ran,
+            live,
+        };
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        // One job each: nothing to judge.
+        let one_each = [job(1, "a", true, false), job(2, "b", true, true)];
+        assert_eq!(
+            monitor.finish_with(&one_each, SECOND),
+            Duplicates::default()
+        );
+        // A second job that ended without running (the operator cancelled it in time):
+        // counted, not a violation; the same when neither ran (a deleted SpurJob).
+        let stopped = [
+            job(1, "a", true, false),
+            job(2, "a", false, false),
+            job(3, "b", false, false),
+            job(4, "b", false, false),
+        ];
+        assert_eq!(
+            monitor.finish_with(&stopped, SECOND),
+            Duplicates { ran: 0, stopped: 2 }
+        );
+        assert!(monitor.violations.is_empty(), "{:?}", monitor.violations);
+        // Both ran; or one ran and the other is still pending at the end.
+        for (second, why) in [
+            (job(2, "a", true, false), "both ran"),
+            (job(2, "a", false, true), "the second may still run"),
+        ] {
+            let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+            let jobs = [job(1, "a", true, false), job(3, "b", true, false), second];
+            assert_eq!(
+                monitor.finish_with(&jobs, SECOND),
+                Duplicates { ran: 1, stopped: 0 },
+                "{why}"
+            );
+            let fired: Vec<String> = monitor.violations.iter().map(|v| v.to_string()).collect();
+            assert_eq!(
+                fired,
+                [
+                    "duplicate-submission spurjob-uid/a at 1.0s: controller jobs [1, 2] carry the same SpurJob, and [1, 2] ran or may still run"
+                ],
+                "{why}"
+            );
+        }
     }
 
     #[test]

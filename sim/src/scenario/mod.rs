@@ -80,7 +80,11 @@ pub struct Outcome {
     pub submission_lags: Vec<u64>,
     pub status_lags: Vec<u64>,
     pub failover_submission_lags: Vec<u64>,
+    /// Beyond the first, the controller jobs of one SpurJob that ran or may still run
+    /// (violations of `duplicate-submission`).
     pub duplicates: usize,
+    /// Second jobs of SpurJobs that ended without running: stopped by the operator.
+    pub duplicates_stopped: usize,
     /// Calls the operator made to the controller replicas (a forward is not a second call;
     /// the readiness probe's Pings are calls).
     pub rpcs: usize,
@@ -89,6 +93,9 @@ pub struct Outcome {
     /// Controller write calls received from each operator replica, each judged against
     /// the Lease.
     pub acting_calls: BTreeMap<String, usize>,
+    /// Of those writes and calls, the ones a cut held that landed outside their sender's
+    /// term when it healed (judged by when they may have been sent; `scenario::acting`).
+    pub landed_after_cut: BTreeMap<String, usize>,
     /// The flags beyond seed and profile that replay it (a non-default intensity).
     pub replay_args: String,
     /// The run as a picture, when the config asked for one.
@@ -144,9 +151,11 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
                 status_lags: Vec::new(),
                 failover_submission_lags: Vec::new(),
                 duplicates: 0,
+                duplicates_stopped: 0,
                 rpcs: 0,
                 acting_writes: BTreeMap::new(),
                 acting_calls: BTreeMap::new(),
+                landed_after_cut: BTreeMap::new(),
                 replay_args,
                 timeline: None,
             }
@@ -372,10 +381,12 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
         submission_lags: monitor.lags.submission.clone(),
         status_lags: monitor.lags.status.clone(),
         failover_submission_lags: monitor.lags.failover_submission.clone(),
-        duplicates,
+        duplicates: duplicates.ran,
+        duplicates_stopped: duplicates.stopped,
         rpcs,
         acting_writes: monitor.acting_writes().clone(),
         acting_calls: monitor.acting_calls().clone(),
+        landed_after_cut: monitor.landed_after_cut().clone(),
         replay_args: config.intensity.args(),
         timeline,
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 use spur_operator::uid_in_comment;
 
-use crate::controller::state::Command;
+use crate::controller::state::{Command, Effect};
 use crate::kube_api::ApiServer;
 use crate::world::World;
 
@@ -26,7 +26,9 @@ pub enum Sabotage {
     /// Another controller's finalizer on the SpurJob: once deleted, it never goes.
     HoldFinalizer { job: String },
     /// A second controller job carrying the SpurJob's UID, submitted straight to the
-    /// controller leader (its spec copied from the first).
+    /// controller leader (its spec copied from the first) and marked running there at
+    /// once, as if some agent had taken its launch: past what the operator can stop (it
+    /// refuses a duplicate's launch and cancels it, `jobs::duplicates`).
     DuplicateJob { job: String },
 }
 
@@ -98,16 +100,23 @@ pub fn strike(w: &mut World, api: &ApiServer, sabotage: &Sabotage, now: Duration
                         .map(|j| j.spec.clone())
                 })
                 .unwrap_or_else(|| panic!("sabotage: {job} has no controller job to copy"));
-            cluster
+            let at = crate::determinism::epoch() + now;
+            let planted = cluster
                 .propose(
                     slot,
                     Command::SubmitJob {
                         spec: Box::new(spec),
-                        at: crate::determinism::epoch() + now,
+                        at,
                     },
                     now,
                 )
                 .unwrap_or_else(|e| panic!("sabotage: plant a duplicate of {job}: {e:?}"));
+            let Effect::JobId(job_id) = planted else {
+                panic!("sabotage: the duplicate of {job} got no id: {planted:?}");
+            };
+            cluster
+                .propose(slot, Command::JobRunning { job_id, at }, now)
+                .unwrap_or_else(|e| panic!("sabotage: run the duplicate of {job}: {e:?}"));
         }
     }
     w.trace()
