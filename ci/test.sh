@@ -127,6 +127,8 @@ if [ "$(id -u)" -eq 0 ] && [ -x "$spurctld" ]; then
     --plot target/pictures/lab.svg --html target/pictures/lab
   # The lab's lags beside its twins': one curve each in every panel.
   python3 ci/pictures_check.py --plot target/pictures/lab.svg lab,simulation
+  # The model of a healed cut against the kernel's retransmission (README, "The lab").
+  timeout --kill-after=10s 120s target/debug/spur-sim lab-heal
 elif [ "${CI:-}" = "true" ]; then
   echo "CI: the lab needs root and the real spurctld" >&2
   exit 1

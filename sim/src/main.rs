@@ -52,6 +52,9 @@ enum Command {
     /// The operator at scale against the real three replicas, in the lab: time to
     /// register many nodes, then the steady state with many active SpurJobs. Needs root.
     LabBench(spur_sim::lab::bench::LabBenchArgs),
+    /// How long after a network cut heals the kernel delivers what an open connection sent
+    /// across it, against the simulation's delivery at the heal. Needs root.
+    LabHeal(spur_sim::lab::heal::LabHealArgs),
     /// Serve the simulated Kubernetes API server over TCP (and write a kubeconfig for it).
     KubeApi(spur_sim::kube_api::cli::KubeApiArgs),
     /// Runs a small fixed scenario and prints its trace hash: the same seed must print the
@@ -86,6 +89,7 @@ fn run(command: Command) -> anyhow::Result<bool> {
         Command::BenchJobs { jobs } => spur_sim::cli::bench_jobs(jobs),
         Command::Lab(args) => spur_sim::lab::main(args),
         Command::LabBench(args) => spur_sim::lab::bench::main(args),
+        Command::LabHeal(args) => spur_sim::lab::heal::main(args),
         Command::Controllers(args) => {
             spur_sim::controller::tcp::main(args)?;
             Ok(true)

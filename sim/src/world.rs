@@ -403,7 +403,8 @@ impl World {
     /// it at the connection's next retransmission, up to one retransmission timeout after
     /// the heal; turmoil's links carry every connection between two hosts at once, and new
     /// connects must pass at the heal, so the held segments arrive at the heal: the model
-    /// is early by at most that timeout for a connection that had data in flight. (Before,
+    /// is early by at most that timeout for a connection that had data in flight
+    /// (`spur-sim lab-heal` measured 0.7 s after a 1 s cut, 6.7 s after a 20 s one). (Before,
     /// turmoil dropped them, and its TCP never retransmits: an h2 connection that lost a
     /// frame hung for good after the heal, which no kernel does; seed 101513.)
     pub fn repair(&mut self, a: &str, b: &str) {

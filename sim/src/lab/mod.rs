@@ -13,6 +13,7 @@
 //! `--compare-sim` runs the same plan in the simulation too and prints both side by side.
 
 pub mod bench;
+pub mod heal;
 pub mod kernel;
 pub mod run;
 pub mod scenarios;
