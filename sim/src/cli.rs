@@ -84,7 +84,8 @@ pub struct RunArgs {
 /// are judged at.
 #[derive(Args, Debug, Clone, Copy)]
 pub struct IntensityArgs {
-    /// Draw up to 3 × N faults per scenario instead of 3 (they overlap more as N grows).
+    /// Draw up to 3 × N faults per scenario instead of 3 (they overlap more as N grows;
+    /// above 1 they also strike in the quiet period after the workload window).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub fault_density: u32,
     /// The workload window faults and SpurJobs spread over (20 SpurJobs per 180 s).

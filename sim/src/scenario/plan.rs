@@ -66,7 +66,8 @@ pub struct ScenarioConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Intensity {
     /// Multiplies the faults drawn per scenario (up to `3 × N`); they overlap more as
-    /// their count grows, since each strikes anywhere in the workload window.
+    /// their count grows, since each strikes anywhere in the workload window, and above 1
+    /// also in the quiet period after it (see [`plan`]).
     pub fault_density: u32,
     /// The workload window: faults and SpurJobs (20 per 180 s) spread over it.
     pub duration: Duration,
@@ -337,12 +338,20 @@ pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
 
     let count = rng.random_range(1..=config.max_faults.max(1));
     let mut faults = Vec::with_capacity(count);
-    // Faults strike once the controller is up, within the workload window.
+    // Faults strike once the controller is up, within the workload window. Denser
+    // scenarios also strike in the quiet period that would follow it, where no SpurJob is
+    // created but jobs still run, end and are mirrored; the plan still ends a whole quiet
+    // period after the last heal, so every liveness check keeps its window.
     let window_start = controllers_at + Duration::from_secs(10);
     let window_end = window_start + config.workload_window;
+    let faults_end = if config.intensity.fault_density > 1 {
+        window_end + config.quiet_period
+    } else {
+        window_end
+    };
     for _ in 0..count {
         let at = Duration::from_millis(
-            rng.random_range(window_start.as_millis() as u64..window_end.as_millis() as u64),
+            rng.random_range(window_start.as_millis() as u64..faults_end.as_millis() as u64),
         );
         let fault = match DRAWN[rng.random_range(0..DRAWN.len())] {
             0 => Fault::LeaderKillSilent,
@@ -508,9 +517,26 @@ mod tests {
                     .count(),
                 67
             );
-            let window_end = plan.controllers_at + Duration::from_secs(10 + 600);
-            assert!(plan.faults.iter().all(|f| f.at < window_end));
+            // Faults strike in the window and the quiet after it, and the plan keeps a
+            // whole quiet period after the last heal.
+            let faults_end = plan.controllers_at + Duration::from_secs(10 + 600 + 120);
+            assert!(plan.faults.iter().all(|f| f.at < faults_end));
+            let healed = plan
+                .faults
+                .iter()
+                .map(|f| f.at + f.fault.heals_after())
+                .max()
+                .expect("faults");
+            assert!(plan.end >= healed + Duration::from_secs(120));
         }
+        let window_end = |plan: &Plan| plan.controllers_at + Duration::from_secs(10 + 600);
+        assert!(
+            (0..200).any(|seed| {
+                let plan = plan(seed, &config);
+                plan.faults.iter().any(|f| f.at >= window_end(&plan))
+            }),
+            "no fault struck in the quiet period of 200 dense seeds"
+        );
         assert_eq!(intensity.args(), " --fault-density 4 --duration 10m");
     }
 
