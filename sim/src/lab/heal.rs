@@ -13,7 +13,6 @@
 
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -128,24 +127,8 @@ pub fn measure(cut: Duration) -> anyhow::Result<Delivery> {
     Ok(Delivery { cut, after_heal })
 }
 
-fn nft(script: &str) -> anyhow::Result<()> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(script.as_bytes())?;
-    let out = child.wait_with_output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "nft {script:?}: {}",
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(())
+fn nft(script: &str) -> std::io::Result<()> {
+    super::kernel::run("nft", &["-f", "-"], Some(script))
 }
 
 #[cfg(test)]

@@ -55,7 +55,8 @@ pub fn missing_tools() -> Option<String> {
     None
 }
 
-fn run(program: &str, args: &[&str], stdin: Option<&str>) -> std::io::Result<()> {
+/// Runs `program` to its end, `stdin` fed to it; its stderr names a failure.
+pub(super) fn run(program: &str, args: &[&str], stdin: Option<&str>) -> std::io::Result<()> {
     let mut child = Command::new(program)
         .args(args)
         .stdin(if stdin.is_some() {

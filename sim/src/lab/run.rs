@@ -7,12 +7,11 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use spur_operator::is_terminal;
 
 use super::world::{API_IP, Lab, Stop};
 use crate::operator::KUBE_API_HOST;
 use crate::profiles::Profile;
-use spur_operator::is_terminal;
-
 use crate::scenario::checks::{AcceptedJob, Deadlines, Duplicates, Monitor, Violation};
 use crate::scenario::plan::{Fault, LeaderChange, Plan, PlannedJob};
 use crate::scenario::{OPERATOR, OPERATOR_B, Outcome, REPLACE_AFTER, SAMPLE};

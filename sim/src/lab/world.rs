@@ -552,7 +552,7 @@ impl Lab {
         Some(client)
     }
 
-    /// Every job the leader knows: (id, state, exit code, comment). `None` when no leader
+    /// Every job the leader knows. `None` when no leader
     /// answered within the bound.
     pub async fn controller_jobs(&mut self) -> Option<Vec<LeaderJob>> {
         let slot = self.leader_slot()?;
