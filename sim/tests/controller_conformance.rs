@@ -1240,20 +1240,31 @@ fn writes_through_a_follower_hang_while_the_leader_is_frozen_until_a_new_leader_
         Replicas::Three,
         Setup::default(),
         |target| async move {
-            let leader = target.wait_for_leader().await;
-            let follower = (leader + 1) % 3;
-            // The follower's forwarding client is made before the freeze (a follower of a
-            // fresh cluster may not know the leader for a moment).
-            let mut client = target.replica(follower).await;
-            let start = tokio::time::Instant::now();
-            while let Err(status) = client.submit_job(submit(spec("conf-before-freeze"))).await {
-                assert!(
-                    start.elapsed() < Duration::from_secs(10),
-                    "{}: the follower forwards no write: {status:?}",
-                    target.name
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            // A fresh real cluster may elect twice, seconds apart: the leader is asked again
+            // once the follower forwards, and the freeze waits for one that stayed.
+            let mut rounds = 0;
+            let (leader, follower, mut client) = loop {
+                rounds += 1;
+                let leader = target.wait_for_leader().await;
+                let follower = (leader + 1) % 3;
+                // The follower's forwarding client is made before the freeze (a follower of
+                // a fresh cluster may not know the leader for a moment).
+                let mut client = target.replica(follower).await;
+                let start = tokio::time::Instant::now();
+                while let Err(status) = client.submit_job(submit(spec("conf-before-freeze"))).await
+                {
+                    assert!(
+                        start.elapsed() < Duration::from_secs(10),
+                        "{}: the follower forwards no write: {status:?}",
+                        target.name
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                if target.wait_for_leader().await == leader {
+                    break (leader, follower, client);
+                }
+                assert!(rounds < 5, "{}: the leader keeps changing", target.name);
+            };
             target.freeze(leader).await;
             let frozen = tokio::time::Instant::now();
             let hung = tokio::time::timeout(
