@@ -77,7 +77,7 @@ struct Slot {
     /// When it last heard from the leader it names (a follower forgets it after
     /// `forget_leader_after` of silence).
     heard_leader_at: Duration,
-    /// When it last became leader (the health check's grace counts from then).
+    /// When it last became leader (a node it never heard from counts as heard then).
     leading_since: Duration,
     /// When it last heard each node's heartbeat or registration: memory of the process,
     /// not of the log (spurctld keeps heartbeats in memory).
@@ -391,15 +391,13 @@ impl Cluster {
     }
 
     /// On the leader `slot`: the nodes not yet DOWN or held whose last heartbeat it heard
-    /// is older than the timeout. None for `max(timeout, 30 s)` after it became leader
-    /// (spurctld's post-election grace), nor on a replica that does not lead.
+    /// is older than the timeout; none on a replica that does not lead. The post-election
+    /// grace is the health check's own (see `scheduler::LeadershipGrace`).
     pub fn silent_nodes(&self, slot: usize, now: Duration) -> Vec<String> {
         let state = self.lock();
         let me = &state.slots[slot];
         let timeout = self.config.heartbeat_timeout;
-        if me.known_leader.as_deref() != Some(me.host.as_str())
-            || now.saturating_sub(me.leading_since) < timeout.max(Duration::from_secs(30))
-        {
+        if me.known_leader.as_deref() != Some(me.host.as_str()) {
             return Vec::new();
         }
         me.state

@@ -8,7 +8,8 @@
 //!   of 5 s doubling (capped at 300 s) has passed, held after 5 failures; the retry
 //!   carries the same `run_attempt`;
 //! - every 30 s the leader marks nodes whose heartbeats it has not heard for the timeout
-//!   DOWN "Not responding", fails their jobs (NODE_FAIL) and tells their agents (signal 9).
+//!   DOWN "Not responding", fails their jobs (NODE_FAIL) and tells their agents (signal 9),
+//!   once a grace of the timeout (at least 30 s) counted from its first leading tick is over.
 
 use std::time::Duration;
 
@@ -129,13 +130,49 @@ pub async fn run<D: Dialer>(replica: Replica<D>) {
     }
 }
 
+/// spurctld's health check: a tick at start and every `health_tick` after (a tokio
+/// interval), acting only on a leader whose grace is over.
 async fn health<D: Dialer>(replica: Replica<D>) {
-    let tick = replica.cluster().config().health_tick;
+    let config = replica.cluster().config();
+    let mut ticks = tokio::time::interval(config.health_tick);
+    let mut grace = LeadershipGrace::new(config.heartbeat_timeout.max(config.health_tick));
     loop {
-        tokio::time::sleep(tick).await;
-        if replica.cluster().role(replica.slot()) == Role::Leader {
+        ticks.tick().await;
+        let leads = replica.cluster().role(replica.slot()) == Role::Leader;
+        if grace.over(leads, replica.now()) {
             health_check(&replica).await;
         }
+    }
+}
+
+/// The post-election grace of spurctld's health check, as spurctld keeps it: it counts
+/// from the first tick at which the replica found itself leading, not from the election
+/// (so up to one tick later), and restarts at any tick it does not lead. spurctld reads a
+/// real clock at each tick, so a tick one period after the grace began may fall a hair
+/// short and wait one more; the model's exact clock never does (the conformance case on
+/// silent nodes bounds both).
+#[derive(Debug)]
+struct LeadershipGrace {
+    grace: Duration,
+    leading_since: Option<Duration>,
+}
+
+impl LeadershipGrace {
+    fn new(grace: Duration) -> Self {
+        Self {
+            grace,
+            leading_since: None,
+        }
+    }
+
+    /// At a tick at `now`: whether a leader may mark nodes DOWN.
+    fn over(&mut self, leads: bool, now: Duration) -> bool {
+        if !leads {
+            self.leading_since = None;
+            return false;
+        }
+        let since = *self.leading_since.get_or_insert(now);
+        now.saturating_sub(since) >= self.grace
     }
 }
 
