@@ -65,7 +65,12 @@ take /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt 0644
 mkdir -p "$out/etc" "$out/home/nonroot" "$out/tmp"
 printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$out/etc/passwd"
 printf 'root:x:0:\nnonroot:x:65532:\n' >"$out/etc/group"
-chmod 0644 "$out/etc/passwd" "$out/etc/group"
+# Names resolve from /etc/hosts first, then DNS (a headless Service's name gives every ready
+# pod): without nsswitch.conf glibc asks DNS first. /etc/hosts is empty, the file the
+# runtime mounts its own over (the kubelet writes the pod's).
+printf 'hosts: files dns\n' >"$out/etc/nsswitch.conf"
+: >"$out/etc/hosts"
+chmod 0644 "$out/etc/passwd" "$out/etc/group" "$out/etc/nsswitch.conf" "$out/etc/hosts"
 chmod 0700 "$out/home/nonroot"
 chown 65532:65532 "$out/home/nonroot"
 chmod 1777 "$out/tmp"

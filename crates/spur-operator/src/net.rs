@@ -6,9 +6,11 @@
 //! adapter from a [`Dialer`] to the clients (tonic's and hyper's), and [`incoming`] the one
 //! from a [`Listener`] to tonic's server, for the operator, the simulation and the tests.
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -32,8 +34,17 @@ pub trait Dialer: Clone + Send + Sync + 'static {
 
 /// Real TCP through tokio (dialing and listening), with Nagle's algorithm off (gRPC messages are small and
 /// latency-bound).
+///
+/// A name that resolves to several addresses (a headless Service: one per ready pod) is
+/// dialed in turn (see [`dial_in_turn`]): tokio's own `connect` tries them in the
+/// resolver's order, so behind a connect bound every dial would wait on the same first
+/// address, a killed pod whose packets vanish, for as long as DNS still lists it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TcpNetwork;
+
+/// Where TCP dials start among a name's addresses. One for the process: any two dials in
+/// a row start at different addresses, which is all the rotation needs.
+static TCP_TURNS: Turns = Turns::new();
 
 impl Dialer for TcpNetwork {
     type Stream = tokio::net::TcpStream;
@@ -41,11 +52,71 @@ impl Dialer for TcpNetwork {
     fn dial(&self, host: &str, port: u16) -> BoxFuture<'static, io::Result<Self::Stream>> {
         let host = host.to_owned();
         Box::pin(async move {
-            let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
-            stream.set_nodelay(true)?;
-            Ok(stream)
+            let addresses: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
+                .await
+                .map_err(|e| io::Error::new(e.kind(), format!("resolve {host}: {e}")))?
+                .collect();
+            dial_in_turn(&host, &addresses, TCP_TURNS.next(), |&addr| async move {
+                let stream = tokio::net::TcpStream::connect(addr).await?;
+                stream.set_nodelay(true)?;
+                Ok(stream)
+            })
+            .await
         })
     }
+}
+
+/// Hands each dial of a name with several addresses the index it starts at: one further
+/// than the dial before.
+#[derive(Debug, Default)]
+pub struct Turns(AtomicUsize);
+
+impl Turns {
+    pub const fn new() -> Self {
+        Self(AtomicUsize::new(0))
+    }
+
+    /// The start of the next dial.
+    pub fn next(&self) -> usize {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Connects to `host`'s `addresses` with `connect`, beginning at index `start` (modulo
+/// their number) and moving on through the rest, wrapping around, only when an address
+/// fails at once (refused, unreachable): the first stream wins. Starting each dial one
+/// address further on (see [`Turns`]) is what lets the hedged dials of a [`Connector`]
+/// reach the other pods of a headless Service while one of them swallows SYNs. No address
+/// at all (a headless Service with no ready pod) fails at once, naming `host`.
+pub async fn dial_in_turn<A, S, F, Fut>(
+    host: &str,
+    addresses: &[A],
+    start: usize,
+    mut connect: F,
+) -> io::Result<S>
+where
+    F: FnMut(&A) -> Fut,
+    Fut: Future<Output = io::Result<S>>,
+{
+    let mut last = None;
+    for addr in in_turn(addresses, start) {
+        match connect(addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{host} resolves to no address"),
+        )
+    }))
+}
+
+/// Every item once, beginning at `start` (modulo the length) and wrapping around.
+fn in_turn<T>(items: &[T], start: usize) -> impl Iterator<Item = &T> + '_ {
+    let from = start % items.len().max(1);
+    items[from..].iter().chain(&items[..from])
 }
 
 /// Accepts byte streams on an address (the health and agent servers).
@@ -323,5 +394,73 @@ impl<S: AsyncWrite + Unpin> hyper::rt::Write for Dialed<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_start_visits_every_address_once_beginning_further_on() {
+        let items = [1, 2, 3];
+        let turns: Vec<Vec<i32>> = (0..4)
+            .map(|s| in_turn(&items, s).copied().collect())
+            .collect();
+        assert_eq!(
+            turns,
+            [vec![1, 2, 3], vec![2, 3, 1], vec![3, 1, 2], vec![1, 2, 3]]
+        );
+        assert_eq!(in_turn::<i32>(&[], 5).count(), 0);
+    }
+
+    /// Two listeners on one port at different loopback addresses, as two pods behind a
+    /// headless Service; which one accepted tells where a dial went.
+    async fn two_pods() -> (Vec<SocketAddr>, Vec<tokio::net::TcpListener>) {
+        let first = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = first.local_addr().unwrap().port();
+        let second = tokio::net::TcpListener::bind(("127.0.0.3", port))
+            .await
+            .unwrap();
+        let addresses = vec![first.local_addr().unwrap(), second.local_addr().unwrap()];
+        (addresses, vec![first, second])
+    }
+
+    async fn tcp(addresses: &[SocketAddr], start: usize) -> io::Result<tokio::net::TcpStream> {
+        dial_in_turn("pods", addresses, start, |&addr| {
+            tokio::net::TcpStream::connect(addr)
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn consecutive_turns_reach_different_pods() {
+        let (addresses, listeners) = two_pods().await;
+        let turns = Turns::new();
+        for pod in 0..2 {
+            let stream = tcp(&addresses, turns.next()).await.unwrap();
+            assert_eq!(stream.peer_addr().unwrap(), addresses[pod]);
+            let (_, from) = listeners[pod].accept().await.unwrap();
+            assert_eq!(from, stream.local_addr().unwrap());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_address_passes_the_dial_to_the_next() {
+        let (mut addresses, _listeners) = two_pods().await;
+        let port = addresses[0].port();
+        // Nothing listens on 127.0.0.2 at that port: refused at once.
+        addresses.insert(0, SocketAddr::from(([127, 0, 0, 2], port)));
+        let stream = tcp(&addresses, 0).await.unwrap();
+        assert_eq!(stream.peer_addr().unwrap(), addresses[1]);
+        let refused = tcp(&addresses[..1], 0).await.unwrap_err();
+        assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused);
+    }
+
+    #[tokio::test]
+    async fn a_name_without_addresses_fails_at_once_naming_it() {
+        let error = tcp(&[], 7).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::NotFound);
+        assert_eq!(error.to_string(), "pods resolves to no address");
     }
 }

@@ -102,16 +102,25 @@ impl Pod {
     /// crashed. The lab starts pods from its main thread only: the death signal follows
     /// the thread that forked.
     pub fn command(&self, command: Command) -> Command {
-        self.command_in(command, None)
+        self.command_in(command, None, None)
     }
 
     /// As [`Pod::command`], and with `image` the program runs from an image's root
     /// filesystem as a container runtime would run it (see [`ImageRoot`]); the command's
-    /// program is then a path inside that root.
-    pub fn command_in(&self, mut command: Command, image: Option<&ImageRoot>) -> Command {
+    /// program is then a path inside that root. With `hosts`, that file is the pod's
+    /// `/etc/hosts`, as the kubelet mounts one into every pod: the lab's DNS for a headless
+    /// Service (it must be reachable at the same path inside `image`, as the scenario's
+    /// directory is). The lab rewrites it in place, so the mount sees every change.
+    pub fn command_in(
+        &self,
+        mut command: Command,
+        image: Option<&ImageRoot>,
+        hosts: Option<&std::ffi::CStr>,
+    ) -> Command {
         let name = self.name.clone().into_bytes();
         let uid = self.uid;
         let image = image.cloned();
+        let hosts = hosts.map(std::ffi::CStr::to_owned);
         // SAFETY: between fork and exec only async-signal-safe calls run (unshare,
         // sethostname, mount, mkdir, chroot, chdir, setgroups, setgid, setuid, prctl), on
         // memory allocated before the fork.
@@ -124,15 +133,34 @@ impl Pod {
                         Err(std::io::Error::last_os_error())
                     }
                 };
-                let namespaces = if image.is_some() {
+                let namespaces = if image.is_some() || hosts.is_some() {
                     libc::CLONE_NEWUTS | libc::CLONE_NEWNS
                 } else {
                     libc::CLONE_NEWUTS
                 };
                 check(libc::unshare(namespaces))?;
                 check(libc::sethostname(name.as_ptr().cast(), name.len()))?;
-                if let Some(image) = &image {
-                    image.enter()?;
+                let none = std::ptr::null::<libc::c_char>();
+                match &image {
+                    Some(image) => image.enter()?,
+                    // Nothing mounted here propagates back to the host's namespace.
+                    None if hosts.is_some() => check(libc::mount(
+                        none,
+                        c"/".as_ptr(),
+                        none,
+                        libc::MS_REC | libc::MS_PRIVATE,
+                        std::ptr::null(),
+                    ))?,
+                    None => {}
+                }
+                if let Some(hosts) = &hosts {
+                    check(libc::mount(
+                        hosts.as_ptr(),
+                        c"/etc/hosts".as_ptr(),
+                        none,
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ))?;
                 }
                 check(libc::setgroups(0, std::ptr::null()))?;
                 check(libc::setgid(uid))?;

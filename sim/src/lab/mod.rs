@@ -29,6 +29,7 @@ use crate::profiles::Profile;
 use crate::report::ScenarioRecord;
 use crate::scenario::{LagStats, ScenarioConfig};
 use kernel::NoEndpoint;
+use world::ServiceKind;
 
 #[derive(Debug, clap::Args)]
 pub struct LabArgs {
@@ -64,6 +65,14 @@ pub struct LabArgs {
     /// hang) or `reject` them (kube-proxy's own rule).
     #[arg(long, default_value = "drop", value_parser = parse_no_endpoint)]
     pub no_endpoint: NoEndpoint,
+    /// The `spurctld` Service's kind: `clusterip` (a virtual address kube-proxy NATs to a
+    /// ready replica; `--no-endpoint` says what it does with none) or `headless` (its name
+    /// resolves to every ready replica, as upstream's manifests deploy it; the operator
+    /// picks among them). The simulation models only the ClusterIP kind yet, so `headless`
+    /// runs have no twin.
+    #[arg(long, default_value = "clusterip", value_parser = parse_service,
+          conflicts_with_all = ["compare_sim", "sim_only"])]
+    pub service: ServiceKind,
     /// Print one JSON line per scenario (the same record as `spur-sim run --json`).
     #[arg(long)]
     pub json: bool,
@@ -92,6 +101,14 @@ pub struct LabArgs {
     /// own, printing its record (what the parent runs in each child).
     #[arg(long, hide = true)]
     pub inside: bool,
+}
+
+fn parse_service(s: &str) -> Result<ServiceKind, String> {
+    match s {
+        "clusterip" => Ok(ServiceKind::ClusterIp),
+        "headless" => Ok(ServiceKind::Headless),
+        _ => Err(format!("`{s}`: expected clusterip or headless")),
+    }
 }
 
 fn parse_no_endpoint(s: &str) -> Result<NoEndpoint, String> {
@@ -209,7 +226,10 @@ pub fn main(args: LabArgs) -> anyhow::Result<bool> {
         .iter()
         .enumerate()
         .map(|(i, (name, profile))| Row {
-            name: name.clone(),
+            name: match args.service {
+                ServiceKind::ClusterIp => name.clone(),
+                ServiceKind::Headless => format!("{name} (headless)"),
+            },
             profile: *profile,
             lab: lab[i].clone(),
             sim: sim[i].clone(),
@@ -336,6 +356,18 @@ fn replay(name: &str, profile: Profile, quiet: Duration, sim_seed: Option<u64>) 
     }
 }
 
+/// [`replay`] of a lab run, with the world's flags that differ from their defaults.
+fn lab_replay(args: &LabArgs, name: &str, profile: Profile) -> String {
+    let mut command = replay(name, profile, args.quiet, None);
+    if args.no_endpoint == NoEndpoint::Reject {
+        command.push_str(" --no-endpoint reject");
+    }
+    if args.service == ServiceKind::Headless {
+        command.push_str(" --service headless");
+    }
+    command
+}
+
 /// Runs each (scenario, profile) in a child process of its own, `args.jobs` at a time,
 /// each killed once it overruns its plan's end by `args.overrun`.
 fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Vec<ScenarioRecord>> {
@@ -357,7 +389,9 @@ fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Ve
                 .arg(match args.no_endpoint {
                     NoEndpoint::Drop => "drop",
                     NoEndpoint::Reject => "reject",
-                });
+                })
+                .arg("--service")
+                .arg(args.service.name());
             if let Some(keep) = &args.keep {
                 command.arg("--keep").arg(keep);
             }
@@ -418,9 +452,9 @@ fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Ve
             let record = match record {
                 Some(record) => record,
                 None => failed_record(
+                    args,
                     name,
                     *profile,
-                    args.quiet,
                     if overran {
                         format!("killed after {limit:?}")
                     } else {
@@ -459,9 +493,9 @@ fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Ve
 }
 
 fn failed_record(
+    args: &LabArgs,
     name: &str,
     profile: Profile,
-    quiet: Duration,
     why: String,
     stderr: &str,
 ) -> ScenarioRecord {
@@ -492,7 +526,7 @@ fn failed_record(
         landed_after_cut: Default::default(),
         timeline: None,
     });
-    record.replay = replay(name, profile, quiet, None);
+    record.replay = lab_replay(args, name, profile);
     record
 }
 
@@ -510,6 +544,7 @@ fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> 
         dir: dir.clone(),
         operator_flags: profile.flags().iter().map(|f| (*f).to_owned()).collect(),
         no_endpoint: args.no_endpoint,
+        service: args.service,
         operator_root: args.operator_root.clone(),
     };
     // One thread: every pod is forked from it, so each pod's death signal (sent when the
@@ -530,7 +565,7 @@ fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> 
     }
     let mut outcome = outcome?;
     let mut record = ScenarioRecord::from(&outcome);
-    record.replay = replay(name, profile, args.quiet, None);
+    record.replay = lab_replay(args, name, profile);
     if let (Some(dir), Some(mut timeline)) = (&args.html, outcome.timeline.take()) {
         timeline.title = format!("{name}, profile {profile}: the lab (real processes)");
         timeline.replay = format!("sudo {} --html DIR", record.replay);

@@ -1,8 +1,9 @@
 //! The lab's world: real spurctld replicas and real `spur-operator` processes, each a pod
 //! with its own address, user and hostname inside the lab's network namespace; the
 //! simulated API server over real TCP with a kubelet stand-in on the real clock; a
-//! ClusterIP Service made by nftables with endpoints managed as Kubernetes would; and the
-//! faults, made by the kernel (nftables drops) and by signals.
+//! `spurctld` Service with endpoints managed as Kubernetes would, in either kind (a ClusterIP
+//! made by nftables, or headless: a name each operator pod's `/etc/hosts` resolves to the
+//! ready replicas); and the faults, made by the kernel (nftables drops) and by signals.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -32,6 +33,9 @@ use crate::scenario::checks::{ControllerView, Observation};
 
 /// The Service's ClusterIP.
 pub const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 2, 1);
+/// The Service's name, as a pod in another namespace resolves it (upstream's manifests:
+/// Service `spurctld` in namespace `spur`; the operator's default deployment dials it).
+pub const SERVICE_NAME: &str = "spurctld.spur.svc";
 /// The API server's address.
 pub const API_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 4, 1);
 const API_PORT: u16 = 6443;
@@ -54,6 +58,27 @@ pub struct LeaderJob {
     pub comment: String,
 }
 
+/// How the operator reaches the replicas: the two kinds of `spurctld` Service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceKind {
+    /// A virtual address (127.0.2.1) that nftables DNATs to a ready replica picked at
+    /// random, as kube-proxy does; what the seed's cluster had.
+    ClusterIp,
+    /// No virtual address: the Service's name resolves to every ready replica's address
+    /// (none while none is ready), as upstream's manifests deploy spurctld (`clusterIP:
+    /// None`). The operator picks among them itself.
+    Headless,
+}
+
+impl ServiceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ServiceKind::ClusterIp => "clusterip",
+            ServiceKind::Headless => "headless",
+        }
+    }
+}
+
 /// What the lab runs.
 #[derive(Clone, Debug)]
 pub struct LabSetup {
@@ -65,6 +90,8 @@ pub struct LabSetup {
     pub operator_flags: Vec<String>,
     /// What the Service does while it has no ready endpoint.
     pub no_endpoint: NoEndpoint,
+    /// The Service's kind.
+    pub service: ServiceKind,
     /// Run each operator from this image root filesystem (ci/image.sh's `rootfs/`), as
     /// the image runs, instead of `operator` from the host.
     pub operator_root: Option<PathBuf>,
@@ -108,6 +135,8 @@ pub struct Lab {
     raft: RaftLogs,
     clients: Vec<Option<SlurmControllerClient<Channel>>>,
     kubeconfig: PathBuf,
+    /// With a headless Service: the operators' `/etc/hosts`, the Service's DNS records.
+    hosts: Option<std::ffi::CString>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -199,6 +228,23 @@ impl Lab {
             partitions: Vec::new(),
         };
         firewall.apply()?;
+        let hosts = match setup.service {
+            ServiceKind::ClusterIp => None,
+            ServiceKind::Headless => {
+                if let Some(root) = &setup.operator_root
+                    && !root.join("etc/hosts").is_file()
+                {
+                    anyhow::bail!(
+                        "{} has no /etc/hosts to mount the headless Service's records on: \
+                         an image from before the file (rebuild it with ci/image.sh)",
+                        root.display()
+                    );
+                }
+                let path = setup.dir.join("hosts");
+                write_hosts(&path, &[])?;
+                Some(std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?)
+            }
+        };
         Ok(Lab {
             setup,
             started: Instant::now(),
@@ -212,6 +258,7 @@ impl Lab {
             raft: RaftLogs::default(),
             clients: vec![None, None, None],
             kubeconfig,
+            hosts,
             tasks,
         })
     }
@@ -375,7 +422,10 @@ impl Lab {
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .arg("--controller-addr")
-            .arg(format!("http://{SERVICE_IP}:{CLIENT_PORT}"))
+            .arg(match self.setup.service {
+                ServiceKind::ClusterIp => format!("http://{SERVICE_IP}:{CLIENT_PORT}"),
+                ServiceKind::Headless => format!("http://{SERVICE_NAME}:{CLIENT_PORT}"),
+            })
             .arg("--agent-listen")
             .arg(format!("{}:{}", pod.ip, spur_proto::AGENT_PORT))
             .arg("--agent-address")
@@ -397,7 +447,9 @@ impl Lab {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        let child = pod.command_in(command, image.as_ref()).spawn()?;
+        let child = pod
+            .command_in(command, image.as_ref(), self.hosts.as_deref())
+            .spawn()?;
         let operator = &mut self.operators[i];
         operator.child = Some(child);
         Ok(())
@@ -483,6 +535,9 @@ impl Lab {
                 .map(|r| r.pod.ip)
                 .collect();
             self.firewall.apply()?;
+            if self.hosts.is_some() {
+                write_hosts(&self.setup.dir.join("hosts"), &self.firewall.endpoints)?;
+            }
         }
         self.read_votes();
         Ok(())
@@ -777,6 +832,18 @@ impl Drop for Lab {
             task.abort();
         }
     }
+}
+
+/// Writes the headless Service's records: one line per ready replica, in the endpoints'
+/// order (as DNS answers with a headless Service's addresses). In place, not by rename:
+/// each operator pod's `/etc/hosts` is a bind mount of this very file.
+fn write_hosts(path: &Path, ready: &[Ipv4Addr]) -> anyhow::Result<()> {
+    let mut text = String::from("127.0.0.1 localhost\n");
+    for ip in ready {
+        let _ = writeln!(text, "{ip} {SERVICE_NAME} {SERVICE_NAME}.cluster.local");
+    }
+    std::fs::write(path, text)
+        .map_err(|e| anyhow::anyhow!("write the Service's records to {}: {e}", path.display()))
 }
 
 fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
