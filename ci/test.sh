@@ -127,6 +127,12 @@ if [ "$(id -u)" -eq 0 ] && [ -x "$spurctld" ]; then
     --plot target/pictures/lab.svg --html target/pictures/lab
   # The lab's lags beside its twins': one curve each in every panel.
   python3 ci/pictures_check.py --plot target/pictures/lab.svg lab,simulation
+  # The Service as upstream deploys it (headless: the name resolves to the ready pods and
+  # the operator picks among them), in the scenarios that change which pods are ready or
+  # reachable: one round of four.
+  timeout --kill-after=30s 300s target/debug/spur-sim lab --service headless --compare-sim --jobs 4 \
+    "${operator_root[@]}" --scenario late-controller --scenario leader-kill-silent \
+    --scenario leader-freeze --scenario follower-kill
   # The model of a healed cut against the kernel's retransmission (README, "The lab").
   timeout --kill-after=10s 120s target/debug/spur-sim lab-heal
 elif [ "${CI:-}" = "true" ]; then

@@ -96,6 +96,11 @@ pub struct IntensityArgs {
     /// operator uses (the shortest is 250 ms).
     #[arg(long, default_value = "20ms", value_parser = parse_tick)]
     pub tick: std::time::Duration,
+    /// The `spurctld` Service's kind: `clusterip` (a virtual address routed to a ready
+    /// replica at random, with no endpoint a dropped SYN, as on the seed's cluster) or
+    /// `headless` (its name resolves to the ready replicas, as upstream deploys it).
+    #[arg(long, default_value = "clusterip", value_parser = crate::net::ServiceKind::parse)]
+    pub service: crate::net::ServiceKind,
 }
 
 fn parse_tick(text: &str) -> Result<std::time::Duration, String> {
@@ -124,6 +129,7 @@ impl IntensityArgs {
             fault_density: self.fault_density,
             duration: self.duration,
             tick: self.tick,
+            service: self.service,
         })
     }
 }

@@ -1,5 +1,5 @@
-//! The simulated network: the Service with no ready replica, the kernel's SYN timeout,
-//! tonic, hyper and axum over turmoil.
+//! The simulated network: the Service with no ready replica, the headless kind, the
+//! kernel's SYN timeout, tonic, hyper and axum over turmoil.
 
 mod common;
 
@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{channel, now};
 use spur_operator::net::Connector;
-use spur_sim::net::{NetConfig, NoEndpoint, SimListener};
+use spur_sim::net::{NetConfig, NoEndpoint, ServiceKind, SimListener};
 use spur_sim::world::{World, WorldConfig};
 
 fn secs(d: Duration) -> f64 {
@@ -95,6 +95,101 @@ fn a_ready_replica_is_routed_only_after_the_propagation_delay() {
         let mut client = channel(dialer, "spurctld", |e| e).await.expect("routed");
         let ping = client.ping(()).await.expect("ping").into_inner();
         assert_eq!(ping.hostname, "spurctld-0");
+        Ok(())
+    });
+    world.run().unwrap();
+}
+
+fn headless() -> WorldConfig {
+    WorldConfig {
+        net: NetConfig {
+            service: ServiceKind::Headless,
+            ..NetConfig::default()
+        },
+        ..WorldConfig::default()
+    }
+}
+
+#[test]
+fn a_headless_service_with_no_ready_replica_resolves_to_nothing_and_the_dial_fails_at_once() {
+    let mut world = World::with_config(5, headless());
+    let dialer = world.dialer("operator");
+    world.client("operator", async move {
+        let started = now();
+        let error = channel(dialer, "spurctld", |e| e).await.unwrap_err();
+        assert!(
+            now() - started < Duration::from_millis(10),
+            "no SYN to wait on"
+        );
+        assert!(
+            format!("{error:?}").contains("spurctld resolves to no address"),
+            "{error:?}"
+        );
+        Ok(())
+    });
+    world.run().unwrap();
+}
+
+#[test]
+fn dials_of_a_headless_service_take_the_ready_replicas_in_turn() {
+    let mut world = World::with_config(6, headless());
+    for slot in 0..3 {
+        world.start_replica(slot);
+    }
+    let dialer = world.dialer("operator");
+    world.client("operator", async move {
+        // Each replica is in the records once its readiness propagated (1 s).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut answered = Vec::new();
+        for _ in 0..4 {
+            let mut client = channel(dialer.clone(), "spurctld", |e| e).await.unwrap();
+            answered.push(client.ping(()).await.unwrap().into_inner().hostname);
+        }
+        assert_eq!(
+            answered,
+            ["spurctld-0", "spurctld-1", "spurctld-2", "spurctld-0"]
+        );
+        Ok(())
+    });
+    world.run().unwrap();
+}
+
+#[test]
+fn a_replica_that_swallows_syns_holds_up_only_the_dials_that_start_at_it() {
+    // A black-holed pod stays in the records until its readiness probe fails. tokio's
+    // own connect would start every dial at the first record and wait out the bound on it
+    // each time; dialing in turn, two dials in three reach a replica at once.
+    let mut world = World::with_config(7, headless());
+    for slot in 0..3 {
+        world.start_replica(slot);
+    }
+    world.at(Duration::from_secs(2), |w| {
+        w.partition("operator", "spurctld-0")
+    });
+    let dialer = world.dialer("operator");
+    world.client("operator", async move {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let mut outcomes = Vec::new();
+        for _ in 0..6 {
+            let started = now();
+            let dialed = channel(dialer.clone(), "spurctld", |e| {
+                e.connect_timeout(Duration::from_secs(1))
+            })
+            .await;
+            outcomes.push((dialed.is_ok(), (now() - started).as_millis() / 100));
+        }
+        // Tenths of a second each took: the starts at spurctld-0 hit the 1 s bound.
+        assert_eq!(
+            outcomes,
+            [
+                (false, 10),
+                (true, 0),
+                (true, 0),
+                (false, 10),
+                (true, 0),
+                (true, 0)
+            ]
+        );
         Ok(())
     });
     world.run().unwrap();

@@ -55,7 +55,7 @@ pub fn main(args: LabBenchArgs) -> anyhow::Result<bool> {
         dir: dir.clone(),
         operator_flags: Vec::new(),
         no_endpoint: super::kernel::NoEndpoint::Drop,
-        service: super::world::ServiceKind::ClusterIp,
+        service: crate::net::ServiceKind::ClusterIp,
         operator_root: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

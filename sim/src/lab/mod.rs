@@ -25,11 +25,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::net::ServiceKind;
 use crate::profiles::Profile;
 use crate::report::ScenarioRecord;
-use crate::scenario::{LagStats, ScenarioConfig};
+use crate::scenario::{Intensity, LagStats, ScenarioConfig};
 use kernel::NoEndpoint;
-use world::ServiceKind;
 
 #[derive(Debug, clap::Args)]
 pub struct LabArgs {
@@ -68,10 +68,8 @@ pub struct LabArgs {
     /// The `spurctld` Service's kind: `clusterip` (a virtual address kube-proxy NATs to a
     /// ready replica; `--no-endpoint` says what it does with none) or `headless` (its name
     /// resolves to every ready replica, as upstream's manifests deploy it; the operator
-    /// picks among them). The simulation models only the ClusterIP kind yet, so `headless`
-    /// runs have no twin.
-    #[arg(long, default_value = "clusterip", value_parser = parse_service,
-          conflicts_with_all = ["compare_sim", "sim_only"])]
+    /// picks among them). The simulation's twins run with the same kind.
+    #[arg(long, default_value = "clusterip", value_parser = ServiceKind::parse)]
     pub service: ServiceKind,
     /// Print one JSON line per scenario (the same record as `spur-sim run --json`).
     #[arg(long)]
@@ -101,14 +99,6 @@ pub struct LabArgs {
     /// own, printing its record (what the parent runs in each child).
     #[arg(long, hide = true)]
     pub inside: bool,
-}
-
-fn parse_service(s: &str) -> Result<ServiceKind, String> {
-    match s {
-        "clusterip" => Ok(ServiceKind::ClusterIp),
-        "headless" => Ok(ServiceKind::Headless),
-        _ => Err(format!("`{s}`: expected clusterip or headless")),
-    }
 }
 
 fn parse_no_endpoint(s: &str) -> Result<NoEndpoint, String> {
@@ -190,6 +180,7 @@ pub fn main(args: LabArgs) -> anyhow::Result<bool> {
             &runs,
             args.sim_seeds.max(1),
             args.quiet,
+            args.service,
             args.html.as_deref(),
         )
     } else {
@@ -274,6 +265,7 @@ fn simulate_all(
     runs: &[(String, Profile)],
     seeds: u64,
     quiet: Duration,
+    service: ServiceKind,
     html: Option<&Path>,
 ) -> Vec<Vec<ScenarioRecord>> {
     let work: Vec<(usize, String, Profile, u64)> = runs
@@ -293,7 +285,7 @@ fn simulate_all(
                     let Some((i, name, profile, seed)) = work.get(k).cloned() else {
                         break;
                     };
-                    let record = simulate(&name, profile, quiet, seed, html);
+                    let record = simulate(&name, profile, quiet, service, seed, html);
                     done.lock().expect("not poisoned").push((i, seed, record));
                 }
             });
@@ -313,6 +305,7 @@ fn simulate(
     name: &str,
     profile: Profile,
     quiet: Duration,
+    service: ServiceKind,
     seed: u64,
     html: Option<&Path>,
 ) -> ScenarioRecord {
@@ -320,7 +313,10 @@ fn simulate(
     plan.seed = seed;
     let config = ScenarioConfig {
         timeline: html.is_some(),
-        ..ScenarioConfig::default()
+        ..ScenarioConfig::default().with_intensity(Intensity {
+            service,
+            ..Intensity::default()
+        })
     };
     let outcome = std::thread::Builder::new()
         .name(format!("sim-{name}-{seed}"))
@@ -330,7 +326,7 @@ fn simulate(
         .join()
         .expect("the simulation's twin panicked");
     let mut record = ScenarioRecord::from(&outcome);
-    record.replay = replay(name, profile, quiet, Some(seed));
+    record.replay = replay(name, profile, quiet, service, Some(seed));
     if let (Some(dir), Some(mut timeline)) = (html, outcome.timeline) {
         timeline.title = format!("{name}, profile {profile}: the simulation's twin, seed {seed}");
         timeline.replay = format!("{} --html DIR", record.replay);
@@ -344,11 +340,20 @@ fn simulate(
 
 /// The command that runs a scenario again: in the lab, or (`sim_seed`) its simulated twin
 /// under that seed (`spur-sim replay` replays a drawn seed's plan, not a named one).
-fn replay(name: &str, profile: Profile, quiet: Duration, sim_seed: Option<u64>) -> String {
-    let base = format!(
+fn replay(
+    name: &str,
+    profile: Profile,
+    quiet: Duration,
+    service: ServiceKind,
+    sim_seed: Option<u64>,
+) -> String {
+    let mut base = format!(
         "cargo run --release -p spur-sim -- lab --scenario {name} --profile {profile} --quiet {}s",
         quiet.as_secs()
     );
+    if service == ServiceKind::Headless {
+        base.push_str(" --service headless");
+    }
     match sim_seed {
         // The twins run under seeds 1..=N: --sim-seeds N includes this one.
         Some(seed) => format!("{base} --sim-only --sim-seeds {seed} --json"),
@@ -358,12 +363,9 @@ fn replay(name: &str, profile: Profile, quiet: Duration, sim_seed: Option<u64>) 
 
 /// [`replay`] of a lab run, with the world's flags that differ from their defaults.
 fn lab_replay(args: &LabArgs, name: &str, profile: Profile) -> String {
-    let mut command = replay(name, profile, args.quiet, None);
+    let mut command = replay(name, profile, args.quiet, args.service, None);
     if args.no_endpoint == NoEndpoint::Reject {
         command.push_str(" --no-endpoint reject");
-    }
-    if args.service == ServiceKind::Headless {
-        command.push_str(" --service headless");
     }
     command
 }

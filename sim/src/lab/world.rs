@@ -28,6 +28,7 @@ use crate::index::ObjectIndex;
 use crate::kube_api::cli::write_kubeconfig;
 use crate::kube_api::{ApiServer, ApiServerConfig, OutageMode};
 use crate::kubelet::{self, KubeletConfig};
+use crate::net::ServiceKind;
 use crate::real_peer::{CLIENT_PORT, RAFT_PORT, RaftLogs};
 use crate::scenario::checks::{ControllerView, Observation};
 
@@ -56,27 +57,6 @@ pub struct LeaderJob {
     /// It has a start time: its agents took its launch.
     pub started: bool,
     pub comment: String,
-}
-
-/// How the operator reaches the replicas: the two kinds of `spurctld` Service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ServiceKind {
-    /// A virtual address (127.0.2.1) that nftables DNATs to a ready replica picked at
-    /// random, as kube-proxy does; what the seed's cluster had.
-    ClusterIp,
-    /// No virtual address: the Service's name resolves to every ready replica's address
-    /// (none while none is ready), as upstream's manifests deploy spurctld (`clusterIP:
-    /// None`). The operator picks among them itself.
-    Headless,
-}
-
-impl ServiceKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            ServiceKind::ClusterIp => "clusterip",
-            ServiceKind::Headless => "headless",
-        }
-    }
 }
 
 /// What the lab runs.

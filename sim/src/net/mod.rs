@@ -40,6 +40,36 @@ pub enum NoEndpoint {
     Reject,
 }
 
+/// The `spurctld` Service's kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceKind {
+    /// A virtual address that routes each connection to a ready endpoint picked at
+    /// random, as kube-proxy does; what the seed's cluster had.
+    ClusterIp,
+    /// No virtual address: the name resolves to every ready endpoint (none while none is
+    /// ready), as upstream's manifests deploy spurctld (`clusterIP: None`); the client
+    /// picks among them itself.
+    Headless,
+}
+
+impl ServiceKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ServiceKind::ClusterIp => "clusterip",
+            ServiceKind::Headless => "headless",
+        }
+    }
+
+    /// Parses [`ServiceKind::name`] (a command-line value).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "clusterip" => Ok(ServiceKind::ClusterIp),
+            "headless" => Ok(ServiceKind::Headless),
+            _ => Err(format!("`{s}`: expected clusterip or headless")),
+        }
+    }
+}
+
 /// The network's tunables.
 #[derive(Clone, Debug)]
 pub struct NetConfig {
@@ -52,7 +82,10 @@ pub struct NetConfig {
     /// Kubernetes: the EndpointSlice controller and kube-proxy take about a second.
     pub endpoint_propagation: Duration,
     /// What the Service does with no ready endpoint. Default `Drop`, the seed's failure.
+    /// A ClusterIP Service's only: a headless one has no address to send a SYN to.
     pub no_endpoint: NoEndpoint,
+    /// The Service's kind. Default ClusterIP, the seed's cluster.
+    pub service: ServiceKind,
 }
 
 impl Default for NetConfig {
@@ -62,6 +95,7 @@ impl Default for NetConfig {
             syn_retries: 6,
             endpoint_propagation: Duration::from_secs(1),
             no_endpoint: NoEndpoint::Drop,
+            service: ServiceKind::ClusterIp,
         }
     }
 }

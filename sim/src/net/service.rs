@@ -1,14 +1,15 @@
 //! The `spurctld` Service: a kube-proxy-like connector owned by the harness.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use spur_operator::net::Dialer;
+use spur_operator::net::{Dialer, Turns, dial_in_turn};
 
 use turmoil::net::TcpStream;
 
-use super::{NoEndpoint, TurmoilDialer, syn_timed_out};
+use super::{NoEndpoint, ServiceKind, TurmoilDialer, syn_timed_out};
 use crate::determinism::sim_elapsed;
 
 /// One Service's endpoints, with the propagation delay applied when read.
@@ -82,21 +83,33 @@ impl ServiceTable {
     }
 }
 
-/// A dialer that routes Service names (`spurctld:6817`) to a ready endpoint picked with the
-/// seeded RNG, and every other name straight through [`TurmoilDialer`].
+/// A dialer that routes Service names (`spurctld:6817`) as the Service's kind does, and
+/// every other name straight through [`TurmoilDialer`].
 ///
-/// With no ready endpoint the SYN is dropped: the connect fails after the kernel's SYN
-/// timeout even if an endpoint becomes ready meanwhile (conntrack keeps the first
-/// decision, which is what stalled the seed's operator for 133 s), unless the caller's own
-/// connect timeout fires first. In the `Reject` variant it is refused at once.
+/// A ClusterIP Service connects to a ready endpoint picked with the seeded RNG. With no
+/// ready endpoint the SYN is dropped: the connect fails after the kernel's SYN timeout even
+/// if an endpoint becomes ready meanwhile (conntrack keeps the first decision, which is
+/// what stalled the seed's operator for 133 s), unless the caller's own connect timeout
+/// fires first. In the `Reject` variant it is refused at once.
+///
+/// A headless Service's name resolves to the ready endpoints, in name order, and the dial
+/// goes through the operator's own [`dial_in_turn`], as `TcpNetwork` dials a name with
+/// several addresses; with no ready endpoint the name resolves to nothing and the dial
+/// fails at once.
 #[derive(Clone, Debug)]
 pub struct ServiceDialer {
     plain: TurmoilDialer,
+    /// Where this dialer's dials of a headless Service start: one counter per dialer
+    /// (`TcpNetwork`'s is one per process), so no other world's dials move it.
+    turns: Arc<Turns>,
 }
 
 impl ServiceDialer {
     pub(super) fn new(plain: TurmoilDialer) -> Self {
-        Self { plain }
+        Self {
+            plain,
+            turns: Arc::new(Turns::new()),
+        }
     }
 
     /// The dialer used for names that are not Services.
@@ -115,6 +128,23 @@ impl Dialer for ServiceDialer {
         };
         let local = self.plain.local().to_owned();
         let at = sim_elapsed();
+        if net.config().service == ServiceKind::Headless {
+            let endpoints = net.ready_endpoints(&service, at);
+            net.trace().record(
+                at,
+                &local,
+                format!("service {service} resolves to [{}]", endpoints.join(", ")),
+            );
+            let plain = self.plain.clone();
+            let start = self.turns.next();
+            let host = host.to_owned();
+            return Box::pin(async move {
+                dial_in_turn(&host, &endpoints, start, |endpoint| {
+                    plain.dial(endpoint, port)
+                })
+                .await
+            });
+        }
         match net.pick_endpoint(&service, at) {
             Some(endpoint) => {
                 net.trace()

@@ -19,6 +19,7 @@ use crate::controller::LostReply;
 use crate::harness::{OPERATOR_LEASE, OperatorStop, Sim};
 use crate::kube_api::{ApiResult, OutageMode};
 use crate::leases::LeaseHistory;
+use crate::net::NetConfig;
 use crate::operator::KUBE_API_HOST;
 use crate::prober::ProbeRule;
 use crate::profiles::Profile;
@@ -175,6 +176,10 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
     let world_config = WorldConfig {
         max_duration: plan.end + Duration::from_secs(60),
         tick: config.intensity.tick,
+        net: NetConfig {
+            service: config.intensity.service,
+            ..NetConfig::default()
+        },
         ..WorldConfig::default()
     };
     let mut sim = Sim::without_controllers(seed, world_config);

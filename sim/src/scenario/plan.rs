@@ -5,6 +5,7 @@ use std::time::Duration;
 use rand::RngExt;
 
 use crate::determinism::rng_for;
+use crate::net::ServiceKind;
 
 /// What every generated scenario shares; each number is a default of sim.md.
 #[derive(Clone, Debug)]
@@ -62,7 +63,8 @@ pub struct ScenarioConfig {
 
 /// Everything a run needs beyond its seed and profile to replay: how hard a sweep presses
 /// each scenario beyond the defaults the deadlines are judged at (`spur-sim run
-/// --fault-density N --duration D`), and the simulation's step (`--tick`).
+/// --fault-density N --duration D`), the simulation's step (`--tick`) and the Service's
+/// kind (`--service`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Intensity {
     /// Multiplies the faults drawn per scenario (up to `3 × N`); they overlap more as
@@ -74,6 +76,9 @@ pub struct Intensity {
     /// turmoil's step: every timer fires on a multiple of it, so another step is another
     /// run of the same seed.
     pub tick: Duration,
+    /// The `spurctld` Service's kind (`--service`): ClusterIP, the seed's cluster, by
+    /// default; headless as upstream deploys it.
+    pub service: ServiceKind,
 }
 
 /// The workload window of sim.md, the one the deadlines are judged at.
@@ -95,6 +100,7 @@ impl Default for Intensity {
             fault_density: 1,
             duration: WORKLOAD_WINDOW,
             tick: DEFAULT_TICK,
+            service: ServiceKind::ClusterIp,
         }
     }
 }
@@ -117,6 +123,9 @@ impl Intensity {
                 " --tick {}",
                 humantime::format_duration(self.tick)
             ));
+        }
+        if self.service != ServiceKind::ClusterIp {
+            args.push_str(&format!(" --service {}", self.service.name()));
         }
         args
     }
