@@ -427,9 +427,18 @@ impl Lab {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
+        // The pod's user must be able to reach the binary (a copy under /root cannot be).
+        let program = PathBuf::from(command.get_program());
         let child = pod
             .command_in(command, image.as_ref(), self.hosts.as_deref())
-            .spawn()?;
+            .spawn()
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "start {name} ({}) as uid {}: {e}",
+                    program.display(),
+                    pod.uid
+                )
+            })?;
         let operator = &mut self.operators[i];
         operator.child = Some(child);
         Ok(())
