@@ -130,12 +130,18 @@ fn a_headless_service_with_no_ready_replica_resolves_to_nothing_and_the_dial_fai
     world.run().unwrap();
 }
 
-#[test]
-fn dials_of_a_headless_service_take_the_ready_replicas_in_turn() {
-    let mut world = World::with_config(6, headless());
+/// A headless world under `seed` with the three replicas started.
+fn headless_replicas(seed: u64) -> World {
+    let mut world = World::with_config(seed, headless());
     for slot in 0..3 {
         world.start_replica(slot);
     }
+    world
+}
+
+#[test]
+fn dials_of_a_headless_service_take_the_ready_replicas_in_turn() {
+    let mut world = headless_replicas(6);
     let dialer = world.dialer("operator");
     world.client("operator", async move {
         // Each replica is in the records once its readiness propagated (1 s).
@@ -159,10 +165,7 @@ fn a_replica_that_swallows_syns_holds_up_only_the_dials_that_start_at_it() {
     // A black-holed pod stays in the records until its readiness probe fails. tokio's
     // own connect would start every dial at the first record and wait out the bound on it
     // each time; dialing in turn, two dials in three reach a replica at once.
-    let mut world = World::with_config(7, headless());
-    for slot in 0..3 {
-        world.start_replica(slot);
-    }
+    let mut world = headless_replicas(7);
     world.at(Duration::from_secs(2), |w| {
         w.partition("operator", "spurctld-0")
     });

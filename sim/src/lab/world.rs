@@ -116,7 +116,7 @@ pub struct Lab {
     clients: Vec<Option<SlurmControllerClient<Channel>>>,
     kubeconfig: PathBuf,
     /// With a headless Service: the operators' `/etc/hosts`, the Service's DNS records.
-    hosts: Option<std::ffi::CString>,
+    hosts: Option<PathBuf>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -222,7 +222,7 @@ impl Lab {
                 }
                 let path = setup.dir.join("hosts");
                 write_hosts(&path, &[])?;
-                Some(std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?)
+                Some(path)
             }
         };
         Ok(Lab {
@@ -427,10 +427,14 @@ impl Lab {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
+        let hosts = match &self.hosts {
+            Some(path) => Some(std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?),
+            None => None,
+        };
         // The pod's user must be able to reach the binary (a copy under /root cannot be).
         let program = PathBuf::from(command.get_program());
         let child = pod
-            .command_in(command, image.as_ref(), self.hosts.as_deref())
+            .command_in(command, image.as_ref(), hosts.as_deref())
             .spawn()
             .map_err(|e| {
                 anyhow::anyhow!(
@@ -524,8 +528,8 @@ impl Lab {
                 .map(|r| r.pod.ip)
                 .collect();
             self.firewall.apply()?;
-            if self.hosts.is_some() {
-                write_hosts(&self.setup.dir.join("hosts"), &self.firewall.endpoints)?;
+            if let Some(path) = &self.hosts {
+                write_hosts(path, &self.firewall.endpoints)?;
             }
         }
         self.read_votes();
