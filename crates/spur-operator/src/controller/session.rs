@@ -52,10 +52,19 @@ impl std::fmt::Display for Behind {
     }
 }
 
+/// An acknowledged end of a job.
+#[derive(Clone, Copy, Debug)]
+struct Ack {
+    at: Instant,
+    /// A read showed the job ended: from then on only a read that does not know the job
+    /// contradicts it (one that shows it pending or running again saw a requeue).
+    seen_ended: bool,
+}
+
 /// The acknowledged ends of jobs, by job id.
 #[derive(Debug, Default)]
 pub struct Session {
-    acked: BTreeMap<u32, Instant>,
+    acked: BTreeMap<u32, Ack>,
 }
 
 impl Session {
@@ -63,14 +72,20 @@ impl Session {
     /// job is COMPLETING or has ended (fidelity.md row 7), unless the report was for an
     /// older attempt (then it was ignored; see [`Session::check`]).
     pub fn acknowledged(&mut self, job_id: u32, at: Instant) {
-        self.acked.insert(job_id, at);
+        self.acked.insert(
+            job_id,
+            Ack {
+                at,
+                seen_ended: false,
+            },
+        );
         self.acked
-            .retain(|_, acked| at.duration_since(*acked) <= ACK_MEMORY);
+            .retain(|_, acked| at.duration_since(acked.at) <= ACK_MEMORY);
         while self.acked.len() > MAX_ACKS {
             let oldest = self
                 .acked
                 .iter()
-                .min_by_key(|(id, acked)| (**acked, **id))
+                .min_by_key(|(id, acked)| (acked.at, **id))
                 .map(|(id, _)| *id);
             match oldest {
                 Some(id) => self.acked.remove(&id),
@@ -81,12 +96,18 @@ impl Session {
 
     /// Checks the jobs a read sent at `sent` answered with, and the ids it asked for
     /// (`asked`: only for a read that filters by id alone, so every asked job that exists
-    /// must be shown), against the acknowledgements older than `grace` (a replica that forwards reads to the leader answers from the
-    /// leader's state; one that applies the leader's commits lags by a heartbeat, 500 ms).
-    /// An acknowledgement is settled by the first read that agrees with it, and by the
-    /// first that contradicts it: a report for an attempt the controller had already
-    /// replaced is acknowledged and ignored, so a contradiction that survives one change
-    /// of replica is taken as the truth.
+    /// must be shown), against the acknowledgements older than `grace` (a replica that
+    /// forwards reads to the leader answers from the leader's state; one that applies the
+    /// leader's commits lags by a heartbeat, 500 ms).
+    ///
+    /// A read that shows the job pending or running contradicts the acknowledgement once,
+    /// and settles it: a report for an attempt the controller had already replaced is
+    /// acknowledged and ignored, so a contradiction that survives one change of replica is
+    /// taken as the truth. A read that shows the job ended agrees, and the acknowledgement
+    /// is kept (until [`ACK_MEMORY`]): a later read by id that does not know the job at all
+    /// still came from a replica that is behind (seed 619: a rotation onto a leader cut off
+    /// from its peers, after one read on the real leader had agreed, left a SpurJob
+    /// Running for 15 s), while one that shows it pending or running again saw a requeue.
     pub fn check(
         &mut self,
         jobs: &[pb::JobInfo],
@@ -95,8 +116,8 @@ impl Session {
         grace: Duration,
     ) -> Option<Behind> {
         let shown = jobs.iter().map(|job| (job.job_id, Some(job.state())));
-        // Only the acknowledged ids are looked up in the answer (few: each is settled by the
-        // first read that judges it), not every id a poll asks for.
+        // Only the acknowledged ids are looked up in the answer, not every id a poll asks
+        // for.
         let missing: Vec<(u32, Option<pb::JobState>)> = asked
             .iter()
             .filter(|id| self.acked.contains_key(id))
@@ -105,18 +126,22 @@ impl Session {
             .collect();
         let mut behind = None;
         for (job_id, state) in shown.chain(missing) {
-            let Some(&acked) = self.acked.get(&job_id) else {
+            let Some(ack) = self.acked.get_mut(&job_id) else {
                 continue;
             };
-            let still_running = matches!(
-                state,
-                None | Some(pb::JobState::JobPending | pb::JobState::JobRunning)
-            );
-            if !still_running {
-                self.acked.remove(&job_id);
+            let contradicts = match state {
+                None => true,
+                Some(pb::JobState::JobPending | pb::JobState::JobRunning) => !ack.seen_ended,
+                Some(_) => {
+                    ack.seen_ended = true;
+                    continue;
+                }
+            };
+            if !contradicts {
+                self.acked.remove(&job_id); // requeued after the end a read showed
                 continue;
             }
-            let Some(after) = sent.checked_duration_since(acked) else {
+            let Some(after) = sent.checked_duration_since(ack.at) else {
                 continue; // sent before the acknowledgement: may rightly not know of it
             };
             if after < grace {
@@ -194,7 +219,7 @@ mod tests {
     }
 
     #[test]
-    fn a_read_that_agrees_settles_the_acknowledgement() {
+    fn after_a_read_that_agrees_only_one_that_does_not_know_the_job_is_behind() {
         let t0 = Instant::now();
         let mut session = Session::default();
         session.acknowledged(7, t0);
@@ -204,13 +229,24 @@ mod tests {
             job(8, pb::JobState::JobFailed),
         ];
         assert_eq!(session.check(&read, &[7, 8], secs(t0, 0.1), GRACE), None);
-        assert_eq!(session.len(), 0);
+        assert_eq!(session.len(), 2, "kept: a replica behind may still be read");
         let later = [job(7, pb::JobState::JobRunning)];
         assert_eq!(
             session.check(&later, &[7], secs(t0, 5.0), GRACE),
             None,
             "requeued: a new run"
         );
+        assert_eq!(session.len(), 1, "the requeue settles it");
+        // Seed 619: a replica that never heard of job 8, read by id after the grace.
+        assert_eq!(
+            session.check(&[], &[8], secs(t0, 6.0), GRACE),
+            Some(Behind {
+                job_id: 8,
+                shown: None,
+                after: Duration::from_secs(6),
+            })
+        );
+        assert_eq!(session.len(), 0);
     }
 
     #[test]
