@@ -52,6 +52,7 @@ pub struct ChannelConfig {
     pub dials: usize,
     /// How long after a replica acknowledged a job's end a read that still shows it running
     /// means the replica reached is behind (rule 6 of `controller::policy`); `None`: off.
+    /// Not a flag: see [`DEFAULT_STALE_READ_GRACE`].
     pub stale_read_grace: Option<Duration>,
     /// Channel rules switched off, for experiments that show what each one buys
     /// (`--controller-rules-off`, hidden).
@@ -66,6 +67,12 @@ pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_MESSAGE_MIB: usize = 32;
 pub const DEFAULT_CHANNEL_MAX_AGE: Duration = Duration::from_secs(20);
 pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
+/// Rule 6's grace: a replica that forwards reads answers from the leader's state, and one
+/// that applies the leader's commits lags a Raft heartbeat (spurctld's is 500 ms), so 2 s is
+/// four of them; only a replica answering from a stale copy (a leader cut off from its
+/// peers, a follower that forgot its leader) is this late. A property of spurctld, not a
+/// choice for the operator's user, so not a flag; `--controller-rules-off
+/// read-your-writes` switches the rule off for experiments.
 pub const DEFAULT_STALE_READ_GRACE: Duration = Duration::from_secs(2);
 /// Dials per round: with two of three replicas unable to serve (followers whose forwards
 /// hang), four dials through a Service that picks at random reach the third one 65 times
@@ -224,20 +231,6 @@ pub struct ControllerArgs {
     )]
     pub controller_rules_off: Vec<Rule>,
 
-    /// How long after a replica acknowledged a job's end a read that still shows the job
-    /// running means the replica answering is behind, or `off`: its channel is replaced by
-    /// one to another replica (rule 6 of `controller::policy`). A replica that forwards
-    /// reads answers from the leader's state; one that applies the leader's commits lags a
-    /// Raft heartbeat (500 ms), so 2 s is four of them. Only a replica answering from a
-    /// stale copy (a leader cut off from its peers, a follower that forgot its leader) is
-    /// this late.
-    #[arg(
-        long,
-        env = "SPUR_OPERATOR_CONTROLLER_STALE_READ_GRACE",
-        default_value = "2s"
-    )]
-    pub controller_stale_read_grace: Bound,
-
     /// Largest message sent or received, in MiB. GetJobs over 10,000 active jobs is about
     /// 2 MiB; 32 leaves room for large clusters without allowing unbounded memory.
     #[arg(
@@ -306,7 +299,7 @@ impl ControllerArgs {
             max_age: self.controller_channel_max_age.0,
             connect_probe: self.controller_connect_probe.0,
             dials: DEFAULT_DIALS,
-            stale_read_grace: self.controller_stale_read_grace.0,
+            stale_read_grace: Some(DEFAULT_STALE_READ_GRACE),
             rules_off: self.controller_rules_off.iter().copied().collect(),
             tls: self.tls(addr.scheme)?,
         };
