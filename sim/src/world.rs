@@ -28,7 +28,9 @@ use spur_proto::SlurmControllerServer;
 use crate::controller::state::LogEntry;
 use crate::controller::{Clock, Cluster, ControllerConfig, Replica, scheduler};
 use crate::determinism::{epoch, rng_for, sim_elapsed};
-use crate::net::{NetConfig, Network, ServiceDialer, SimListener, TurmoilDialer};
+use crate::net::{
+    FreezableListener, NetConfig, Network, ServiceDialer, SimListener, TurmoilDialer,
+};
 use crate::trace::Trace;
 
 /// The name of the controller's client Service.
@@ -201,17 +203,28 @@ impl World {
     }
 
     fn cut(&mut self, a: &str, b: &str) {
-        let from = self.sim.elapsed();
-        self.cuts.push(Cut {
-            hosts: ordered(a, b),
-            from,
-            healed: None,
-            landed_by: None,
-        });
+        self.record_cut(a, b);
         self.sim.hold(a, b);
     }
 
     fn heal(&mut self, a: &str, b: &str) {
+        self.record_heal(a, b);
+        self.sim.release(a, b);
+    }
+
+    /// Records that what passes between `a` and `b` is held from now (by a cut, or by a
+    /// frozen process that reads nothing), for the checks that judge a message landing
+    /// after the heal by when it was sent.
+    fn record_cut(&mut self, a: &str, b: &str) {
+        self.cuts.push(Cut {
+            hosts: ordered(a, b),
+            from: self.sim.elapsed(),
+            healed: None,
+            landed_by: None,
+        });
+    }
+
+    fn record_heal(&mut self, a: &str, b: &str) {
         let now = self.sim.elapsed();
         let hosts = ordered(a, b);
         let landing = self.landing;
@@ -224,7 +237,6 @@ impl World {
             cut.healed = Some(now);
             cut.landed_by = Some(now + landing);
         }
-        self.sim.release(a, b);
     }
 
     /// The seed.
@@ -414,30 +426,33 @@ impl World {
         self.heal(a, b);
     }
 
-    /// Freezes host `name` (a SIGSTOPped process): it answers nobody, and unlike a kill it
-    /// stays a ready endpoint of its Service, as a tcpSocket probe still connects to it.
-    /// (A real frozen process's kernel completes handshakes; here connects go unanswered.)
+    /// Freezes host `name` (a SIGSTOPped process): it reads, answers and sends nothing,
+    /// and talks to no replica, while its kernel still completes handshakes and takes in
+    /// what is sent ([`crate::net::Freezable`]); unlike a kill it stays a ready endpoint of
+    /// its Service, as a tcpSocket probe still connects to it.
     pub fn freeze(&mut self, name: &str) {
-        let others: Vec<String> = self.hosts.iter().filter(|h| *h != name).cloned().collect();
         self.trace
             .record(self.sim.elapsed(), "harness", format!("freeze {name}"));
-        // Held, not dropped: a stopped process's kernel still takes in what is sent to it,
-        // and the process reads it once it runs again.
-        for other in &others {
-            self.net.partition(name, other);
-            self.cut(name, other);
+        self.net.freeze(name);
+        // What it takes in meanwhile is read at the thaw, as a healed cut delivers it.
+        for other in self.others(name) {
+            self.record_cut(name, &other);
         }
     }
 
-    /// Thaws a host [`World::freeze`] froze.
+    /// Thaws a host [`World::freeze`] froze: it reads what waited for it, and answers.
     pub fn thaw(&mut self, name: &str) {
-        let others: Vec<String> = self.hosts.iter().filter(|h| *h != name).cloned().collect();
         self.trace
             .record(self.sim.elapsed(), "harness", format!("thaw {name}"));
-        for other in &others {
-            self.net.repair(name, other);
-            self.heal(name, other);
+        self.net.thaw(name);
+        for other in self.others(name) {
+            self.record_heal(name, &other);
         }
+    }
+
+    /// Every registered host but `name`.
+    fn others(&self, name: &str) -> Vec<String> {
+        self.hosts.iter().filter(|h| *h != name).cloned().collect()
     }
 
     /// Runs `action` on the world when simulated time reaches `at`.
@@ -485,7 +500,12 @@ async fn serve_replica(
     cluster: Cluster,
     net: Network,
 ) -> turmoil::Result {
-    let listener = SimListener::bind(cluster.config().port).await?;
+    // Its connections stop while the host is frozen; its kernel still accepts them.
+    let listener = FreezableListener::new(
+        SimListener::bind(cluster.config().port).await?,
+        &host,
+        net.clone(),
+    );
     cluster.started(slot, &host, sim_elapsed());
     net.set_endpoint_ready(CONTROLLER_SERVICE, &host, true, sim_elapsed());
     let cluster_calls = cluster.clone();
@@ -500,7 +520,7 @@ async fn serve_replica(
     tonic::transport::Server::builder()
         .layer(crate::controller::calls::recorder(cluster_calls, host))
         .add_service(SlurmControllerServer::new(replica))
-        .serve_with_incoming(listener.incoming())
+        .serve_with_incoming(spur_operator::net::incoming(listener))
         .await?;
     Ok(())
 }

@@ -184,6 +184,56 @@ fn ping_is_answered_locally_with_the_replicas_own_hostname_also_while_the_leader
     );
 }
 
+#[test]
+fn a_frozen_replica_completes_a_connect_and_then_answers_nothing_until_thawed() {
+    // SIGSTOP stops the process, not its kernel: the handshake completes and the request
+    // is taken in, and it is answered once the process runs again. (The model once left
+    // connects to a frozen replica unanswered, so a client's probe there failed at its
+    // connect bound instead of its read bound.)
+    conformance(
+        124,
+        Replicas::Three,
+        Setup::default(),
+        |target| async move {
+            let leader = target.wait_for_leader().await;
+            let frozen = (leader + 1) % 3;
+            target.freeze(frozen).await;
+            let asked = tokio::time::Instant::now();
+            let mut client =
+                tokio::time::timeout(Duration::from_secs(3), target.try_replica(frozen))
+                    .await
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "{}: no connect to the frozen replica completed",
+                            target.name
+                        )
+                    });
+            assert!(
+                asked.elapsed() < Duration::from_secs(1),
+                "{}: the connect took {:?}",
+                target.name,
+                asked.elapsed()
+            );
+            let held = tokio::spawn(async move { client.ping(()).await });
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            assert!(
+                !held.is_finished(),
+                "{}: a frozen replica answered a Ping",
+                target.name
+            );
+            target.thaw(frozen).await;
+            let answer = tokio::time::timeout(Duration::from_secs(5), held)
+                .await
+                .unwrap_or_else(|_| panic!("{}: no answer 5 s after the thaw", target.name))
+                .unwrap()
+                .unwrap();
+            assert_eq!(answer.get_ref().hostname, target.hostname(frozen));
+        },
+    );
+}
+
 // ---- Nodes [5]
 
 #[test]

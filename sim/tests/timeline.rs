@@ -12,7 +12,7 @@ use spur_sim::timeline::Timeline;
 
 /// The seed's own story: the leader's pod is killed and its packets vanish, so a channel
 /// to it hangs. (A frozen leader no longer serves here: what the kernel of a stopped
-/// process took in is answered at the thaw, `spur_sim::world::Cut`, so a 20 s freeze
+/// process took in is answered at the thaw, `spur_sim::net::Freezable`, so a 20 s freeze
 /// ends before seed-fix's 30 s request bound.)
 fn leader_kill(profile: Profile, timeline: bool) -> spur_sim::scenario::Outcome {
     let mut plan = scenarios::plan("leader-kill-silent", Duration::from_secs(20)).expect("named");

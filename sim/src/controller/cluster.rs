@@ -181,7 +181,7 @@ impl Cluster {
     }
 
     fn reach(&self, a: &str, b: &str) -> bool {
-        a == b || self.net.as_ref().is_none_or(|net| net.can_reach(a, b))
+        a == b || self.net.as_ref().is_none_or(|net| net.talks(a, b))
     }
 
     fn majority(&self, state: &ClusterState) -> usize {
@@ -198,6 +198,14 @@ impl Cluster {
                 .filter(|other| other.alive && self.reach(&me.host, &other.host))
                 .count()
                 >= self.majority(state)
+    }
+
+    /// Whether replica `slot`'s process is stopped ([`Network::freeze`]): its own loops
+    /// (scheduling, the health check) do nothing until it runs again.
+    pub fn is_frozen(&self, slot: usize) -> bool {
+        self.net
+            .as_ref()
+            .is_some_and(|net| net.is_frozen(&self.host_of(slot)))
     }
 
     /// The host of the current pod of `slot`.

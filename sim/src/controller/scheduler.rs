@@ -118,7 +118,9 @@ pub async fn run<D: Dialer>(replica: Replica<D>) {
     let interval = replica.cluster().config().schedule_interval;
     loop {
         tokio::time::sleep(interval).await;
-        if replica.cluster().role(replica.slot()) != Role::Leader {
+        if replica.cluster().is_frozen(replica.slot())
+            || replica.cluster().role(replica.slot()) != Role::Leader
+        {
             continue;
         }
         evict(&replica).await;
@@ -138,6 +140,9 @@ async fn health<D: Dialer>(replica: Replica<D>) {
     let mut grace = LeadershipGrace::new(config.heartbeat_timeout.max(config.health_tick));
     loop {
         ticks.tick().await;
+        if replica.cluster().is_frozen(replica.slot()) {
+            continue; // a stopped process's timer fires once it runs again
+        }
         let leads = replica.cluster().role(replica.slot()) == Role::Leader;
         if grace.over(leads, replica.now()) {
             health_check(&replica).await;

@@ -164,6 +164,16 @@ impl Lab {
             },
             Clock::real(),
         )));
+        // The kubelet's readiness probe of each operator pod, as deploy/deployment.yaml
+        // asks (the simulation's prober does the same): /readyz reads through the
+        // operator's channel, so its bounded read takes part in the channel's story.
+        tasks.push(tokio::spawn(probe_readiness(
+            operators
+                .iter()
+                .enumerate()
+                .map(|(i, _)| operator_ip(i))
+                .collect(),
+        )));
         let kubeconfig = setup.dir.join("kubeconfig");
         write_kubeconfig(&kubeconfig, &format!("http://{API_IP}:{API_PORT}"))?;
         let replicas = (0..3)
@@ -186,7 +196,7 @@ impl Lab {
                 name: (*name).to_owned(),
                 pod: Pod {
                     name: (*name).to_owned(),
-                    ip: Ipv4Addr::new(127, 0, 3, i as u8 + 1),
+                    ip: operator_ip(i),
                     uid: 20011 + i as u32,
                 },
                 child: None,
@@ -850,6 +860,31 @@ fn signal(pid: u32, signal: libc::c_int) {
     // SAFETY: kill(2) on a child this lab started and has not yet reaped.
     unsafe {
         libc::kill(pid as libc::pid_t, signal);
+    }
+}
+
+/// The address of operator pod `i`.
+fn operator_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 3, i as u8 + 1)
+}
+
+/// A kubelet's readiness probe of every operator pod, forever: `GET /readyz` each period,
+/// bounded by the probe's timeout, a slow one delaying the next. The answers are not
+/// judged here (the simulation's readiness checks do that); the probe is made because a
+/// kubelet makes it, and what it reads goes through the operator's channel.
+async fn probe_readiness(ips: Vec<Ipv4Addr>) {
+    let rule = crate::prober::ProbeRule::DEPLOYMENT;
+    let mut ticks = tokio::time::interval(rule.period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let probes = ips.iter().map(|ip| {
+            tokio::time::timeout(
+                rule.timeout,
+                http_get(SocketAddr::new((*ip).into(), 8080), "/readyz"),
+            )
+        });
+        futures::future::join_all(probes).await;
     }
 }
 

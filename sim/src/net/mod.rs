@@ -13,6 +13,7 @@
 //! [`Network`] holds that shared record; the [`crate::world::World`] keeps it in step with
 //! turmoil's own partitions.
 
+mod frozen;
 mod io;
 mod service;
 
@@ -24,6 +25,7 @@ use futures::future::BoxFuture;
 use rand_chacha::ChaCha8Rng;
 use spur_operator::net::Dialer;
 
+pub use frozen::{Freezable, FreezableListener};
 pub use io::{SimListener, peer_host};
 pub use service::ServiceDialer;
 use service::ServiceTable;
@@ -129,6 +131,11 @@ struct NetState {
     down: BTreeSet<String>,
     /// Partitioned pairs, smaller name first.
     partitions: BTreeSet<(String, String)>,
+    /// Hosts whose processes are stopped (SIGSTOP): their kernel still completes
+    /// handshakes and takes in what is sent, but nothing is read, answered or sent.
+    frozen: BTreeSet<String>,
+    /// The tasks of frozen hosts' connections, woken at a thaw.
+    thaw_wakers: Vec<std::task::Waker>,
     /// Services by name.
     services: BTreeMap<String, ServiceTable>,
     /// The Services' picks among ready endpoints.
@@ -151,6 +158,8 @@ impl Network {
                 black_holes: BTreeSet::new(),
                 down: BTreeSet::new(),
                 partitions: BTreeSet::new(),
+                frozen: BTreeSet::new(),
+                thaw_wakers: Vec::new(),
                 services: BTreeMap::new(),
                 rng,
             })),
@@ -211,6 +220,48 @@ impl Network {
         !state.black_holes.contains(from)
             && !state.black_holes.contains(to)
             && !state.partitions.contains(&pair(from, to))
+    }
+
+    /// Stops `host`'s processes (SIGSTOP). Unlike a partition, its kernel goes on: a
+    /// connect to it completes and what is sent to it is taken in, but its connections
+    /// (see [`Freezable`]) read, answer and send nothing until [`Network::thaw`], and it
+    /// talks to no replica ([`Network::talks`]).
+    pub fn freeze(&self, host: &str) {
+        self.state().frozen.insert(host.to_owned());
+    }
+
+    /// Lets `host`'s processes run again (SIGCONT): they read what waited for them.
+    pub fn thaw(&self, host: &str) {
+        let wakers = {
+            let mut state = self.state();
+            state.frozen.remove(host);
+            std::mem::take(&mut state.thaw_wakers)
+        };
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    /// Whether `host`'s processes are stopped.
+    pub fn is_frozen(&self, host: &str) -> bool {
+        self.state().frozen.contains(host)
+    }
+
+    /// Ready while `host` runs; while it is frozen, pending until the thaw.
+    fn poll_running(&self, host: &str, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let mut state = self.state();
+        if state.frozen.contains(host) {
+            state.thaw_wakers.push(cx.waker().clone());
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    }
+
+    /// Whether the processes on `a` and `b` exchange messages: packets pass and neither
+    /// is frozen (what Raft's heartbeats and votes need).
+    pub fn talks(&self, a: &str, b: &str) -> bool {
+        self.can_reach(a, b) && !self.is_frozen(a) && !self.is_frozen(b)
     }
 
     /// Declares a Service `name`, with no endpoints yet. It forwards a connection to the

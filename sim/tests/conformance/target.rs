@@ -183,7 +183,7 @@ impl Target {
         self.control(Control::Kill(slot)).await;
     }
 
-    /// Freezes replica `slot` (SIGSTOP; the model's replica cut off from everyone).
+    /// Freezes replica `slot` (SIGSTOP; the model's `World::freeze`).
     pub async fn freeze(&self, slot: usize) {
         self.control(Control::Freeze(slot)).await;
     }
@@ -303,24 +303,14 @@ fn run_on_model(seed: u64, setup: &Setup, case: &Case) {
         run.await;
         Ok(())
     });
-    let mut everyone = hosts.clone();
-    everyone.push("conformance".to_owned());
     loop {
         let requests: Vec<Control> = controls.lock().unwrap().drain(..).collect();
         for control in requests {
             match control {
                 Control::Kill(slot) => world.kill(&hosts[slot], KillMode::Graceful),
-                // A frozen process answers nobody: cut it off from every other host.
-                Control::Freeze(slot) => {
-                    for other in everyone.iter().filter(|h| **h != hosts[slot]) {
-                        world.partition(&hosts[slot], other);
-                    }
-                }
-                Control::Thaw(slot) => {
-                    for other in everyone.iter().filter(|h| **h != hosts[slot]) {
-                        world.repair(&hosts[slot], other);
-                    }
-                }
+                // SIGSTOP: the model's freeze (its kernel's half still answers).
+                Control::Freeze(slot) => world.freeze(&hosts[slot]),
+                Control::Thaw(slot) => world.thaw(&hosts[slot]),
             }
         }
         if world
