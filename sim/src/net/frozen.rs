@@ -2,8 +2,8 @@
 //! takes in what the peer sends, but the process reads, answers and sends nothing, not
 //! even an HTTP/2 PING's ack, until it runs again. Wrapping the connections a host's
 //! server accepts, rather than cutting the host off, keeps the kernel's half: a connect to
-//! a frozen spurctld completes (the lab measured it), and a probe on it waits out its
-//! bound, as on a real cluster, instead of waiting on an unanswered SYN.
+//! a frozen spurctld completes (a conformance case pins it on the real binary), and a
+//! probe on it waits out its bound, as on a real cluster, instead of an unanswered SYN.
 
 use std::io;
 use std::net::SocketAddr;
