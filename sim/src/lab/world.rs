@@ -168,11 +168,7 @@ impl Lab {
         // asks (the simulation's prober does the same): /readyz reads through the
         // operator's channel, so its bounded read takes part in the channel's story.
         tasks.push(tokio::spawn(probe_readiness(
-            operators
-                .iter()
-                .enumerate()
-                .map(|(i, _)| operator_ip(i))
-                .collect(),
+            (0..operators.len()).map(operator_ip).collect(),
         )));
         let kubeconfig = setup.dir.join("kubeconfig");
         write_kubeconfig(&kubeconfig, &format!("http://{API_IP}:{API_PORT}"))?;

@@ -142,6 +142,14 @@ struct NetState {
     rng: ChaCha8Rng,
 }
 
+impl NetState {
+    fn reaches(&self, from: &str, to: &str) -> bool {
+        !self.black_holes.contains(from)
+            && !self.black_holes.contains(to)
+            && !self.partitions.contains(&pair(from, to))
+    }
+}
+
 fn pair(a: &str, b: &str) -> (String, String) {
     if a <= b {
         (a.to_owned(), b.to_owned())
@@ -216,10 +224,7 @@ impl Network {
 
     /// Whether a packet from `from` reaches `to` (ignoring whether software runs there).
     pub fn can_reach(&self, from: &str, to: &str) -> bool {
-        let state = self.state();
-        !state.black_holes.contains(from)
-            && !state.black_holes.contains(to)
-            && !state.partitions.contains(&pair(from, to))
+        self.state().reaches(from, to)
     }
 
     /// Stops `host`'s processes (SIGSTOP). Unlike a partition, its kernel goes on: a
@@ -261,7 +266,9 @@ impl Network {
     /// Whether the processes on `a` and `b` exchange messages: packets pass and neither
     /// is frozen (what Raft's heartbeats and votes need).
     pub fn talks(&self, a: &str, b: &str) -> bool {
-        self.can_reach(a, b) && !self.is_frozen(a) && !self.is_frozen(b)
+        // One lock: the cluster asks this for every pair of replicas on every step.
+        let state = self.state();
+        state.reaches(a, b) && !state.frozen.contains(a) && !state.frozen.contains(b)
     }
 
     /// Declares a Service `name`, with no endpoints yet. It forwards a connection to the
