@@ -42,12 +42,7 @@
 //!    caller to retry on the new channel. That is what takes a write off a follower
 //!    forwarding to a leader that vanished, or off a leader cut off from its peers, within
 //!    about a second instead of the request bound (5 s) after a new leader is elected. At
-//!    most one round per bound, however many calls wait; a round dials on (at most `dials`
-//!    in flight, a dial each quarter bound or at each failed probe) while a call still
-//!    waits past the bound, since probes sent before the election hang and only a dial
-//!    made after it finds the new leader (a round that stopped after its fourth dial left
-//!    the lab's leader-freeze without a dial for up to a second, and submitting 2.1 s
-//!    after the election). An abandoned write may still have
+//!    most one round per bound, however many calls wait. An abandoned write may still have
 //!    applied, as when the request bound fires: SubmitJob looks for its SpurJob's UID before
 //!    submitting again.
 //! 5. **A channel is replaced at its maximum age** ([`Rule::Rotate`]), by one to another
@@ -390,7 +385,7 @@ impl Policy {
     pub fn next_wake(&self) -> Option<Instant> {
         let hedge = self
             .round()
-            .and_then(|round| round.next_dial.filter(|at| self.may_dial_again(round, *at)));
+            .and_then(|round| round.next_dial.filter(|_| round.started < self.rules.dials));
         let patience = self.rules.patience.and_then(|patience| {
             let Link::Open {
                 dial, replacing, ..
@@ -453,44 +448,16 @@ impl Policy {
         dial
     }
 
-    /// Whether `round` may start another dial at `at`. A round dials `dials` times at most,
-    /// except a patience round while a call still waits past its patience on the shared
-    /// channel: that one dials on, `dials` at most in flight. Its calls have their request
-    /// bound; a round that stopped at its budget left them stuck, with no dial, from its
-    /// last dial until its last probe's bound, and a leader elected in that second went
-    /// unseen until the next round (the lab's leader-freeze: 2.1 s after the election).
-    fn may_dial_again(&self, round: &Round, at: Instant) -> bool {
-        if round.started < self.rules.dials {
-            return true;
-        }
-        round.purpose == Purpose::Patience
-            && round.pending.len() < self.rules.dials
-            && self.overdue_on_shared(at)
-    }
-
-    /// Whether a call on the shared channel has waited past its patience at `at`.
-    fn overdue_on_shared(&self, at: Instant) -> bool {
-        let (Some(patience), Some(shared)) = (self.rules.patience, self.shared()) else {
-            return false;
-        };
-        self.calls
-            .values()
-            .any(|call| call.on == Some(shared) && at >= call.started + patience)
-    }
-
-    /// One more dial for the running round, if it may dial again.
+    /// One more dial for the running round, if it has dials left.
     fn dial_again(&mut self, now: Instant, rule: Rule, out: &mut Vec<Command>) -> bool {
-        let hedge = self.rules.hedge;
+        let (dials, hedge) = (self.rules.dials, self.rules.hedge);
         let dial = self.next_dial;
-        if !self
-            .round()
-            .is_some_and(|round| self.may_dial_again(round, now))
-        {
-            return false;
-        }
         let Some(round) = self.round_mut() else {
             return false;
         };
+        if round.started >= dials {
+            return false;
+        }
         round.started += 1;
         round.pending.insert(dial);
         round.next_dial = hedge.map(|hedge| now + hedge);
@@ -733,7 +700,7 @@ impl Policy {
         let Some(round) = self.round() else {
             return;
         };
-        if !round.pending.is_empty() || self.may_dial_again(round, now) {
+        if !round.pending.is_empty() || round.started < self.rules.dials {
             return;
         }
         match &mut self.link {
@@ -788,7 +755,10 @@ impl Policy {
             return;
         };
         let dial = *dial;
-        let overdue = self.overdue_on_shared(now);
+        let overdue = self
+            .calls
+            .values()
+            .any(|call| call.on == Some(dial) && now >= call.started + patience);
         let allowed = self
             .last_patience_round
             .is_none_or(|last| now >= last + patience);

@@ -269,76 +269,21 @@ fn a_call_past_its_patience_is_abandoned_once_a_new_channel_serves() {
 }
 
 #[test]
-fn a_slow_call_keeps_its_channel_while_no_other_serves_and_its_round_dials_on() {
+fn a_slow_call_keeps_its_channel_while_no_other_serves_and_rounds_come_once_a_bound() {
     let mut b = Bench::new(rules());
     b.open(1);
     assert_eq!(b.tick_at(1000), [Name { dial: 0 }, Dial { dial: 1 }]);
+    // Every replacement dial finds a replica that does not serve.
     for (at, dial) in [(1250, 2), (1500, 3), (1750, 4)] {
         assert_eq!(b.tick_at(at), [Dial { dial }]);
     }
-    // Four in flight: the next dial waits for a verdict.
     for dial in 1..=4 {
-        b.at(1800).on(Event::Dialed { dial, ok: true });
-    }
-    assert_eq!(b.policy.next_wake(), None, "four in flight, no more");
-    // Every replacement dial finds a replica that does not serve; while call 1 still
-    // waits, each failed probe makes room for another dial at once.
-    assert_eq!(
-        b.at(2000).probed(1, false),
-        [Discard { dial: 1 }, Dial { dial: 5 }]
-    );
-    assert_eq!(b.policy.shared(), Some(0), "nothing better: kept");
-    assert_eq!(
-        b.at(2010).probed(2, false),
-        [Discard { dial: 2 }, Dial { dial: 6 }]
-    );
-    assert_eq!(b.policy.next_wake(), None, "four in flight again");
-    // A dial after the election serves: shared, the stuck call abandoned.
-    b.at(2300).on(Event::Dialed { dial: 6, ok: true });
-    assert_eq!(
-        b.probed(6, true),
-        [
-            Share { dial: 6 },
-            Drop {
-                dial: 0,
-                rule: Rule::Patience
-            },
-            Abandon { call: 1 }
-        ]
-    );
-    assert_eq!(
-        b.fired(),
-        [
-            Rule::Patience,
-            Rule::Hedge,
-            Rule::Hedge,
-            Rule::Hedge,
-            Rule::ProbeRedial,
-            Rule::ProbeRedial,
-            Rule::Abandon
-        ]
-    );
-}
-
-#[test]
-fn a_patience_round_whose_calls_ended_stops_dialing_and_the_next_comes_once_a_bound() {
-    let mut b = Bench::new(rules());
-    b.open(1);
-    assert_eq!(b.tick_at(1000), [Name { dial: 0 }, Dial { dial: 1 }]);
-    for (at, dial) in [(1250, 2), (1500, 3), (1750, 4)] {
-        assert_eq!(b.tick_at(at), [Dial { dial }]);
-    }
-    // Call 1 gets its answer after all: nothing waits, so no dial follows the verdicts.
-    b.at(1800).ended(1, Ended::Answered);
-    for dial in 1..=4 {
-        b.on(Event::Dialed { dial, ok: true });
-        assert_eq!(b.probed(dial, false), [Discard { dial }]);
+        b.at(1900).on(Event::Dialed { dial, ok: true });
+        b.probed(dial, false);
     }
     assert_eq!(b.policy.shared(), Some(0), "nothing better: kept");
-    assert_eq!(b.policy.next_wake(), None);
-    // A call slow again: its round comes at its own patience, one bound after the last.
-    b.at(1900).on(Event::CallStarted { call: 2 });
-    assert_eq!(b.tick_at(2900), [Name { dial: 0 }, Dial { dial: 5 }]);
+    // The next round one bound after the last started, not at once.
+    assert_eq!(b.tick_at(2000), [Name { dial: 0 }, Dial { dial: 5 }]);
 }
 
 #[test]
