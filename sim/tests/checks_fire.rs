@@ -173,3 +173,19 @@ fn lease_takeover_fires_when_the_standby_never_tries_in_time() {
     let checks = fired(&plan, &config);
     assert!(checks.contains("lease-takeover"), "{checks:?}");
 }
+
+/// The lab's `leader-cut-idle` (the leader cut off from its peers for 200 s while nothing
+/// is written): as shipped, rotation takes every other round of heartbeats to a replica
+/// that forwards them to the new leader; with rotation off they all go to the cut leader
+/// on this seed, which answers them from its own state, and the new leader marks every
+/// node DOWN (at 150.2 s, 125 s after the cut) for node-liveness to catch. The lab shows
+/// the same on the real spurctld (issue 18's closing note).
+#[test]
+fn node_liveness_fires_when_every_heartbeat_goes_to_a_leader_cut_off_from_its_peers() {
+    let plan = scenarios::plan(scenarios::LEADER_CUT_IDLE, Duration::from_secs(20)).expect("named");
+    assert_eq!(
+        fired(&plan, &with_flags(&["--controller-rules-off", "rotate"])),
+        BTreeSet::from(["node-liveness"])
+    );
+    assert_eq!(fired(&plan, &ScenarioConfig::default()), BTreeSet::new());
+}

@@ -145,6 +145,9 @@ pub fn main(args: LabArgs) -> anyhow::Result<bool> {
         for name in scenarios::NAMES {
             println!("{name:<28} {}", scenarios::describe(name));
         }
+        for name in scenarios::EXTENDED {
+            println!("{name:<28} {} (by name only)", scenarios::describe(name));
+        }
         return Ok(true);
     }
     let names: Vec<String> = if args.scenarios.is_empty() {

@@ -366,8 +366,15 @@ async fn strike(
                 later.push((now + thaw_after, Event::Thaw(slot)));
             }
         }
-        Fault::LeaderCutOff { heal_after } => {
+        Fault::LeaderCutOff {
+            heal_after,
+            operator_on_it,
+        } => {
             if let Some(slot) = leader {
+                if operator_on_it {
+                    steer_onto(lab, &acting_operator(lab), slot).await?;
+                }
+                let now = lab.now();
                 later.push((now + heal_after, cut_from_replicas(lab, slot)?));
             }
         }
@@ -434,6 +441,40 @@ async fn strike(
         }
     }
     Ok(later)
+}
+
+/// How long [`steer_onto`] may take: an operator dials afresh at its next call, and the
+/// readiness probe alone calls every 5 s.
+const STEER_BOUND: Duration = Duration::from_secs(30);
+
+/// Resets `operator`'s connections to every replica but `slot` until its only connection
+/// is to `slot`: each reset fails the operator's next call on it, and it dials the Service
+/// again, which picks a replica at random.
+async fn steer_onto(lab: &mut Lab, operator: &str, slot: usize) -> anyhow::Result<()> {
+    let from = lab.now();
+    let mut resets = 0;
+    loop {
+        let on = lab.operator_connections(operator)?;
+        if on.len() == 1 && on.contains(&slot) {
+            eprintln!(
+                "lab: {operator}'s only controller connection is to spurctld-{slot} after {resets} \
+                 resets ({:.1}s)",
+                lab.now().saturating_sub(from).as_secs_f64()
+            );
+            return Ok(());
+        }
+        if lab.now().saturating_sub(from) > STEER_BOUND {
+            anyhow::bail!(
+                "{operator} did not settle on spurctld-{slot} within {STEER_BOUND:?} \
+                 ({resets} resets; connected to {on:?})"
+            );
+        }
+        for other in on.iter().filter(|s| **s != slot) {
+            lab.reset_operator_connections(operator, *other)?;
+            resets += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Cuts replica `slot` off from the other replicas; returns the event that heals it.

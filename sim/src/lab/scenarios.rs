@@ -32,6 +32,18 @@ pub const NAMES: [&str; 13] = [
     "operator-leader-isolated",
 ];
 
+/// Named scenarios the lab runs only when asked by name (`--scenario`): each takes minutes
+/// of real time, too long for CI's lab.
+pub const EXTENDED: [&str; 1] = [LEADER_CUT_IDLE];
+
+/// The long cut of `sim/tests/cut_replica.rs` on real processes: what earns rotation in the
+/// lab.
+pub const LEADER_CUT_IDLE: &str = "leader-cut-idle";
+/// How long `leader-cut-idle` keeps the leader cut off: spurctld's new leader waits its
+/// grace after the election, then marks a node DOWN once no heartbeat came for its
+/// timeout (90 s), at a health check (every 30 s): 105 s after the cut in the simulation.
+const IDLE_CUT: Duration = Duration::from_secs(200);
+
 /// What a named scenario is about, for `--list` and the tables.
 pub fn describe(name: &str) -> &'static str {
     match name {
@@ -51,6 +63,10 @@ pub fn describe(name: &str) -> &'static str {
         "operator-leader-sigterm" => "two operators; the lease holder gets SIGTERM, back in 30 s",
         "operator-leader-isolated" => {
             "two operators; the lease holder is cut off from the API server for 30 s"
+        }
+        LEADER_CUT_IDLE => {
+            "the leader, the operator's only channel, is cut off from the other replicas for \
+             200 s while no job runs"
         }
         _ => "",
     }
@@ -73,6 +89,9 @@ fn job(name: &str, create_at: Duration, run_secs: u64, exit_code: i32) -> Planne
 /// The named scenario's plan, or `None` for an unknown name. `quiet` is how long the world
 /// stays whole after the fault healed and the workload ended.
 pub fn plan(name: &str, quiet: Duration) -> Option<Plan> {
+    if name == LEADER_CUT_IDLE {
+        return Some(idle_cut_plan(quiet));
+    }
     let mut controllers_at = Duration::ZERO;
     let mut operators = vec![OPERATOR];
     let fault = match name {
@@ -92,6 +111,7 @@ pub fn plan(name: &str, quiet: Duration) -> Option<Plan> {
         }),
         "leader-cut-off" => Some(Fault::LeaderCutOff {
             heal_after: secs(20),
+            operator_on_it: false,
         }),
         "partition-operator-service" => Some(Fault::PartitionOperatorService {
             heal_after: secs(15),
@@ -159,6 +179,30 @@ pub fn plan(name: &str, quiet: Duration) -> Option<Plan> {
     })
 }
 
+/// `leader-cut-idle`: two short jobs end before the cut, and nothing is written after
+/// it, so the operator only heartbeats, polls and probes: every one of those a cut leader
+/// answers from its own state, so nothing fails or waits and only rotation (rule 5 of
+/// `controller::policy`) takes the heartbeats to a replica that forwards them to the new
+/// leader. Judged by the node-liveness check.
+fn idle_cut_plan(quiet: Duration) -> Plan {
+    let fault = Fault::LeaderCutOff {
+        heal_after: IDLE_CUT,
+        operator_on_it: true,
+    };
+    Plan {
+        seed: 1,
+        nodes: NODES,
+        controllers_at: Duration::ZERO,
+        operators: vec![OPERATOR],
+        jobs: vec![job("job-000", secs(2), 5, 0), job("job-001", secs(8), 6, 1)],
+        end: FAULT_AT + fault.heals_after() + quiet,
+        faults: vec![PlannedFault {
+            at: FAULT_AT,
+            fault,
+        }],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +226,17 @@ mod tests {
             );
         }
         assert!(plan("no-such", secs(20)).is_none());
+        for name in EXTENDED {
+            let plan = plan(name, secs(20)).unwrap_or_else(|| panic!("{name}"));
+            assert!(!describe(name).is_empty(), "{name}");
+            assert!(!NAMES.contains(&name), "{name}");
+            // Nothing is written once the fault strikes.
+            let fault_at = plan.faults[0].at;
+            assert!(
+                plan.jobs
+                    .iter()
+                    .all(|j| j.create_at + secs(j.run_secs) < fault_at)
+            );
+        }
     }
 }

@@ -17,6 +17,7 @@ use serde_json::json;
 use spur_operator::SpurJob;
 use spur_operator::state_name;
 use spur_operator::uid_in_comment;
+use anyhow::Context;
 use spur_proto as pb;
 use spur_proto::SlurmControllerClient;
 use tokio::time::Instant;
@@ -378,6 +379,40 @@ impl Lab {
         }
     }
 
+    /// The replicas operator `name` holds an established connection to, as the replicas'
+    /// sockets show them (the operator's own end names only the Service's address).
+    pub fn operator_connections(&self, name: &str) -> anyhow::Result<BTreeSet<usize>> {
+        let operator = self.operator_ip(name).context("no such operator")?;
+        let mut on = BTreeSet::new();
+        for slot in 0..self.replicas.len() {
+            let src = format!("{}:{CLIENT_PORT}", self.replicas[slot].pod.ip);
+            let out = std::process::Command::new("ss")
+                .args(["-tnH", "state", "established", "src", &src, "dst"])
+                .arg(operator.to_string())
+                .output()
+                .context("ss (iproute2)")?;
+            if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+                on.insert(slot);
+            }
+        }
+        Ok(on)
+    }
+
+    /// Resets operator `name`'s connections to replica `slot`, as the replica's kernel
+    /// would (`ss -K`: the operator gets a RST on its next read or write).
+    pub fn reset_operator_connections(&self, name: &str, slot: usize) -> anyhow::Result<()> {
+        let operator = self.operator_ip(name).context("no such operator")?;
+        let src = format!("{}:{CLIENT_PORT}", self.replicas[slot].pod.ip);
+        let status = std::process::Command::new("ss")
+            .args(["-K", "-tnH", "state", "established", "src", &src, "dst"])
+            .arg(operator.to_string())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .context("ss -K (iproute2)")?;
+        anyhow::ensure!(status.success(), "ss -K failed: {status}");
+        Ok(())
+    }
+
     /// Cuts `a` off from `b` (`cut`), or heals that.
     pub fn partition(&mut self, a: Ipv4Addr, b: Ipv4Addr, cut: bool) -> anyhow::Result<()> {
         self.firewall
@@ -633,17 +668,22 @@ impl Lab {
         )
     }
 
-    async fn controller_nodes(&mut self, slot: usize) -> Option<BTreeSet<String>> {
+    /// Every node the replica in `slot` knows, and those it holds DOWN.
+    async fn controller_nodes(
+        &mut self,
+        slot: usize,
+    ) -> Option<(BTreeSet<String>, BTreeSet<String>)> {
         let mut client = self.client(slot).await?;
         match client.get_nodes(pb::GetNodesRequest::default()).await {
-            Ok(reply) => Some(
-                reply
-                    .into_inner()
-                    .nodes
-                    .into_iter()
-                    .map(|n| n.name)
-                    .collect(),
-            ),
+            Ok(reply) => {
+                let nodes = reply.into_inner().nodes;
+                let down = nodes
+                    .iter()
+                    .filter(|n| n.state == pb::NodeState::NodeDown as i32)
+                    .map(|n| n.name.clone())
+                    .collect();
+                Some((nodes.into_iter().map(|n| n.name).collect(), down))
+            }
             Err(_) => {
                 self.clients[slot] = None;
                 None
@@ -690,13 +730,14 @@ impl Lab {
         let leader_slot = self.leader_slot();
         let mut controller = None;
         if let Some(slot) = leader_slot
-            && let Some(registered) = self.controller_nodes(slot).await
+            && let Some((registered, down)) = self.controller_nodes(slot).await
             && let Some(jobs) = self.controller_jobs().await
         {
             controller = Some(ControllerView {
                 // spurctld does not tell which agent address a node has: after a takeover
                 // a node counts as registered as soon as it is known at all.
                 registered,
+                down,
                 owners: jobs
                     .iter()
                     .filter_map(|job| Some((job.id, uid_in_comment(&job.comment)?.to_owned())))
@@ -756,7 +797,7 @@ impl Lab {
     /// How many nodes the leader knows, if a leader answers.
     pub async fn registered_count(&mut self) -> Option<usize> {
         let slot = self.leader_slot()?;
-        self.controller_nodes(slot).await.map(|n| n.len())
+        self.controller_nodes(slot).await.map(|(n, _)| n.len())
     }
 
     /// Scrapes operator `i`'s controller call count (`spur_operator_controller_rpcs_total`).

@@ -24,6 +24,14 @@ pub struct Deadlines {
     pub status: Duration,
     pub deletion: Duration,
     pub readiness: Duration,
+    /// A registered node the controller leader holds DOWN after the world has been healthy
+    /// this long (a leader with a quorum, an operator that acts and reaches an endpoint):
+    /// spurctld marks a node DOWN after its heartbeat timeout (90 s) without a heartbeat,
+    /// and the operator sends one each heartbeat interval (30 s), so a world healthy for
+    /// both has had a full timeout of heartbeat rounds. The cut leader of
+    /// `sim/tests/cut_replica.rs` (and the lab's `leader-cut-idle`) is what it catches: an
+    /// operator whose heartbeats all go to a leader cut off from its peers.
+    pub node_liveness: Duration,
     /// With the API server up, some live operator replica holds the Lease within this of
     /// the last holder going away: the lease duration (15 s) a standby waits from first
     /// seeing the last renewal, plus a retry period (5 s) before it saw it and one more
@@ -39,6 +47,7 @@ impl Default for Deadlines {
             status: Duration::from_secs(15),
             deletion: Duration::from_secs(20),
             readiness: Duration::from_secs(15),
+            node_liveness: Duration::from_secs(120),
             takeover: Duration::from_secs(25),
         }
     }
@@ -71,6 +80,9 @@ struct NodeWatch {
     exists_since: Duration,
     registered: bool,
     flagged: bool,
+    /// Since when the leader has held it DOWN, while registered.
+    down_since: Option<Duration>,
+    down_flagged: bool,
 }
 
 #[derive(Default)]
@@ -261,6 +273,7 @@ impl Monitor {
             return;
         };
         self.check_nodes(seen, now, &controller.registered);
+        self.check_node_liveness(now, &controller.down);
         self.check_jobs(seen, now, &controller.jobs);
         self.check_owners(seen, now, controller);
     }
@@ -326,6 +339,41 @@ impl Monitor {
     /// and the start of the current healthy stretch.
     fn waiting_from(&self, since: Duration) -> Option<Duration> {
         self.healthy_since.map(|h| h.max(since))
+    }
+
+    /// sim.md's node liveness ([`Deadlines::node_liveness`]): once per node DOWN at the
+    /// leader in a world healthy for the whole window.
+    fn check_node_liveness(&mut self, now: Duration, down: &BTreeSet<String>) {
+        let window = self.deadlines.node_liveness;
+        let healthy_long = self
+            .healthy_since
+            .is_some_and(|since| now.saturating_sub(since) >= window);
+        for (name, watch) in &mut self.nodes {
+            let is_down = watch.registered && down.contains(name);
+            if !is_down {
+                watch.down_since = None;
+                watch.down_flagged = false;
+                continue;
+            }
+            let down_since = *watch.down_since.get_or_insert(now);
+            if !healthy_long || watch.down_flagged {
+                continue;
+            }
+            watch.down_flagged = true;
+            let since = self.healthy_since.expect("healthy");
+            let detail = format!(
+                "the controller leader holds it DOWN since {:.1}s though the world was healthy \
+                 since {:.1}s: no heartbeat of the operator's reached the leader",
+                down_since.as_secs_f64(),
+                since.as_secs_f64()
+            );
+            self.violations.push(Violation {
+                check: "node-liveness",
+                object: format!("node/{name}"),
+                at: now,
+                detail,
+            });
+        }
     }
 
     fn check_nodes(&mut self, seen: &Observation, now: Duration, registered: &BTreeSet<String>) {
@@ -751,6 +799,8 @@ pub struct ControllerView {
     /// controller must launch on the new leader, so the new leader registers every node
     /// again. With no acting operator, every registered node.
     pub registered: BTreeSet<String>,
+    /// Nodes the leader holds DOWN.
+    pub down: BTreeSet<String>,
     /// Every job: its state's name and exit code.
     pub jobs: BTreeMap<u32, (&'static str, i32)>,
     /// The SpurJob UID each job's comment carries (jobs whose comment carries none are
@@ -784,6 +834,12 @@ fn observe_sim(sim: &Sim, now: Duration, operators: &[String]) -> Observation {
                 .nodes
                 .iter()
                 .filter(|(_, n)| acting_operator.as_ref().is_none_or(|op| n.address == *op))
+                .map(|(name, _)| name.clone())
+                .collect(),
+            down: state
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.state == spur_proto::NodeState::NodeDown)
                 .map(|(name, _)| name.clone())
                 .collect(),
             jobs: state
@@ -878,6 +934,57 @@ mod tests {
             ..Default::default()
         });
         seen
+    }
+
+    /// node-0, registered; the leader holds it DOWN when `down`; the world healthy when
+    /// `healthy` (else no leader with a quorum).
+    fn node_sample(down: bool, healthy: bool) -> Observation {
+        let mut seen = seen_with(None);
+        seen.spurjobs.clear();
+        seen.managed_nodes = ["node-0".to_owned()].into();
+        seen.controller = Some(ControllerView {
+            registered: ["node-0".to_owned()].into(),
+            down: if down {
+                ["node-0".to_owned()].into()
+            } else {
+                BTreeSet::new()
+            },
+            ..Default::default()
+        });
+        if !healthy {
+            seen.leader = None;
+            seen.controller = None;
+        }
+        seen
+    }
+
+    #[test]
+    fn node_liveness_fires_once_for_a_node_held_down_in_a_world_healthy_for_its_window() {
+        let window = Deadlines::default().node_liveness.as_secs() as usize;
+        // Up for 30 s, then DOWN: the window counts from when the world became healthy.
+        let mut samples: Vec<Observation> = (0..30).map(|_| node_sample(false, true)).collect();
+        samples.extend((30..window + 10).map(|_| node_sample(true, true)));
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        assert_eq!(
+            fired_on("node-liveness", &mut monitor, &samples),
+            [format!(
+                "node-liveness node/node-0 at {window}.0s: the controller leader holds it DOWN \
+                 since 30.0s though the world was healthy since 0.0s: no heartbeat of the \
+                 operator's reached the leader"
+            )]
+        );
+        // DOWN for as long, but the world was not healthy until 60 s (no leader with a
+        // quorum): nobody could have heartbeated the leader, so nothing fires yet.
+        let mut samples: Vec<Observation> = (0..60).map(|_| node_sample(true, false)).collect();
+        samples.extend((60..window + 59).map(|_| node_sample(true, true)));
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        assert!(fired_on("node-liveness", &mut monitor, &samples).is_empty());
+        // A node that came back UP is judged afresh.
+        let mut samples: Vec<Observation> = (0..window + 1).map(|_| node_sample(true, true)).collect();
+        samples.push(node_sample(false, true));
+        samples.push(node_sample(true, true));
+        let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
+        assert_eq!(fired_on("node-liveness", &mut monitor, &samples).len(), 2);
     }
 
     #[test]

@@ -538,7 +538,7 @@ fn schedule_fault(
                     skipped_for_no_leader(w, &fault, skip);
                 }
             }
-            Fault::LeaderCutOff { heal_after } => {
+            Fault::LeaderCutOff { heal_after, .. } => {
                 if let Some(leader) = w.leader()
                     && let Some(slot) = w.cluster().slot_of(&leader)
                 {

@@ -191,8 +191,14 @@ pub enum Fault {
     /// Service. Named scenarios only (never drawn, so every seed's plan is unchanged).
     LeaderFreeze { thaw_after: Duration },
     /// The leader is cut off from the other replicas (a stale leader that keeps answering
-    /// what it can). Named scenarios only.
-    LeaderCutOff { heal_after: Duration },
+    /// what it can). Named scenarios only. With `operator_on_it`, the lab first resets the
+    /// operator's connections to the other replicas until its only one is to the leader
+    /// (the simulation cuts the leader as it finds it: whether the operator is on it then
+    /// is its seed's draw).
+    LeaderCutOff {
+        heal_after: Duration,
+        operator_on_it: bool,
+    },
     /// The operator cannot reach one replica for a while.
     PartitionOperatorReplica { slot: usize, heal_after: Duration },
     /// One replica is cut off from the other two (forces an election when it leads).
@@ -280,7 +286,7 @@ impl Fault {
                 Duration::from_secs(30)
             }
             Fault::LeaderFreeze { thaw_after } => *thaw_after,
-            Fault::LeaderCutOff { heal_after } => *heal_after,
+            Fault::LeaderCutOff { heal_after, .. } => *heal_after,
             Fault::PartitionOperatorReplica { heal_after, .. }
             | Fault::PartitionReplica { heal_after, .. }
             | Fault::PartitionOperatorService { heal_after } => *heal_after,
