@@ -69,8 +69,10 @@ pub struct RunArgs {
     )]
     pub health_listen: SocketAddr,
 
-    /// Bound on each readiness probe (API server, controller Ping). Below kubelet's
-    /// default probe timeout, so /readyz answers with a reason instead of timing out.
+    /// Bound on each readiness probe (the API server's version; the controller channel's
+    /// probe read, which a replica answers only while it serves forwarded reads). Below
+    /// kubelet's default probe timeout, so /readyz answers with a reason instead of timing
+    /// out.
     #[arg(long, env = "SPUR_OPERATOR_PROBE_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
     pub probe_timeout: Duration,
 

@@ -11,9 +11,11 @@ use spur_operator::is_terminal;
 
 use super::world::{API_IP, Lab, Stop};
 use crate::operator::KUBE_API_HOST;
+use crate::prober::{ProbeLog, ProbeRule};
 use crate::profiles::Profile;
 use crate::scenario::checks::{AcceptedJob, Deadlines, Duplicates, Monitor, Violation};
 use crate::scenario::plan::{Fault, LeaderChange, Plan, PlannedJob};
+use crate::scenario::readiness::ReadinessJudge;
 use crate::scenario::{OPERATOR, OPERATOR_B, Outcome, REPLACE_AFTER, SAMPLE};
 use crate::timeline::{FaultSpan, Timeline};
 
@@ -79,6 +81,23 @@ pub async fn run_plan(
     if timeline {
         monitor = monitor.recording();
     }
+    // sim.md's readiness check on the kubelet stand-in's answers, against the lab's truth:
+    // one judge per operator pod, by its index in the lab.
+    let mut readiness: Vec<(usize, ReadinessJudge)> = plan
+        .operators
+        .iter()
+        .map(|name| {
+            Ok((
+                lab.operator_index(name)?,
+                ReadinessJudge::new(
+                    Deadlines::default().readiness,
+                    ProbeLog::default(),
+                    ProbeRule::DEPLOYMENT,
+                    name,
+                ),
+            ))
+        })
+        .collect::<anyhow::Result<_>>()?;
     // Each fault as it struck, over the lanes it hit, for the timeline.
     let mut struck: Vec<FaultSpan> = Vec::new();
     let mut leader: Option<String> = None;
@@ -107,6 +126,13 @@ pub async fn run_plan(
                     ),
                 });
             }
+            if let Some(name) = restarts_operator(&event) {
+                for (_, judge) in &mut readiness {
+                    if judge.operator() == name {
+                        judge.restarted(now);
+                    }
+                }
+            }
             for (when, follow_up) in carry_out(lab, event, now, &mut monitor, &mut api_up).await? {
                 at(&mut events, when, follow_up);
             }
@@ -117,6 +143,17 @@ pub async fn run_plan(
             leader.clone_from(&seen.leader);
         }
         monitor.observe(&seen, lab.now(), api_up);
+        for (index, at, ready) in lab.take_probe_answers() {
+            if let Some((_, judge)) = readiness.iter_mut().find(|(i, _)| *i == index) {
+                judge.record(at, ready);
+            }
+        }
+        for (_, judge) in &mut readiness {
+            let view = lab.readiness_view(judge.operator(), api_up);
+            if let Some(violation) = judge.judge(view, lab.now()) {
+                monitor.violations.push(violation);
+            }
+        }
         if now >= next_scrape {
             next_scrape += SCRAPE_EVERY;
             lab.scrape_all_calls().await;
@@ -148,7 +185,18 @@ pub async fn run_plan(
             Duplicates::default()
         }
     };
-    let violations = std::mem::take(&mut monitor.violations);
+    let mut violations = std::mem::take(&mut monitor.violations);
+    // As in the simulation: a readiness check that never judged would pass silently.
+    for (_, judge) in &readiness {
+        if judge.judged == 0 {
+            violations.push(Violation {
+                check: "readiness",
+                object: format!("{}/readyz", judge.operator()),
+                at: now,
+                detail: "never judged: the world never held still for the deadline".into(),
+            });
+        }
+    }
     let timeline = monitor.recorder.take().map(|recorder| {
         let mut timeline = lab_timeline(
             plan,
@@ -274,6 +322,15 @@ fn lab_timeline(
         jobs,
         deadlines,
         violations,
+    }
+}
+
+/// The operator `event` (re)starts, whose readiness is judged afresh from then.
+fn restarts_operator(event: &Event) -> Option<String> {
+    match event {
+        Event::StartOperator(name) => Some(name.clone()),
+        Event::Fault(Fault::OperatorRestart) => Some(OPERATOR.to_owned()),
+        _ => None,
     }
 }
 

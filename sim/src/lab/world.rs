@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use anyhow::Context;
 use kube::CustomResourceExt;
 use serde_json::json;
 use spur_operator::SpurJob;
 use spur_operator::state_name;
 use spur_operator::uid_in_comment;
-use anyhow::Context;
 use spur_proto as pb;
 use spur_proto::SlurmControllerClient;
 use tokio::time::Instant;
@@ -119,7 +119,12 @@ pub struct Lab {
     /// With a headless Service: the operators' `/etc/hosts`, the Service's DNS records.
     hosts: Option<PathBuf>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The kubelet stand-in's readiness answers not yet taken: (operator index, when, 200).
+    probe_answers: ProbeAnswers,
 }
+
+/// Readiness answers shared between the prober task and the lab's loop.
+type ProbeAnswers = std::sync::Arc<std::sync::Mutex<Vec<(usize, Instant, bool)>>>;
 
 /// How a replica or operator process is stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,8 +173,10 @@ impl Lab {
         // The kubelet's readiness probe of each operator pod, as deploy/deployment.yaml
         // asks (the simulation's prober does the same): /readyz reads through the
         // operator's channel, so its bounded read takes part in the channel's story.
+        let probe_answers = ProbeAnswers::default();
         tasks.push(tokio::spawn(probe_readiness(
             (0..operators.len()).map(operator_ip).collect(),
+            probe_answers.clone(),
         )));
         let kubeconfig = setup.dir.join("kubeconfig");
         write_kubeconfig(&kubeconfig, &format!("http://{API_IP}:{API_PORT}"))?;
@@ -247,6 +254,7 @@ impl Lab {
             kubeconfig,
             hosts,
             tasks,
+            probe_answers,
         })
     }
 
@@ -413,6 +421,49 @@ impl Lab {
         Ok(())
     }
 
+    /// The readiness answers the kubelet stand-in got since the last call, for operator
+    /// index, when each probe was sent (the plan's clock) and whether it said ready.
+    /// Answers from before the plan's clock started are dropped.
+    pub fn take_probe_answers(&self) -> Vec<(usize, Duration, bool)> {
+        let taken = std::mem::take(&mut *self.probe_answers.lock().expect("no holder panics"));
+        taken
+            .into_iter()
+            .filter_map(|(i, at, ready)| Some((i, at.checked_duration_since(self.started)?, ready)))
+            .collect()
+    }
+
+    /// What operator `name`'s `/readyz` should reflect now, by the lab's truth: its process
+    /// runs, it reaches the API server (`api_up`: the lab's outage is off), and some ready
+    /// endpoint of the Service is a replica whose process runs and whose address is not
+    /// black-holed, reachable from it (a frozen one stays, as in the simulation: its
+    /// kernel completes connects).
+    pub fn readiness_view(
+        &self,
+        name: &str,
+        api_up: bool,
+    ) -> crate::scenario::readiness::WorldView {
+        let ip = self.operator_ip(name).expect("an operator of the plan");
+        let endpoints = self
+            .replicas
+            .iter()
+            .filter(|r| {
+                self.firewall.endpoints.contains(&r.pod.ip)
+                    && r.child.is_some()
+                    && !self.firewall.black_holed.contains(&r.pod.ip)
+                    && !self.firewall.cut(ip, r.pod.ip)
+            })
+            .map(|r| r.pod.name.clone())
+            .collect();
+        crate::scenario::readiness::WorldView {
+            up: self.operator_running(name),
+            api_up: api_up && !self.firewall.cut(ip, API_IP),
+            endpoints,
+            leader: self
+                .leader_slot()
+                .map(|s| self.replicas[s].pod.name.clone()),
+        }
+    }
+
     /// Cuts `a` off from `b` (`cut`), or heals that.
     pub fn partition(&mut self, a: Ipv4Addr, b: Ipv4Addr, cut: bool) -> anyhow::Result<()> {
         self.firewall
@@ -514,7 +565,7 @@ impl Lab {
         Ok(())
     }
 
-    fn operator_index(&self, name: &str) -> anyhow::Result<usize> {
+    pub(crate) fn operator_index(&self, name: &str) -> anyhow::Result<usize> {
         self.operators
             .iter()
             .position(|o| o.name == name)
@@ -906,22 +957,28 @@ fn operator_ip(i: usize) -> Ipv4Addr {
 }
 
 /// A kubelet's readiness probe of every operator pod, forever: `GET /readyz` each period,
-/// bounded by the probe's timeout, a slow one delaying the next. The answers are not
-/// judged here (the simulation's readiness checks do that); the probe is made because a
-/// kubelet makes it, and what it reads goes through the operator's channel.
-async fn probe_readiness(ips: Vec<Ipv4Addr>) {
+/// bounded by the probe's timeout, a slow one delaying the next. Each answer (ready when
+/// it is a 200 within the timeout; a refused or hung connection is not) goes to `answers`
+/// with the time it was sent, for the readiness judge of the lab's loop.
+async fn probe_readiness(ips: Vec<Ipv4Addr>, answers: ProbeAnswers) {
     let rule = crate::prober::ProbeRule::DEPLOYMENT;
     let mut ticks = tokio::time::interval(rule.period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
+        let sent = Instant::now();
         let probes = ips.iter().map(|ip| {
             tokio::time::timeout(
                 rule.timeout,
                 http_get(SocketAddr::new((*ip).into(), 8080), "/readyz"),
             )
         });
-        futures::future::join_all(probes).await;
+        let results = futures::future::join_all(probes).await;
+        let mut answers = answers.lock().expect("no holder panics");
+        for (i, result) in results.into_iter().enumerate() {
+            let ready = matches!(result, Ok(Ok(text)) if text.starts_with("HTTP/1.1 200"));
+            answers.push((i, sent, ready));
+        }
     }
 }
 

@@ -980,7 +980,8 @@ mod tests {
         let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
         assert!(fired_on("node-liveness", &mut monitor, &samples).is_empty());
         // A node that came back UP is judged afresh.
-        let mut samples: Vec<Observation> = (0..window + 1).map(|_| node_sample(true, true)).collect();
+        let mut samples: Vec<Observation> =
+            (0..window + 1).map(|_| node_sample(true, true)).collect();
         samples.push(node_sample(false, true));
         samples.push(node_sample(true, true));
         let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);

@@ -60,6 +60,11 @@ impl ReadinessJudge {
         }
     }
 
+    /// Records an answer of the prober's (the lab's, whose prober is a task of its own).
+    pub fn record(&self, at: Duration, ready: bool) {
+        self.probes.record(at, ready);
+    }
+
     /// The operator host this judge probes.
     pub fn operator(&self) -> &str {
         &self.operator
@@ -90,6 +95,12 @@ impl ReadinessJudge {
 
     pub fn sample(&mut self, sim: &Sim, now: Duration, api_up: bool) -> Option<Violation> {
         let view = self.view(sim, now, api_up);
+        self.judge(view, now)
+    }
+
+    /// Judges the answers against `view`, the world as it is at `now` however it was read
+    /// (the simulation's state, or the lab's processes and firewall).
+    pub fn judge(&mut self, view: WorldView, now: Duration) -> Option<Violation> {
         let since = match &self.world {
             Some((held, since)) if *held == view => *since,
             _ => {
@@ -148,10 +159,10 @@ impl ReadinessJudge {
                 },
                 settled_since.as_secs_f64(),
                 if process_up { "up" } else { "down" },
-                match (api_up, api_reachable) {
-                    (true, true) => "up",
-                    (true, false) => "unreachable",
-                    (false, _) => "down",
+                if api_reachable {
+                    "up and reachable"
+                } else {
+                    "down or unreachable"
                 },
                 if reachable {
                     "reachable"
@@ -193,15 +204,17 @@ pub fn verdict(
 
 /// The parts of the world `/readyz` reflects.
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct WorldView {
+pub struct WorldView {
     /// The operator's process runs (not crashed, not shutting down): a process that is
     /// gone answers no probe, which the kubelet counts as not ready.
-    up: bool,
+    pub up: bool,
     /// The API server answers, and this operator can reach it.
-    api_up: bool,
+    pub api_up: bool,
     /// Live, ready controller endpoints the operator can reach.
-    endpoints: Vec<String>,
-    leader: Option<String>,
+    pub endpoints: Vec<String>,
+    /// The leader with a quorum: a change of it is a change of the world the answer
+    /// depends on.
+    pub leader: Option<String>,
 }
 
 impl WorldView {
