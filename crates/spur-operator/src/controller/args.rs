@@ -10,7 +10,7 @@ use clap::Args;
 use clap::builder::TypedValueParser as _;
 
 use super::{ControllerAddr, Rule, Scheme};
-use crate::flags::{Bound, ConfigError, parse_duration, read_file};
+use crate::flags::{Bound, ConfigError, read_file};
 
 /// HTTP/2 keepalive pings on the controller channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,7 +63,6 @@ pub struct ChannelConfig {
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
-pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_MESSAGE_MIB: usize = 32;
 pub const DEFAULT_CHANNEL_MAX_AGE: Duration = Duration::from_secs(20);
 pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
@@ -85,7 +84,7 @@ impl Default for ChannelConfig {
             connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
             keepalive: Some(Keepalive {
                 interval: DEFAULT_KEEPALIVE_INTERVAL,
-                timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+                timeout: DEFAULT_KEEPALIVE_INTERVAL,
                 while_idle: true,
             }),
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
@@ -168,10 +167,12 @@ pub struct ControllerArgs {
     )]
     pub controller_request_timeout: Bound,
 
-    /// Interval of HTTP/2 keepalive pings, also while idle, or `off`. A connection to a
-    /// killed controller pod drops packets silently and would otherwise hang until the
-    /// kernel gives up (minutes); a ping finds it dead within interval plus timeout (4 s
-    /// by default, inside the 5 s request bound, so a dead peer is named as such).
+    /// Interval of HTTP/2 keepalive pings, also while idle, or `off`; a ping unanswered for
+    /// as long closes the connection (a round trip inside a cluster is well under a
+    /// millisecond, so one number serves both). A connection to a killed controller pod
+    /// drops packets silently and would otherwise hang until the kernel gives up
+    /// (minutes); a ping finds it dead within twice the interval (4 s by default, inside
+    /// the 5 s request bound, so a dead peer is named as such).
     /// spurctld's tonic server sets no minimum ping interval (hyper's HTTP/2 server answers
     /// every PING and never sends ENHANCE_YOUR_CALM for them), so a 2 s ping on one
     /// connection costs it nothing.
@@ -181,16 +182,6 @@ pub struct ControllerArgs {
         default_value = "2s"
     )]
     pub controller_keepalive_interval: Bound,
-
-    /// How long a keepalive ping may go unanswered before the connection is closed; a
-    /// round trip inside a cluster is well under a millisecond.
-    #[arg(
-        long,
-        env = "SPUR_OPERATOR_CONTROLLER_KEEPALIVE_TIMEOUT",
-        default_value = "2s",
-        value_parser = parse_duration
-    )]
-    pub controller_keepalive_timeout: Duration,
 
     /// Connect afresh (through the Service, to another replica) once a channel is this old,
     /// or `off`. A replica cut off from its peers may still think it leads: its connection
@@ -282,15 +273,9 @@ impl ControllerArgs {
             .0
             .map(|interval| Keepalive {
                 interval,
-                timeout: self.controller_keepalive_timeout,
+                timeout: interval,
                 while_idle: true,
             });
-        if keepalive.is_some() && self.controller_keepalive_timeout.is_zero() {
-            return Err(ConfigError::Invalid {
-                flag: "--controller-keepalive-timeout",
-                reason: "must be longer than zero".into(),
-            });
-        }
         let channel = ChannelConfig {
             connect_timeout: self.controller_connect_timeout.0,
             keepalive,
@@ -447,8 +432,6 @@ mod tests {
             "off",
             "--controller-keepalive-interval",
             "1m 30s",
-            "--controller-keepalive-timeout",
-            "750ms",
         ])
         .unwrap();
         assert_eq!(
@@ -458,7 +441,7 @@ mod tests {
         assert_eq!(settings.channel.request_timeout, None);
         let keepalive = settings.channel.keepalive.unwrap();
         assert_eq!(keepalive.interval, Duration::from_secs(90));
-        assert_eq!(keepalive.timeout, Duration::from_millis(750));
+        assert_eq!(keepalive.timeout, Duration::from_secs(90));
 
         let off = parse(&["--controller-keepalive-interval", "off"]).unwrap();
         assert_eq!(off.channel.keepalive, None);
