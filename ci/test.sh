@@ -73,7 +73,7 @@ release_log="$(mktemp)"
 RUSTFLAGS='' nice -n 19 cargo build --release --locked -p spur-operator --bin spur-operator >"$release_log" 2>&1 &
 release_pid=$!
 background+=("$release_pid")
-# A hard bound on the whole run: the real-time suites bound each case themselves (120 s a
+# A hard bound on the whole run: the real-time suites bound each case themselves (150 s a
 # conformance case, 150 s an end-to-end case); this catches anything else that hangs.
 timeout --kill-after=30s 3600s cargo test --workspace --locked
 

@@ -431,6 +431,35 @@ impl Cluster {
             .collect()
     }
 
+    /// On the leader `slot`: the DOWN (or ERROR) nodes no admin holds that it heard a
+    /// heartbeat from within the timeout, which its health check brings back. A node it has
+    /// not heard from at all is left as it is, as spurctld leaves a node with no
+    /// `last_heartbeat`. Unlike marking DOWN, no post-election grace holds this back.
+    pub fn recovered_nodes(&self, slot: usize, now: Duration) -> Vec<String> {
+        let state = self.lock();
+        let me = &state.slots[slot];
+        if me.known_leader.as_deref() != Some(me.host.as_str()) {
+            return Vec::new();
+        }
+        let timeout = self.config.heartbeat_timeout;
+        me.state
+            .nodes
+            .iter()
+            .filter(|(_, node)| {
+                matches!(
+                    node.state,
+                    spur_proto::NodeState::NodeDown | spur_proto::NodeState::NodeError
+                ) && !node.admin_locked
+            })
+            .filter(|(name, _)| {
+                me.heartbeats
+                    .get(*name)
+                    .is_some_and(|last| now.saturating_sub(*last) <= timeout)
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// Reads `slot`'s own copy of the state (possibly stale).
     pub fn read<T>(&self, slot: usize, read: impl FnOnce(&StateMachine) -> T) -> T {
         read(&self.lock().slots[slot].state)

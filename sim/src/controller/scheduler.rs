@@ -144,8 +144,9 @@ async fn health<D: Dialer>(replica: Replica<D>) {
             continue; // a stopped process's timer fires once it runs again
         }
         let leads = replica.cluster().role(replica.slot()) == Role::Leader;
-        if grace.over(leads, replica.now()) {
-            health_check(&replica).await;
+        let may_mark_down = grace.over(leads, replica.now());
+        if leads {
+            health_check(&replica, may_mark_down).await;
         }
     }
 }
@@ -181,7 +182,21 @@ impl LeadershipGrace {
     }
 }
 
-async fn health_check<D: Dialer>(replica: &Replica<D>) {
+/// One tick of the health check on a leader: silent nodes go DOWN once the grace is over
+/// (`may_mark_down`), and DOWN nodes heard from again come back at any tick, as spurctld's
+/// `check_node_health` does (its grace holds back only the marking).
+async fn health_check<D: Dialer>(replica: &Replica<D>, may_mark_down: bool) {
+    let recovered = replica
+        .cluster()
+        .recovered_nodes(replica.slot(), replica.now());
+    if !recovered.is_empty() {
+        let _ = replica
+            .commit(Command::NodesRecovered { names: recovered })
+            .await;
+    }
+    if !may_mark_down {
+        return;
+    }
     let silent = replica
         .cluster()
         .silent_nodes(replica.slot(), replica.now());

@@ -79,6 +79,10 @@ pub enum Command {
     /// The leader's health check: nodes silent too long go DOWN "Not responding" and
     /// their jobs NODE_FAIL.
     NodesNotResponding { names: Vec<String>, at: SystemTime },
+    /// The leader's health check: DOWN nodes that no admin holds, heard from within the
+    /// timeout, come back (spurctld's `HeartbeatRecovered`: IDLE, or ALLOCATED while a job
+    /// holds them).
+    NodesRecovered { names: Vec<String> },
     /// Terminal jobs that ended before `before` are evicted (spurctld keeps them an hour).
     EvictJobs { before: SystemTime },
     /// State loss: the controller forgets every registered node.
@@ -111,6 +115,9 @@ impl Command {
             } => format!("job {job_id} on {node} ended exit={exit_code}"),
             Command::NodesNotResponding { names, .. } => {
                 format!("nodes not responding: {}", names.join(","))
+            }
+            Command::NodesRecovered { names } => {
+                format!("nodes recovered: {}", names.join(","))
             }
             Command::EvictJobs { .. } => "evict old terminal jobs".to_owned(),
             Command::ForgetNodes => "forget all nodes".to_owned(),
@@ -162,6 +169,10 @@ pub struct Node {
     pub state: pb::NodeState,
     pub reason: String,
     pub running_job: Option<u32>,
+    /// Put in a hold state by UpdateNode (DOWN, DRAIN, ERROR, SUSPENDED...): heartbeats do
+    /// not lift it, only an UpdateNode out of it does. The health check's own DOWN keeps
+    /// the lock as it was (spurctld's `admin_locked`).
+    pub admin_locked: bool,
 }
 
 /// A job.
@@ -272,6 +283,19 @@ fn fails_running_jobs(state: pb::NodeState) -> bool {
     matches!(
         state,
         pb::NodeState::NodeDown | pb::NodeState::NodeError | pb::NodeState::NodeSuspended
+    )
+}
+
+/// The states an UpdateNode locks against recovery by heartbeat (spurctld's
+/// `NodeState::is_admin_hold`); moving a node out of them clears the lock.
+fn is_admin_hold(state: pb::NodeState) -> bool {
+    matches!(
+        state,
+        pb::NodeState::NodeDown
+            | pb::NodeState::NodeDrain
+            | pb::NodeState::NodeDraining
+            | pb::NodeState::NodeError
+            | pb::NodeState::NodeSuspended
     )
 }
 
@@ -407,6 +431,7 @@ impl StateMachine {
                     state: pb::NodeState::NodeIdle,
                     reason: String::new(),
                     running_job: None,
+                    admin_locked: false,
                 });
                 node.address = address.clone();
                 // Port 0 means the agent's default.
@@ -438,6 +463,7 @@ impl StateMachine {
                 }
                 if let Some(state) = *state {
                     node.state = state;
+                    node.admin_locked = is_admin_hold(state);
                     if fails_running_jobs(state) {
                         // The agent is not told (spurctld's UpdateNode path sends nothing).
                         self.fail_jobs_on(std::slice::from_ref(name), "NodeDown", None);
@@ -641,6 +667,25 @@ impl StateMachine {
                     }
                 }
                 Effect::Stop(self.fail_jobs_on(names, "NodeDown", Some((*at, 9))))
+            }
+            Command::NodesRecovered { names } => {
+                for name in names {
+                    if let Some(node) = self.nodes.get_mut(name)
+                        && matches!(
+                            node.state,
+                            pb::NodeState::NodeDown | pb::NodeState::NodeError
+                        )
+                        && !node.admin_locked
+                    {
+                        node.state = if node.running_job.is_some() {
+                            pb::NodeState::NodeAllocated
+                        } else {
+                            pb::NodeState::NodeIdle
+                        };
+                        node.reason.clear();
+                    }
+                }
+                Effect::Done
             }
             Command::EvictJobs { before } => {
                 self.jobs.retain(|_, job| {

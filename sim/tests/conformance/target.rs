@@ -246,6 +246,11 @@ impl Target {
     }
 }
 
+/// The hard bound on one case on the real binary. The longest case, a silent node, waits
+/// up to three of spurctld's 30 s health ticks for the node to go DOWN and one more for it
+/// to come back.
+const CASE_BOUND: Duration = Duration::from_secs(150);
+
 type Case = Box<dyn Fn(Target) -> Pin<Box<dyn Future<Output = ()>>>>;
 
 /// Runs `case` on the model and on the real binary (as `replicas` says); `seed` decides
@@ -344,11 +349,11 @@ fn run_on_real(binary: &std::path::Path, replicas: usize, setup: &Setup, case: &
     // A hard bound: a case that hangs on the real binary fails with the replicas' logs.
     let outcome = runtime.block_on(async {
         target.wait_for_leader().await;
-        tokio::time::timeout(Duration::from_secs(120), run).await
+        tokio::time::timeout(CASE_BOUND, run).await
     });
     if outcome.is_err() {
         panic!(
-            "{}: case did not finish in 120 s{}",
+            "{}: case did not finish in {CASE_BOUND:?}{}",
             target.name,
             target.logs()
         );
