@@ -967,6 +967,15 @@ fn a_replica_avoided_while_cut_off_is_used_once_elected() {
     }
 }
 
+/// Seed `seed` of the generated mix under the default profile, the operator given `flags`.
+fn run_with_flags(seed: u64, flags: &[&str]) -> spur_sim::scenario::Outcome {
+    let config = ScenarioConfig {
+        operator_flags: flags.iter().map(|f| (*f).to_owned()).collect(),
+        ..ScenarioConfig::default()
+    };
+    spur_sim::scenario::run(seed, Profile::Default, &config)
+}
+
 /// Seed 7163 of the generated mix (two replica partitions, at 50 s and 103 s): the
 /// SpurJobs created around each election wait on a channel whose replica forwards into
 /// the cut. Measured (`spur-sim run --seeds 7163..7164 --json`, after-election lags):
@@ -974,13 +983,7 @@ fn a_replica_avoided_while_cut_off_is_used_once_elected() {
 /// Found by sweeping 7000..7300 with the rule off (p99 after an election 5.5 s).
 #[test]
 fn abandoning_calls_left_on_a_replaced_channel_serves_the_next_leader() {
-    let run = |flags: &[&str]| {
-        let config = ScenarioConfig {
-            operator_flags: flags.iter().map(|f| (*f).to_owned()).collect(),
-            ..ScenarioConfig::default()
-        };
-        spur_sim::scenario::run(7163, Profile::Default, &config)
-    };
+    let run = |flags: &[&str]| run_with_flags(7163, flags);
     let shipped = run(&[]);
     assert!(shipped.passed(), "{:?}", shipped.violations);
     let worst = shipped.failover_submission_lags.iter().max().copied();
@@ -1006,13 +1009,7 @@ fn abandoning_calls_left_on_a_replaced_channel_serves_the_next_leader() {
 /// 33, 64 and 278 over 10 s; none as shipped).
 #[test]
 fn dropping_a_channel_whose_call_failed_keeps_seed_278s_submissions_within_seconds() {
-    let run = |flags: &[&str]| {
-        let config = ScenarioConfig {
-            operator_flags: flags.iter().map(|f| (*f).to_owned()).collect(),
-            ..ScenarioConfig::default()
-        };
-        spur_sim::scenario::run(278, Profile::Default, &config)
-    };
+    let run = |flags: &[&str]| run_with_flags(278, flags);
     let shipped = run(&[]);
     assert!(shipped.passed(), "{:?}", shipped.violations);
     let worst = shipped.submission_lags.iter().max().copied();
