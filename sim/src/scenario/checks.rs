@@ -341,8 +341,8 @@ impl Monitor {
         self.healthy_since.map(|h| h.max(since))
     }
 
-    /// sim.md's node liveness ([`Deadlines::node_liveness`]): once per node DOWN at the
-    /// leader in a world healthy for the whole window.
+    /// Node liveness, a check of ours beside sim.md's ([`Deadlines::node_liveness`]): once
+    /// per node DOWN at the leader in a world healthy for the whole window.
     fn check_node_liveness(&mut self, now: Duration, down: &BTreeSet<String>) {
         let window = self.deadlines.node_liveness;
         let healthy_long = self
