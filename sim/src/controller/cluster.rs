@@ -445,12 +445,7 @@ impl Cluster {
         me.state
             .nodes
             .iter()
-            .filter(|(_, node)| {
-                matches!(
-                    node.state,
-                    spur_proto::NodeState::NodeDown | spur_proto::NodeState::NodeError
-                ) && !node.admin_locked
-            })
+            .filter(|(_, node)| node.recoverable())
             .filter(|(name, _)| {
                 me.heartbeats
                     .get(*name)

@@ -175,6 +175,17 @@ pub struct Node {
     pub admin_locked: bool,
 }
 
+impl Node {
+    /// DOWN or ERROR with no admin hold: what the leader's health check brings back once
+    /// the node's heartbeats are heard again (spurctld's `HeartbeatRecovered`).
+    pub fn recoverable(&self) -> bool {
+        matches!(
+            self.state,
+            pb::NodeState::NodeDown | pb::NodeState::NodeError
+        ) && !self.admin_locked
+    }
+}
+
 /// A job.
 #[derive(Clone, Debug)]
 pub struct Job {
@@ -671,11 +682,7 @@ impl StateMachine {
             Command::NodesRecovered { names } => {
                 for name in names {
                     if let Some(node) = self.nodes.get_mut(name)
-                        && matches!(
-                            node.state,
-                            pb::NodeState::NodeDown | pb::NodeState::NodeError
-                        )
-                        && !node.admin_locked
+                        && node.recoverable()
                     {
                         node.state = if node.running_job.is_some() {
                             pb::NodeState::NodeAllocated
