@@ -101,6 +101,12 @@ pub struct IntensityArgs {
     /// `headless` (its name resolves to the ready replicas, as upstream deploys it).
     #[arg(long, default_value = "clusterip", value_parser = crate::net::ServiceKind::parse)]
     pub service: crate::net::ServiceKind,
+    /// What a ClusterIP Service does with a SYN while no replica is ready: `drop` (sent
+    /// where it is swallowed, every retransmit following it: the seed's cluster),
+    /// `reject` (refused at once, kube-proxy's rule) or `drop-unconfirmed` (dropped before
+    /// conntrack confirms it, so each retransmit is routed afresh).
+    #[arg(long, default_value = "drop", value_parser = crate::net::NoEndpoint::parse)]
+    pub no_endpoint: crate::net::NoEndpoint,
 }
 
 fn parse_tick(text: &str) -> Result<std::time::Duration, String> {
@@ -130,6 +136,7 @@ impl IntensityArgs {
             duration: self.duration,
             tick: self.tick,
             service: self.service,
+            no_endpoint: self.no_endpoint,
         })
     }
 }

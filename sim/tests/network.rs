@@ -78,6 +78,54 @@ fn the_reject_variant_refuses_at_once() {
     world.run().unwrap();
 }
 
+/// A ClusterIP Service that drops a SYN before conntrack confirms it.
+fn unconfirmed() -> WorldConfig {
+    WorldConfig {
+        net: NetConfig {
+            no_endpoint: NoEndpoint::DropUnconfirmed,
+            ..NetConfig::default()
+        },
+        ..WorldConfig::default()
+    }
+}
+
+#[test]
+fn a_syn_dropped_before_conntrack_confirms_it_connects_at_the_first_retransmit_after_a_replica_is_ready()
+ {
+    let mut world = World::with_config(3, unconfirmed());
+    // Ready at 10 s, routed from 11 s (the propagation delay): the retransmits at 1, 3
+    // and 7 s are dropped, the one at 15 s connects.
+    world.at(Duration::from_secs(10), |w| w.start_replica(0));
+    let dialer = world.dialer("operator");
+    world.client("operator", async move {
+        let started = now();
+        let mut client = channel(dialer, "spurctld", |e| e).await.expect("routed");
+        let took = now() - started;
+        assert!(
+            (15.0..15.05).contains(&secs(took)),
+            "connected at the fourth retransmit, took {took:?}"
+        );
+        let ping = client.ping(()).await.expect("ping").into_inner();
+        assert_eq!(ping.hostname, "spurctld-0");
+        Ok(())
+    });
+    world.run().unwrap();
+}
+
+#[test]
+fn a_syn_dropped_before_conntrack_confirms_it_still_fails_at_127_seconds_with_no_replica() {
+    let mut world = World::with_config(3, unconfirmed());
+    let dialer = world.dialer("operator");
+    world.client("operator", async move {
+        let started = now();
+        assert!(channel(dialer, "spurctld", |e| e).await.is_err());
+        let took = now() - started;
+        assert!((127.0..127.05).contains(&secs(took)), "took {took:?}");
+        Ok(())
+    });
+    world.run().unwrap();
+}
+
 #[test]
 fn a_ready_replica_is_routed_only_after_the_propagation_delay() {
     let mut world = World::new(4);

@@ -290,14 +290,7 @@ impl ImageRoot {
 /// are dropped on arrival, after conntrack confirmed the mapping.
 pub const BLACK_HOLE: Ipv4Addr = Ipv4Addr::new(127, 0, 9, 9);
 
-/// What a Service does with a connection while it has no ready endpoint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NoEndpoint {
-    /// The SYN goes nowhere and every retransmit follows it (the seed's ~127 s hang).
-    Drop,
-    /// Refused at once (kube-proxy's own rule for a Service without endpoints).
-    Reject,
-}
+pub use crate::net::NoEndpoint;
 
 /// The lab's nftables state: the Service and the faults. [`Firewall::apply`] replaces the
 /// whole table in one transaction.
@@ -324,13 +317,18 @@ impl Firewall {
         text.push_str("table ip spurlab {\n");
         text.push_str("  chain service {\n    type nat hook output priority -100;\n");
         if self.endpoints.is_empty() {
-            if self.no_endpoint == NoEndpoint::Drop {
-                let _ = writeln!(
-                    text,
-                    "    ip daddr {vip} tcp dport {port} dnat to {BLACK_HOLE}"
-                );
+            match self.no_endpoint {
+                NoEndpoint::Drop => {
+                    let _ = writeln!(
+                        text,
+                        "    ip daddr {vip} tcp dport {port} dnat to {BLACK_HOLE}"
+                    );
+                }
+                // Nothing listens on the ClusterIP, so the kernel refuses the connect.
+                NoEndpoint::Reject => {}
+                // Dropped in `unconfirmed` below, before conntrack confirms the entry.
+                NoEndpoint::DropUnconfirmed => {}
             }
-            // Reject: nothing listens on the ClusterIP, so the kernel refuses the connect.
         } else {
             let map: Vec<String> = self
                 .endpoints
@@ -353,6 +351,15 @@ impl Firewall {
                 "    meta skuid {} ip saddr 127.0.0.1 snat to {}",
                 pod.uid, pod.ip
             );
+        }
+        text.push_str("  }\n");
+        // A filter drop in the output hook discards the SYN before postrouting, where
+        // conntrack would confirm its entry: the kernel's retransmit is a new connection
+        // to the NAT chain above, which maps it once endpoints exist. (A drop in the input
+        // hook, as the faults below, comes after the entry was confirmed.)
+        text.push_str("  chain unconfirmed {\n    type filter hook output priority 0;\n");
+        if self.endpoints.is_empty() && self.no_endpoint == NoEndpoint::DropUnconfirmed {
+            let _ = writeln!(text, "    ip daddr {vip} tcp dport {port} drop");
         }
         text.push_str("  }\n");
         text.push_str("  chain faults {\n    type filter hook input priority 0;\n");
@@ -434,13 +441,25 @@ mod tests {
     }
 
     #[test]
-    fn a_service_without_endpoints_pins_its_syns_to_the_black_hole_or_refuses() {
+    fn a_service_without_endpoints_pins_its_syns_to_the_black_hole_refuses_or_drops_them_unconfirmed()
+     {
         let mut fw = firewall();
         let rules = fw.ruleset();
         assert!(rules.contains("dnat to 127.0.9.9"), "{rules}");
         assert!(rules.contains("ip daddr 127.0.9.9 drop"), "{rules}");
+        assert!(!rules.contains("6817 drop"), "{rules}");
         fw.no_endpoint = NoEndpoint::Reject;
         assert!(!fw.ruleset().contains("dnat"), "{}", fw.ruleset());
+        assert!(!fw.ruleset().contains("6817 drop"), "{}", fw.ruleset());
+        fw.no_endpoint = NoEndpoint::DropUnconfirmed;
+        let rules = fw.ruleset();
+        assert!(!rules.contains("dnat"), "{rules}");
+        assert!(
+            rules.contains(
+                "type filter hook output priority 0;\n    ip daddr 127.0.2.1 tcp dport 6817 drop"
+            ),
+            "{rules}"
+        );
         fw.endpoints = vec![Ipv4Addr::new(127, 0, 1, 1), Ipv4Addr::new(127, 0, 1, 3)];
         assert!(
             fw.ruleset()
@@ -448,6 +467,7 @@ mod tests {
             "{}",
             fw.ruleset()
         );
+        assert!(!fw.ruleset().contains("6817 drop"), "{}", fw.ruleset());
     }
 
     #[test]

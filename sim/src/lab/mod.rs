@@ -61,9 +61,11 @@ pub struct LabArgs {
     /// reported as failed.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub overrun: Duration,
-    /// What the Service does while it has no ready endpoint: `drop` SYNs (the seed's
-    /// hang) or `reject` them (kube-proxy's own rule).
-    #[arg(long, default_value = "drop", value_parser = parse_no_endpoint)]
+    /// What a ClusterIP Service does while it has no ready endpoint: `drop` SYNs after
+    /// conntrack confirmed their mapping (the seed's ~127 s hang), `reject` them
+    /// (kube-proxy's own rule) or `drop-unconfirmed` (each retransmit routed afresh). The
+    /// simulation's twins run with the same.
+    #[arg(long, default_value = "drop", value_parser = NoEndpoint::parse)]
     pub no_endpoint: NoEndpoint,
     /// The `spurctld` Service's kind: `clusterip` (a virtual address kube-proxy NATs to a
     /// ready replica; `--no-endpoint` says what it does with none) or `headless` (its name
@@ -99,14 +101,6 @@ pub struct LabArgs {
     /// own, printing its record (what the parent runs in each child).
     #[arg(long, hide = true)]
     pub inside: bool,
-}
-
-fn parse_no_endpoint(s: &str) -> Result<NoEndpoint, String> {
-    match s {
-        "drop" => Ok(NoEndpoint::Drop),
-        "reject" => Ok(NoEndpoint::Reject),
-        _ => Err(format!("`{s}`: expected drop or reject")),
-    }
 }
 
 /// Where the real binaries are: spurctld, and the operator (inside `operator_root`, when
@@ -183,7 +177,7 @@ pub fn main(args: LabArgs) -> anyhow::Result<bool> {
             &runs,
             args.sim_seeds.max(1),
             args.quiet,
-            args.service,
+            (args.service, args.no_endpoint),
             args.html.as_deref(),
         )
     } else {
@@ -268,7 +262,7 @@ fn simulate_all(
     runs: &[(String, Profile)],
     seeds: u64,
     quiet: Duration,
-    service: ServiceKind,
+    service: (ServiceKind, NoEndpoint),
     html: Option<&Path>,
 ) -> Vec<Vec<ScenarioRecord>> {
     let work: Vec<(usize, String, Profile, u64)> = runs
@@ -308,7 +302,7 @@ fn simulate(
     name: &str,
     profile: Profile,
     quiet: Duration,
-    service: ServiceKind,
+    service: (ServiceKind, NoEndpoint),
     seed: u64,
     html: Option<&Path>,
 ) -> ScenarioRecord {
@@ -317,7 +311,8 @@ fn simulate(
     let config = ScenarioConfig {
         timeline: html.is_some(),
         ..ScenarioConfig::default().with_intensity(Intensity {
-            service,
+            service: service.0,
+            no_endpoint: service.1,
             ..Intensity::default()
         })
     };
@@ -342,12 +337,13 @@ fn simulate(
 }
 
 /// The command that runs a scenario again: in the lab, or (`sim_seed`) its simulated twin
-/// under that seed (`spur-sim replay` replays a drawn seed's plan, not a named one).
+/// under that seed (`spur-sim replay` replays a drawn seed's plan, not a named one), with
+/// the Service's kind and its way with no endpoint when they are not the defaults.
 fn replay(
     name: &str,
     profile: Profile,
     quiet: Duration,
-    service: ServiceKind,
+    (service, no_endpoint): (ServiceKind, NoEndpoint),
     sim_seed: Option<u64>,
 ) -> String {
     let mut base = format!(
@@ -357,6 +353,10 @@ fn replay(
     if service == ServiceKind::Headless {
         base.push_str(" --service headless");
     }
+    if no_endpoint != NoEndpoint::Drop {
+        base.push_str(" --no-endpoint ");
+        base.push_str(no_endpoint.name());
+    }
     match sim_seed {
         // The twins run under seeds 1..=N: --sim-seeds N includes this one.
         Some(seed) => format!("{base} --sim-only --sim-seeds {seed} --json"),
@@ -364,13 +364,15 @@ fn replay(
     }
 }
 
-/// [`replay`] of a lab run, with the world's flags that differ from their defaults.
+/// [`replay`] of a lab run.
 fn lab_replay(args: &LabArgs, name: &str, profile: Profile) -> String {
-    let mut command = replay(name, profile, args.quiet, args.service, None);
-    if args.no_endpoint == NoEndpoint::Reject {
-        command.push_str(" --no-endpoint reject");
-    }
-    command
+    replay(
+        name,
+        profile,
+        args.quiet,
+        (args.service, args.no_endpoint),
+        None,
+    )
 }
 
 /// Runs each (scenario, profile) in a child process of its own, `args.jobs` at a time,
@@ -391,10 +393,7 @@ fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Ve
                 .arg("--quiet")
                 .arg(format!("{}s", args.quiet.as_secs()))
                 .arg("--no-endpoint")
-                .arg(match args.no_endpoint {
-                    NoEndpoint::Drop => "drop",
-                    NoEndpoint::Reject => "reject",
-                })
+                .arg(args.no_endpoint.name())
                 .arg("--service")
                 .arg(args.service.name());
             if let Some(keep) = &args.keep {

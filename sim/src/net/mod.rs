@@ -32,14 +32,43 @@ use service::ServiceTable;
 
 use crate::trace::Trace;
 
-/// What the Service does with a connection when no replica is ready.
+/// What a ClusterIP Service does with a connection when no replica is ready: the three
+/// ways of fidelity.md row 22, which differ in what a later ready endpoint changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NoEndpoint {
-    /// Drop the SYN silently, as kube-proxy may (the seed's first failure): the connect
-    /// fails only when the kernel gives up.
+    /// The SYN is sent to an address that swallows it, after conntrack confirmed the
+    /// mapping, so every retransmit follows it: the connect fails only when the kernel
+    /// gives up (~127 s), whatever becomes ready meanwhile. The seed's cluster.
     Drop,
-    /// Refuse it at once (kube-proxy's REJECT rule).
+    /// Refused at once (kube-proxy's own REJECT rule for a Service without endpoints).
     Reject,
+    /// The SYN is dropped before conntrack confirms the connection, so each kernel
+    /// retransmit (at 1, 3, 7, 15, 31, 63 s) is routed afresh and connects once an
+    /// endpoint is ready.
+    DropUnconfirmed,
+}
+
+impl NoEndpoint {
+    /// Its command-line value (`--no-endpoint`).
+    pub fn name(self) -> &'static str {
+        match self {
+            NoEndpoint::Drop => "drop",
+            NoEndpoint::Reject => "reject",
+            NoEndpoint::DropUnconfirmed => "drop-unconfirmed",
+        }
+    }
+
+    /// Parses [`NoEndpoint::name`].
+    pub fn parse(s: &str) -> Result<Self, String> {
+        [
+            NoEndpoint::Drop,
+            NoEndpoint::Reject,
+            NoEndpoint::DropUnconfirmed,
+        ]
+        .into_iter()
+        .find(|v| v.name() == s)
+        .ok_or_else(|| format!("`{s}`: expected drop, reject or drop-unconfirmed"))
+    }
 }
 
 /// The `spurctld` Service's kind.
@@ -84,6 +113,7 @@ pub struct NetConfig {
     /// Kubernetes: the EndpointSlice controller and kube-proxy take about a second.
     pub endpoint_propagation: Duration,
     /// What the Service does with no ready endpoint. Default `Drop`, the seed's failure.
+    /// (Every bound here is the kernel's or Kubernetes', not a choice of ours.)
     /// A ClusterIP Service's only: a headless one has no address to send a SYN to.
     pub no_endpoint: NoEndpoint,
     /// The Service's kind. Default ClusterIP, the seed's cluster.

@@ -90,7 +90,8 @@ impl ServiceTable {
 /// ready endpoint the SYN is dropped: the connect fails after the kernel's SYN timeout even
 /// if an endpoint becomes ready meanwhile (conntrack keeps the first decision, which is
 /// what stalled the seed's operator for 133 s), unless the caller's own connect timeout
-/// fires first. In the `Reject` variant it is refused at once.
+/// fires first. In the `Reject` variant it is refused at once; in the `DropUnconfirmed`
+/// one each kernel retransmit is routed afresh.
 ///
 /// A headless Service's name resolves to the ready endpoints, in name order, and the dial
 /// goes through the operator's own [`dial_in_turn`], as `TcpNetwork` dials a name with
@@ -153,6 +154,7 @@ impl Dialer for ServiceDialer {
             }
             None => {
                 let net = net.clone();
+                let plain = self.plain.clone();
                 let host = host.to_owned();
                 Box::pin(async move {
                     match net.config().no_endpoint {
@@ -166,6 +168,35 @@ impl Dialer for ServiceDialer {
                                 std::io::ErrorKind::ConnectionRefused,
                                 format!("connect to {host}:{port}: connection refused"),
                             ))
+                        }
+                        NoEndpoint::DropUnconfirmed => {
+                            net.trace().record(
+                                at,
+                                &local,
+                                format!("service {service}: no endpoint, SYN dropped unconfirmed"),
+                            );
+                            // Each retransmit is NATed afresh: the first one sent while an
+                            // endpoint is ready goes there (from then on the plain dial's
+                            // own SYN timing holds, as a confirmed mapping's does).
+                            let config = net.config();
+                            let mut rto = config.syn_initial_rto;
+                            for _ in 0..config.syn_retries {
+                                tokio::time::sleep(rto).await;
+                                rto *= 2;
+                                if let Some(endpoint) = net.pick_endpoint(&service, sim_elapsed()) {
+                                    net.trace().record_here(
+                                        &local,
+                                        format!("service {service} -> {endpoint} (a retransmit)"),
+                                    );
+                                    return plain.dial(&endpoint, port).await;
+                                }
+                            }
+                            tokio::time::sleep(rto).await;
+                            net.trace().record_here(
+                                &local,
+                                format!("connect to {host}:{port} timed out (kernel)"),
+                            );
+                            Err(syn_timed_out(&host, port))
                         }
                         NoEndpoint::Drop => {
                             net.trace().record(

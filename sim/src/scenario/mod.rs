@@ -178,6 +178,7 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
         tick: config.intensity.tick,
         net: NetConfig {
             service: config.intensity.service,
+            no_endpoint: config.intensity.no_endpoint,
             ..NetConfig::default()
         },
         ..WorldConfig::default()

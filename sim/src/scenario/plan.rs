@@ -5,7 +5,7 @@ use std::time::Duration;
 use rand::RngExt;
 
 use crate::determinism::rng_for;
-use crate::net::ServiceKind;
+use crate::net::{NoEndpoint, ServiceKind};
 
 /// What every generated scenario shares; each number is a default of sim.md.
 #[derive(Clone, Debug)]
@@ -64,7 +64,7 @@ pub struct ScenarioConfig {
 /// Everything a run needs beyond its seed and profile to replay: how hard a sweep presses
 /// each scenario beyond the defaults the deadlines are judged at (`spur-sim run
 /// --fault-density N --duration D`), the simulation's step (`--tick`) and the Service's
-/// kind (`--service`).
+/// kind (`--service`, `--no-endpoint`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Intensity {
     /// Multiplies the faults drawn per scenario (up to `3 × N`); they overlap more as
@@ -79,6 +79,9 @@ pub struct Intensity {
     /// The `spurctld` Service's kind (`--service`): ClusterIP, the seed's cluster, by
     /// default; headless as upstream deploys it.
     pub service: ServiceKind,
+    /// What a ClusterIP Service does with a SYN while no replica is ready
+    /// (`--no-endpoint`): by default it swallows it as the seed's cluster did.
+    pub no_endpoint: NoEndpoint,
 }
 
 /// The workload window of sim.md, the one the deadlines are judged at.
@@ -101,6 +104,7 @@ impl Default for Intensity {
             duration: WORKLOAD_WINDOW,
             tick: DEFAULT_TICK,
             service: ServiceKind::ClusterIp,
+            no_endpoint: NoEndpoint::Drop,
         }
     }
 }
@@ -126,6 +130,9 @@ impl Intensity {
         }
         if self.service != ServiceKind::ClusterIp {
             args.push_str(&format!(" --service {}", self.service.name()));
+        }
+        if self.no_endpoint != NoEndpoint::Drop {
+            args.push_str(&format!(" --no-endpoint {}", self.no_endpoint.name()));
         }
         args
     }
@@ -553,6 +560,14 @@ mod tests {
             "no fault struck in the quiet period of 200 dense seeds"
         );
         assert_eq!(intensity.args(), " --fault-density 4 --duration 10m");
+        let unconfirmed = Intensity {
+            no_endpoint: NoEndpoint::DropUnconfirmed,
+            ..intensity
+        };
+        assert_eq!(
+            unconfirmed.args(),
+            " --fault-density 4 --duration 10m --no-endpoint drop-unconfirmed"
+        );
     }
 
     #[test]
