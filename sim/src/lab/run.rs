@@ -14,7 +14,7 @@ use crate::operator::KUBE_API_HOST;
 use crate::prober::{ProbeLog, ProbeRule};
 use crate::profiles::Profile;
 use crate::scenario::checks::{AcceptedJob, Deadlines, Duplicates, Monitor, Violation};
-use crate::scenario::plan::{Fault, LeaderChange, Plan, PlannedJob};
+use crate::scenario::plan::{Fault, LeaderChange, Plan, PlannedJob, SteerTo};
 use crate::scenario::readiness::ReadinessJudge;
 use crate::scenario::{OPERATOR, OPERATOR_B, Outcome, REPLACE_AFTER, SAMPLE};
 use crate::timeline::{FaultSpan, Timeline};
@@ -423,13 +423,15 @@ async fn strike(
                 later.push((now + thaw_after, Event::Thaw(slot)));
             }
         }
-        Fault::LeaderCutOff {
-            heal_after,
-            operator_on_it,
-        } => {
+        Fault::LeaderCutOff { heal_after, steer } => {
             if let Some(slot) = leader {
-                if operator_on_it {
-                    steer_onto(lab, &acting_operator(lab), slot).await?;
+                let onto = match steer {
+                    None => None,
+                    Some(SteerTo::Leader) => Some(slot),
+                    Some(SteerTo::Follower) => (0..replicas).find(|s| *s != slot),
+                };
+                if let Some(onto) = onto {
+                    steer_onto(lab, &acting_operator(lab), onto).await?;
                 }
                 let now = lab.now();
                 later.push((now + heal_after, cut_from_replicas(lab, slot)?));

@@ -198,13 +198,13 @@ pub enum Fault {
     /// Service. Named scenarios only (never drawn, so every seed's plan is unchanged).
     LeaderFreeze { thaw_after: Duration },
     /// The leader is cut off from the other replicas (a stale leader that keeps answering
-    /// what it can). Named scenarios only. With `operator_on_it`, the lab first resets the
-    /// operator's connections to the other replicas until its only one is to the leader
-    /// (the simulation cuts the leader as it finds it: whether the operator is on it then
+    /// what it can). Named scenarios only. With `steer`, the lab first resets the
+    /// operator's connections to the other replicas until its only one is to the replica
+    /// named (the simulation cuts the leader as it finds it: where the operator is then
     /// is its seed's draw).
     LeaderCutOff {
         heal_after: Duration,
-        operator_on_it: bool,
+        steer: Option<SteerTo>,
     },
     /// The operator cannot reach one replica for a while.
     PartitionOperatorReplica { slot: usize, heal_after: Duration },
@@ -235,6 +235,15 @@ pub enum Fault {
         how: LeaderChange,
         down_for: Duration,
     },
+}
+
+/// Where the lab puts the acting operator's only controller connection before a fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SteerTo {
+    /// The replica the fault strikes (the leader).
+    Leader,
+    /// A follower (the first by slot), whose forwards then go into the fault.
+    Follower,
 }
 
 /// How an operator leader change takes the leading replica away.
