@@ -284,9 +284,10 @@ fn fault_lanes(
         | Fault::NodeNotReadyFlap { .. }
         | Fault::NodeResourcesChanged { .. }
         | Fault::NodeDeleted { .. } => vec![KUBE_API_HOST.to_owned()],
-        Fault::FollowerKill | Fault::PartitionReplica { .. } | Fault::ReplyLost { .. } => {
-            replicas()
-        }
+        Fault::FollowerKill
+        | Fault::FollowerCutOff { .. }
+        | Fault::PartitionReplica { .. }
+        | Fault::ReplyLost { .. } => replicas(),
     }
 }
 
@@ -437,6 +438,22 @@ async fn strike(
                 later.push((now + heal_after, cut_from_replicas(lab, slot)?));
             }
         }
+        Fault::FollowerCutOff {
+            heal_after,
+            operator_on_it,
+        } => {
+            let follower = (0..replicas)
+                .find(|s| Some(*s) != leader)
+                .expect("three replicas");
+            later.push((now + heal_after, cut_from_replicas(lab, follower)?));
+            // Steered once the follower has forgotten its leader: before that its forwards
+            // hang, no probe of it passes and the operator's patience leaves it at once;
+            // after, it serves reads from its own copy and refuses every write.
+            if operator_on_it {
+                tokio::time::sleep(FORGET_LEADER).await;
+                steer_onto(lab, &acting_operator(lab), follower).await?;
+            }
+        }
         Fault::PartitionReplica { slot, heal_after } => {
             later.push((now + heal_after, cut_from_replicas(lab, slot)?));
         }
@@ -505,6 +522,9 @@ async fn strike(
 /// How long [`steer_onto`] may take: an operator dials afresh at its next call, and the
 /// readiness probe alone calls every 5 s.
 const STEER_BOUND: Duration = Duration::from_secs(30);
+/// How long a follower cut off from its peers takes to forget its leader and refuse
+/// writes: spurctld's leader lease (3 s) and an election timeout (1.5 to 3 s), with room.
+const FORGET_LEADER: Duration = Duration::from_secs(8);
 
 /// Resets `operator`'s connections to every replica but `slot` until its only connection
 /// is to `slot`: each reset fails the operator's next call on it, and it dials the Service

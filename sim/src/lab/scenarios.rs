@@ -34,7 +34,12 @@ pub const NAMES: [&str; 13] = [
 
 /// Named scenarios the lab runs only when asked by name (`--scenario`): each takes minutes
 /// of real time, too long for CI's lab.
-pub const EXTENDED: [&str; 3] = [LEADER_CUT_IDLE, LEADER_CUT_LONG, LEADER_CUT_FOLLOWER];
+pub const EXTENDED: [&str; 4] = [
+    LEADER_CUT_IDLE,
+    LEADER_CUT_LONG,
+    LEADER_CUT_FOLLOWER,
+    FOLLOWER_CUT_OFF,
+];
 
 /// The long cut of `sim/tests/cut_replica.rs` on real processes: what earns rotation in the
 /// lab.
@@ -54,6 +59,11 @@ const LONG_CUT: Duration = Duration::from_secs(600);
 /// hang in the cut, and three SpurJobs created before the new leader: the lab's version of
 /// seed 7163 (two such cuts), which earns abandonment (rule 4) in the simulation.
 pub const LEADER_CUT_FOLLOWER: &str = "leader-cut-follower";
+/// A follower cut off from its peers for 40 s, then made the operator's only channel: it
+/// forgets its leader and refuses every write at once, and SpurJobs are created meanwhile. Seed
+/// 278's case, which earns dropping a channel whose call failed (rule 1) in the
+/// simulation: kept, the channel is left only at its maximum age.
+pub const FOLLOWER_CUT_OFF: &str = "follower-cut-off";
 
 /// What a named scenario is about, for `--list` and the tables.
 pub fn describe(name: &str) -> &'static str {
@@ -82,6 +92,10 @@ pub fn describe(name: &str) -> &'static str {
         LEADER_CUT_FOLLOWER => {
             "the leader is cut off from the other replicas for 20 s while the operator's only \
              channel is to a follower"
+        }
+        FOLLOWER_CUT_OFF => {
+            "a follower is cut off from the other replicas for 40 s, then made the operator's \
+             only channel"
         }
         LEADER_CUT_LONG => {
             "the leader, the operator's only channel, is cut off from the other replicas for \
@@ -138,6 +152,10 @@ pub fn plan(name: &str, quiet: Duration) -> Option<Plan> {
             heal_after: secs(20),
             steer: Some(SteerTo::Follower),
         }),
+        FOLLOWER_CUT_OFF => Some(Fault::FollowerCutOff {
+            heal_after: secs(40),
+            operator_on_it: true,
+        }),
         "partition-operator-service" => Some(Fault::PartitionOperatorService {
             heal_after: secs(15),
         }),
@@ -184,6 +202,13 @@ pub fn plan(name: &str, quiet: Duration) -> Option<Plan> {
             at: FAULT_AT,
             fault,
         });
+    }
+    if name == FOLLOWER_CUT_OFF {
+        // Beside job-004 and job-005: more while the operator is steered onto the
+        // follower and after, one every 6 s.
+        for (i, at) in [10, 16, 22, 28].into_iter().enumerate() {
+            jobs.push(job(&format!("cut-{i}"), FAULT_AT + secs(at), 5, 0));
+        }
     }
     jobs.sort_by_key(|j| j.create_at);
     let healed = faults
@@ -261,7 +286,7 @@ mod tests {
             let plan = plan(name, secs(20)).unwrap_or_else(|| panic!("{name}"));
             assert!(!describe(name).is_empty(), "{name}");
             assert!(!NAMES.contains(&name), "{name}");
-            if name == LEADER_CUT_FOLLOWER {
+            if name == LEADER_CUT_FOLLOWER || name == FOLLOWER_CUT_OFF {
                 continue;
             }
             // In the idle cuts nothing is written once the fault strikes.

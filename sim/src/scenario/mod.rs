@@ -485,6 +485,23 @@ fn controller_calls(events: &[crate::trace::TraceEvent]) -> usize {
         .sum()
 }
 
+/// Cuts replica `slot` off from the other replicas until `heal_at`.
+fn cut_from_peers(w: &mut World, slot: usize, heal_at: Duration) {
+    let cut = w.cluster().host_of(slot);
+    let others: Vec<String> = (0..w.cluster().config().replicas)
+        .filter(|s| *s != slot)
+        .map(|s| w.cluster().host_of(s))
+        .collect();
+    for other in &others {
+        w.partition(&cut, other);
+    }
+    w.at(heal_at, move |w| {
+        for other in &others {
+            w.repair(&cut, other);
+        }
+    });
+}
+
 /// A fault aimed at the leader, when there is none: in the trace, and not one of the
 /// scenario's faults.
 fn skipped_for_no_leader(w: &World, fault: &Fault, skip: impl FnOnce()) {
@@ -543,18 +560,7 @@ fn schedule_fault(
                 if let Some(leader) = w.leader()
                     && let Some(slot) = w.cluster().slot_of(&leader)
                 {
-                    let others: Vec<String> = (0..w.cluster().config().replicas)
-                        .filter(|s| *s != slot)
-                        .map(|s| w.cluster().host_of(s))
-                        .collect();
-                    for other in &others {
-                        w.partition(&leader, other);
-                    }
-                    w.at(now + heal_after, move |w| {
-                        for other in &others {
-                            w.repair(&leader, other);
-                        }
-                    });
+                    cut_from_peers(w, slot, now + heal_after);
                 } else {
                     skipped_for_no_leader(w, &fault, skip);
                 }
@@ -582,20 +588,15 @@ fn schedule_fault(
                 w.partition(&operator, &replica);
                 w.at(now + heal_after, move |w| w.repair(&operator, &replica));
             }
+            Fault::FollowerCutOff { heal_after, .. } => {
+                let leader = w.leader();
+                let follower = (0..w.cluster().config().replicas)
+                    .find(|slot| Some(w.cluster().host_of(*slot)) != leader)
+                    .expect("three replicas");
+                cut_from_peers(w, follower, now + heal_after);
+            }
             Fault::PartitionReplica { slot, heal_after } => {
-                let cut = w.cluster().host_of(slot);
-                let others: Vec<String> = (0..w.cluster().config().replicas)
-                    .filter(|s| *s != slot)
-                    .map(|s| w.cluster().host_of(s))
-                    .collect();
-                for other in &others {
-                    w.partition(&cut, other);
-                }
-                w.at(now + heal_after, move |w| {
-                    for other in &others {
-                        w.repair(&cut, other);
-                    }
-                });
+                cut_from_peers(w, slot, now + heal_after);
             }
             Fault::ApiOutage { duration } => {
                 api.faults().start_outage(OutageMode::Unavailable);

@@ -206,6 +206,14 @@ pub enum Fault {
         heal_after: Duration,
         steer: Option<SteerTo>,
     },
+    /// A follower (the first by slot) is cut off from the other replicas: it forgets its
+    /// leader and refuses writes at once (`"not the Raft leader"`) until the cut heals.
+    /// Named scenarios only. With `operator_on_it`, the lab then resets the operator's
+    /// connections to the other replicas until its only one is to that follower.
+    FollowerCutOff {
+        heal_after: Duration,
+        operator_on_it: bool,
+    },
     /// The operator cannot reach one replica for a while.
     PartitionOperatorReplica { slot: usize, heal_after: Duration },
     /// One replica is cut off from the other two (forces an election when it leads).
@@ -268,6 +276,7 @@ impl Fault {
             Fault::FollowerKill => "follower-kill",
             Fault::LeaderFreeze { .. } => "leader-freeze",
             Fault::LeaderCutOff { .. } => "leader-cut-off",
+            Fault::FollowerCutOff { .. } => "follower-cut-off",
             Fault::PartitionOperatorReplica { .. } => "partition-operator-replica",
             Fault::PartitionReplica { .. } => "partition-replica",
             Fault::ApiOutage { .. } => "api-outage",
@@ -302,7 +311,9 @@ impl Fault {
                 Duration::from_secs(30)
             }
             Fault::LeaderFreeze { thaw_after } => *thaw_after,
-            Fault::LeaderCutOff { heal_after, .. } => *heal_after,
+            Fault::LeaderCutOff { heal_after, .. } | Fault::FollowerCutOff { heal_after, .. } => {
+                *heal_after
+            }
             Fault::PartitionOperatorReplica { heal_after, .. }
             | Fault::PartitionReplica { heal_after, .. }
             | Fault::PartitionOperatorService { heal_after } => *heal_after,
