@@ -472,6 +472,10 @@ fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Ve
                 if record.passed { "passed" } else { "FAILED" },
                 started.elapsed().as_secs_f64()
             );
+            // What the run itself noted (e.g. how the operator was steered), pass or fail.
+            for note in stderr.lines().filter(|l| l.starts_with("lab: ")) {
+                eprintln!("  {name} ({profile}): {}", &note["lab: ".len()..]);
+            }
             if !record.passed {
                 eprintln!(
                     "{}",
