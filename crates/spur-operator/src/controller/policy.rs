@@ -15,8 +15,10 @@
 //!    failure (UNAVAILABLE, UNKNOWN, CANCELLED, DEADLINE_EXCEEDED, a failed connect) drops
 //!    the channel the call used, and the next call dials the Service afresh: a request bound
 //!    alone would cancel the call but leave the next one on the same dead connection (the
-//!    seed's runs 3 and 5), and a follower that refuses writes keeps refusing them. An
-//!    answer (NOT_FOUND, INVALID_ARGUMENT, ...) keeps the channel.
+//!    seed's runs 3 and 5), and a follower that refuses writes keeps refusing them: one cut
+//!    off from its peers refuses every write until the cut heals, and a channel kept on it
+//!    is left only when another rule moves it (the lab's `follower-cut-off`). An answer
+//!    (NOT_FOUND, INVALID_ARGUMENT, ...) keeps the channel.
 //! 2. **A new channel serves a forwarded read before it is shared** ([`Rule::ProbeRedial`]):
 //!    each one dialed is asked for a job that cannot exist (GetJobs of id `u32::MAX`) within
 //!    the probe's bound. A follower whose forwards hang (its leader frozen, gone, or cut off
@@ -41,8 +43,9 @@
 //!    and every call that waited that long on the old one is abandoned (CANCELLED), for its
 //!    caller to retry on the new channel. That is what takes a write off a follower
 //!    forwarding to a leader that vanished, or off a leader cut off from its peers, within
-//!    about a second instead of the request bound (5 s) after a new leader is elected. At
-//!    most one round per bound, however many calls wait. An abandoned write may still have
+//!    about a second instead of the request bound (5 s) after a new leader is elected (the
+//!    lab's `leader-cut-follower`, seed 7163). At most one round per bound, however many
+//!    calls wait. An abandoned write may still have
 //!    applied, as when the request bound fires: SubmitJob looks for its SpurJob's UID before
 //!    submitting again.
 //! 5. **A channel is replaced at its maximum age** ([`Rule::Rotate`]), by one to another
@@ -57,7 +60,7 @@
 //!    candidate whose probe was answered, as an earlier version did, can stay on the cut
 //!    leader: it did for all 215 s of the named scenario (`sim/tests/cut_replica.rs`), on
 //!    3 of the 18 seeds of 0..60 that meet its precondition the nodes went DOWN, and with
-//!    rotation off they always did.
+//!    rotation off they always did; on real processes, the lab's `leader-cut-long`.
 //! 6. **A replica that contradicts an acknowledged write is left** ([`Rule::ReadYourWrites`]):
 //!    the client remembers each job whose end its agent reported and a replica acknowledged
 //!    ([`super::session`]); a read sent a grace (2 s: four Raft heartbeats) after that
