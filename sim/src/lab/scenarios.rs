@@ -60,9 +60,9 @@ const LONG_CUT: Duration = Duration::from_secs(600);
 /// seed 7163 (two such cuts), which earns abandonment (rule 4) in the simulation.
 pub const LEADER_CUT_FOLLOWER: &str = "leader-cut-follower";
 /// A follower cut off from its peers for 40 s, then made the operator's only channel: it
-/// forgets its leader and refuses every write at once, and SpurJobs are created meanwhile. Seed
-/// 278's case, which earns dropping a channel whose call failed (rule 1) in the
-/// simulation: kept, the channel is left only at its maximum age.
+/// forgets its leader and refuses every write at once, and SpurJobs are created meanwhile.
+/// Seed 278's case, which earns dropping a channel whose call failed (rule 1) in the
+/// simulation: a channel kept on it is left only when another rule moves it.
 pub const FOLLOWER_CUT_OFF: &str = "follower-cut-off";
 
 /// What a named scenario is about, for `--list` and the tables.
