@@ -60,14 +60,13 @@ fn without_a_client_timeout_the_connect_fails_at_the_kernels_127_seconds() {
 
 #[test]
 fn the_reject_variant_refuses_at_once() {
-    let config = WorldConfig {
-        net: NetConfig {
+    let mut world = World::with_config(
+        3,
+        with_net(NetConfig {
             no_endpoint: NoEndpoint::Reject,
             ..NetConfig::default()
-        },
-        ..WorldConfig::default()
-    };
-    let mut world = World::with_config(3, config);
+        }),
+    );
     let dialer = world.dialer("operator");
     world.client("operator", async move {
         let started = now();
@@ -78,15 +77,20 @@ fn the_reject_variant_refuses_at_once() {
     world.run().unwrap();
 }
 
-/// A ClusterIP Service that drops a SYN before conntrack confirms it.
-fn unconfirmed() -> WorldConfig {
+/// A world whose network is `net`, everything else the default.
+fn with_net(net: NetConfig) -> WorldConfig {
     WorldConfig {
-        net: NetConfig {
-            no_endpoint: NoEndpoint::DropUnconfirmed,
-            ..NetConfig::default()
-        },
+        net,
         ..WorldConfig::default()
     }
+}
+
+/// A ClusterIP Service that drops a SYN before conntrack confirms it.
+fn unconfirmed() -> WorldConfig {
+    with_net(NetConfig {
+        no_endpoint: NoEndpoint::DropUnconfirmed,
+        ..NetConfig::default()
+    })
 }
 
 #[test]
@@ -149,13 +153,10 @@ fn a_ready_replica_is_routed_only_after_the_propagation_delay() {
 }
 
 fn headless() -> WorldConfig {
-    WorldConfig {
-        net: NetConfig {
-            service: ServiceKind::Headless,
-            ..NetConfig::default()
-        },
-        ..WorldConfig::default()
-    }
+    with_net(NetConfig {
+        service: ServiceKind::Headless,
+        ..NetConfig::default()
+    })
 }
 
 #[test]

@@ -324,10 +324,10 @@ impl Firewall {
                         "    ip daddr {vip} tcp dport {port} dnat to {BLACK_HOLE}"
                     );
                 }
-                // Nothing listens on the ClusterIP, so the kernel refuses the connect.
-                NoEndpoint::Reject => {}
-                // Dropped in `unconfirmed` below, before conntrack confirms the entry.
-                NoEndpoint::DropUnconfirmed => {}
+                // Reject: nothing listens on the ClusterIP, so the kernel refuses the
+                // connect. DropUnconfirmed: dropped in `unconfirmed` below, before
+                // conntrack confirms the entry.
+                NoEndpoint::Reject | NoEndpoint::DropUnconfirmed => {}
             }
         } else {
             let map: Vec<String> = self
