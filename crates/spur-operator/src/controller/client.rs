@@ -69,6 +69,9 @@ struct State {
     /// Why the last dial or probe failed: what waiting calls fail with when no dial of a
     /// round made a channel that serves.
     last_dial_error: Option<ControllerError>,
+    /// Why the last call failed in transport: the cause the drop it leads to is logged
+    /// with (the policy decides whether to drop; the call's own path only reports).
+    last_call_failure: Option<String>,
     next_call: CallId,
     /// The replicas' names seen, numbered in the order first seen.
     replicas: BTreeMap<String, ReplicaId>,
@@ -222,6 +225,7 @@ impl ControllerClient {
                     waiting: BTreeMap::new(),
                     running: BTreeMap::new(),
                     last_dial_error: None,
+                    last_call_failure: None,
                     next_call: 0,
                     replicas: BTreeMap::new(),
                     ticking: false,
@@ -536,12 +540,14 @@ impl ControllerClient {
                 };
                 let ended = match classify(status.code()) {
                     FailureKind::Transport => {
-                        tracing::warn!(addr = %self.inner.addr, cause = %error, "dropping the controller channel; the next call connects afresh");
+                        self.lock().last_call_failure = Some(error.to_string());
                         Ended::Failed
                     }
                     FailureKind::Answer => Ended::Answered,
                 };
                 guard.end(ended);
+                // Not a cause for a later drop when this failure dropped nothing.
+                self.lock().last_call_failure = None;
                 Err(error)
             }
         }
@@ -649,6 +655,9 @@ impl ControllerClient {
             Command::Drop { dial, rule } => {
                 state.channels.remove(&dial);
                 if rule == Rule::DropOnFailure {
+                    let cause = state.last_call_failure.take();
+                    let cause = cause.as_deref().unwrap_or("a call failed in transport");
+                    tracing::warn!(addr = %self.inner.addr, %cause, "dropping the controller channel; the next call connects afresh");
                     if let Some(m) = &self.inner.metrics {
                         m.channel_drops.inc();
                     }
