@@ -133,6 +133,14 @@ if [ "$(id -u)" -eq 0 ] && [ -x "$spurctld" ]; then
   timeout --kill-after=30s 300s target/debug/spur-sim lab --service headless --compare-sim --jobs 4 \
     "${operator_root[@]}" --scenario late-controller --scenario leader-kill-silent \
     --scenario leader-freeze --scenario follower-kill
+  # The lab without the real binary (`--replicas simulated`: the model's replicas as one
+  # process each on the same addresses, under the same kernel faults and signals), so the
+  # lab runs where spurctld is absent: one round of four, the faults that need the
+  # replicas' own processes (black hole and kill, SIGSTOP, a cut between replicas, a
+  # replacement pod).
+  timeout --kill-after=30s 300s target/debug/spur-sim lab --replicas simulated --jobs 4 \
+    "${operator_root[@]}" --scenario leader-kill-silent --scenario leader-freeze \
+    --scenario leader-cut-off --scenario follower-kill
   # The model of a healed cut against the kernel's retransmission (README, "The lab").
   timeout --kill-after=10s 120s target/debug/spur-sim lab-heal
 elif [ "${CI:-}" = "true" ]; then

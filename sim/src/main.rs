@@ -45,6 +45,12 @@ enum Command {
     /// The simulated controller replicas over real TCP: three replicas and the `spurctld`
     /// Service on `--listen`, for local use and comparison with a real spurctld.
     Controllers(spur_sim::controller::tcp::ControllersArgs),
+    /// The simulated replicas' shared state and servers, for replica processes
+    /// (`spur-sim replica`) to serve through; what the lab runs without the real spurctld.
+    ReplicaState(spur_sim::controller::processes::StateArgs),
+    /// One simulated replica as a process of its own on its pod's address (see
+    /// `replica-state`).
+    Replica(spur_sim::controller::processes::ReplicaArgs),
     /// The named scenarios on real processes (real spurctld, the real operator binary) in
     /// a private network namespace, faults made by the kernel; `--compare-sim` sets each
     /// beside its simulated twin. Needs root.
@@ -92,6 +98,14 @@ fn run(command: Command) -> anyhow::Result<bool> {
         Command::LabHeal(args) => spur_sim::lab::heal::main(args),
         Command::Controllers(args) => {
             spur_sim::controller::tcp::main(args)?;
+            Ok(true)
+        }
+        Command::ReplicaState(args) => {
+            spur_sim::controller::processes::state_main(args)?;
+            Ok(true)
+        }
+        Command::Replica(args) => {
+            spur_sim::controller::processes::replica_main(args)?;
             Ok(true)
         }
         Command::KubeApi(args) => {

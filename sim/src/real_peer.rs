@@ -377,12 +377,14 @@ impl Vote {
 }
 
 /// The vote a replica moves to, from an openraft line `vote is changing from … to
-/// T<term>-N<node>:<committed|uncommitted>`.
+/// T<term>-N<node>:<committed|uncommitted>`, or a simulated replica process's
+/// `simulated replica vote: T<term>-N<node>:committed`.
 pub fn vote_change(line: &str) -> Option<Vote> {
-    let (_, to) = line
-        .split_once("vote is changing from ")?
-        .1
-        .split_once(" to ")?;
+    // openraft's line, or a simulated replica process's (`controller::processes`).
+    let to = match line.split_once("vote is changing from ") {
+        Some((_, change)) => change.split_once(" to ")?.1,
+        None => line.split_once("simulated replica vote: ")?.1,
+    };
     let to = to.split_whitespace().next()?;
     let (vote, committed) = match to.rsplit_once(':')? {
         (vote, "committed") => (vote, true),
@@ -461,6 +463,8 @@ mod tests {
         let uncommitted = "vote is changing from T1-N3:uncommitted to T2-N3:uncommitted";
         assert_eq!(vote_change(uncommitted), vote(2, 3, false));
         assert_eq!(vote_change("become leader id=3"), None);
+        let simulated = "simulated replica vote: T4-N1:committed";
+        assert_eq!(vote_change(simulated), vote(4, 1, true));
     }
 
     fn change(from: &str, to: &str) -> String {

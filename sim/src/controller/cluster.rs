@@ -22,6 +22,27 @@ use super::{ControllerConfig, replica_host};
 use crate::net::Network;
 use crate::trace::Trace;
 
+/// What the replicas know of the network between them: whether two replicas' processes
+/// exchange messages, and whether one's process is stopped. The simulation's
+/// [`Network`] answers from its faults; the replicas as processes (`spur-sim replica`)
+/// answer from what their own processes measure over the kernel's TCP.
+pub trait Reach: Send + Sync + std::fmt::Debug {
+    /// Whether the replicas on `a` and `b` (neither stopped) exchange messages.
+    fn talks(&self, a: &str, b: &str) -> bool;
+    /// Whether `host`'s process is stopped.
+    fn is_frozen(&self, host: &str) -> bool;
+}
+
+impl Reach for Network {
+    fn talks(&self, a: &str, b: &str) -> bool {
+        Network::talks(self, a, b)
+    }
+
+    fn is_frozen(&self, host: &str) -> bool {
+        Network::is_frozen(self, host)
+    }
+}
+
 /// How a refused registration is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RefusalKind {
@@ -106,8 +127,8 @@ struct ClusterState {
 pub struct Cluster {
     inner: Arc<Mutex<ClusterState>>,
     config: Arc<ControllerConfig>,
-    /// `None` over real TCP: every replica reaches every other.
-    net: Option<Network>,
+    /// `None` in one process over real TCP: every replica reaches every other.
+    net: Option<Arc<dyn Reach>>,
     trace: Trace,
     /// Write calls received from clients, with their callers (see [`super::calls`]).
     calls: Arc<Mutex<super::calls::CallLog>>,
@@ -119,6 +140,17 @@ impl Cluster {
         config: ControllerConfig,
         rng: ChaCha8Rng,
         net: Option<Network>,
+        trace: Trace,
+    ) -> Self {
+        let net = net.map(|net| Arc::new(net) as Arc<dyn Reach>);
+        Self::with_reach(config, rng, net, trace)
+    }
+
+    /// As [`Cluster::new`], with what the replicas know of their network from `net`.
+    pub fn with_reach(
+        config: ControllerConfig,
+        rng: ChaCha8Rng,
+        net: Option<Arc<dyn Reach>>,
         trace: Trace,
     ) -> Self {
         let slots = (0..config.replicas)
@@ -200,7 +232,7 @@ impl Cluster {
                 >= self.majority(state)
     }
 
-    /// Whether replica `slot`'s process is stopped ([`Network::freeze`]): its own loops
+    /// Whether replica `slot`'s process is stopped ([`Reach::is_frozen`]): its own loops
     /// (scheduling, the health check) do nothing until it runs again.
     pub fn is_frozen(&self, slot: usize) -> bool {
         self.net

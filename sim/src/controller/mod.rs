@@ -12,10 +12,13 @@
 //!   leader's health check.
 //! - [`hostlist`]: `JobInfo.nodelist` compressed as spurctld compresses it.
 //! - [`tcp`]: the same replicas over real TCP (`spur-sim controllers`).
+//! - [`processes`]: the same replicas as one process each, for the lab without the real
+//!   spurctld (`spur-sim replica`, `spur-sim replica-state`).
 
 pub mod calls;
 pub mod cluster;
 pub mod hostlist;
+pub mod processes;
 pub mod replica;
 pub mod scheduler;
 pub mod state;

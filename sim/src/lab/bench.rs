@@ -46,11 +46,12 @@ pub fn main(args: LabBenchArgs) -> anyhow::Result<bool> {
     if let Some(why) = super::kernel::missing_tools() {
         anyhow::bail!("the lab cannot run here: {why}");
     }
-    let (spurctld, operator) = super::binaries(None)?;
+    // Scale against the real peer: the simulated replicas are measured by `spur-sim bench`.
+    let (replicas, operator) = super::binaries(None, super::ReplicaKind::Real)?;
     super::kernel::enter_private_network()?;
     let dir = std::env::temp_dir().join(format!("spur-lab-bench-{}", std::process::id()));
     let setup = LabSetup {
-        spurctld,
+        replicas,
         operator,
         dir: dir.clone(),
         operator_flags: Vec::new(),

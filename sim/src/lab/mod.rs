@@ -11,6 +11,11 @@
 //! parent kills a child that outlives its time limit.
 //!
 //! `--compare-sim` runs the same plan in the simulation too and prints both side by side.
+//!
+//! Without the real spurctld (or with `--replicas simulated`), the replicas are the
+//! simulation's model as one process each on the same addresses
+//! ([`crate::controller::processes`]), under the same faults: the lab then runs anywhere,
+//! and it checks the operator on real TCP against the model the simulation uses.
 
 pub mod bench;
 pub mod heal;
@@ -97,20 +102,53 @@ pub struct LabArgs {
     /// log time axis, deadlines as lines) as an SVG picture in this file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// The controller replicas: the real spurctld, or the simulated replicas as one
+    /// process each (`auto`: the real one when it is found).
+    #[arg(long, value_enum, default_value_t = ReplicaKind::Auto)]
+    pub replicas: ReplicaKind,
     /// Run exactly one scenario and profile here, inside a namespace of this process's
     /// own, printing its record (what the parent runs in each child).
     #[arg(long, hide = true)]
     pub inside: bool,
 }
 
-/// Where the real binaries are: spurctld, and the operator (inside `operator_root`, when
-/// the lab runs it from the image).
-pub(crate) fn binaries(operator_root: Option<&Path>) -> anyhow::Result<(PathBuf, PathBuf)> {
-    let spurctld = crate::real_peer::binary().ok_or_else(|| {
-        anyhow::anyhow!(
-            "spurctld not found: set SPURCTLD, or put it at ../shared/peers/spurctld/spurctld"
-        )
-    })?;
+/// Which controller replicas the lab runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReplicaKind {
+    /// The real spurctld when it is found, else the simulated replicas.
+    Auto,
+    /// The real spurctld (`$SPURCTLD` or ../shared/peers/spurctld/spurctld).
+    Real,
+    /// The simulated replicas, one process each (`spur-sim replica`).
+    Simulated,
+}
+
+impl ReplicaKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReplicaKind::Auto => "auto",
+            ReplicaKind::Real => "real",
+            ReplicaKind::Simulated => "simulated",
+        }
+    }
+}
+
+/// Where the binaries are: the replicas' (spurctld, or this spur-sim for the simulated
+/// ones), and the operator (inside `operator_root`, when the lab runs it from the image).
+pub(crate) fn binaries(
+    operator_root: Option<&Path>,
+    kind: ReplicaKind,
+) -> anyhow::Result<(world::Replicas, PathBuf)> {
+    let replicas = match (kind, crate::real_peer::binary()) {
+        (ReplicaKind::Real | ReplicaKind::Auto, Some(spurctld)) => world::Replicas::Real(spurctld),
+        (ReplicaKind::Real, None) => anyhow::bail!(
+            "spurctld not found: set SPURCTLD, or put it at ../shared/peers/spurctld/spurctld \
+             (or run the simulated replicas: --replicas simulated)"
+        ),
+        (ReplicaKind::Simulated | ReplicaKind::Auto, _) => {
+            world::Replicas::Simulated(std::env::current_exe()?)
+        }
+    };
     let (operator, hint) = match operator_root {
         Some(root) => (
             root.join(world::IMAGE_OPERATOR.trim_start_matches('/')),
@@ -130,7 +168,7 @@ pub(crate) fn binaries(operator_root: Option<&Path>) -> anyhow::Result<(PathBuf,
     if !operator.is_file() {
         anyhow::bail!("spur-operator not found at {} ({hint})", operator.display());
     }
-    Ok((spurctld, operator))
+    Ok((replicas, operator))
 }
 
 /// `spur-sim lab`: whether every scenario passed.
@@ -189,7 +227,8 @@ pub fn main(args: LabArgs) -> anyhow::Result<bool> {
         if let Some(why) = kernel::missing_tools() {
             anyhow::bail!("the lab cannot run here: {why}");
         }
-        let (_, operator) = binaries(args.operator_root.as_deref())?;
+        let (replicas, operator) = binaries(args.operator_root.as_deref(), args.replicas)?;
+        eprintln!("lab: the controller replicas are {replicas}");
         eprintln!(
             "lab: the operator is {}{}",
             operator.display(),
@@ -395,7 +434,9 @@ fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Ve
                 .arg("--no-endpoint")
                 .arg(args.no_endpoint.name())
                 .arg("--service")
-                .arg(args.service.name());
+                .arg(args.service.name())
+                .arg("--replicas")
+                .arg(args.replicas.name());
             if let Some(keep) = &args.keep {
                 command.arg("--keep").arg(keep);
             }
@@ -540,14 +581,14 @@ fn failed_record(
 
 /// In the child: a namespace of its own, then the scenario, then its record on stdout.
 fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> {
-    let (spurctld, operator) = binaries(args.operator_root.as_deref())?;
+    let (replicas, operator) = binaries(args.operator_root.as_deref(), args.replicas)?;
     let plan = scenarios::plan(name, args.quiet).expect("checked");
     // Before any thread: the namespace is the calling thread's and its children's.
     kernel::enter_private_network()?;
     let base = args.keep.clone().unwrap_or_else(std::env::temp_dir);
     let dir = base.join(format!("spur-lab-{name}-{profile}-{}", std::process::id()));
     let setup = world::LabSetup {
-        spurctld,
+        replicas,
         operator,
         dir: dir.clone(),
         operator_flags: profile.flags().iter().map(|f| (*f).to_owned()).collect(),

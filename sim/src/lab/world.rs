@@ -4,6 +4,8 @@
 //! `spurctld` Service with endpoints managed as Kubernetes would, in either kind (a ClusterIP
 //! made by nftables, or headless: a name each operator pod's `/etc/hosts` resolves to the
 //! ready replicas); and the faults, made by the kernel (nftables drops) and by signals.
+//! The replicas are the real spurctld, or the simulated ones as one process each
+//! ([`Replicas`]).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -60,10 +62,33 @@ pub struct LeaderJob {
     pub comment: String,
 }
 
+/// The controller replicas the lab runs.
+#[derive(Clone, Debug)]
+pub enum Replicas {
+    /// The real spurctld, this binary.
+    Real(PathBuf),
+    /// The simulated replicas as one process each (`controller::processes`), from this
+    /// spur-sim binary.
+    Simulated(PathBuf),
+}
+
+impl std::fmt::Display for Replicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Replicas::Real(path) => write!(f, "the real spurctld ({})", path.display()),
+            Replicas::Simulated(path) => write!(
+                f,
+                "the simulated replicas, one process each ({} replica)",
+                path.display()
+            ),
+        }
+    }
+}
+
 /// What the lab runs.
 #[derive(Clone, Debug)]
 pub struct LabSetup {
-    pub spurctld: PathBuf,
+    pub replicas: Replicas,
     pub operator: PathBuf,
     /// Where the pods' files go (removed when the lab ends unless kept).
     pub dir: PathBuf,
@@ -121,6 +146,8 @@ pub struct Lab {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// The kubelet stand-in's readiness answers not yet taken: (operator index, when, 200).
     probe_answers: ProbeAnswers,
+    /// With the simulated replicas: the process holding their shared state.
+    replica_state: Option<Child>,
 }
 
 /// Readiness answers shared between the prober task and the lab's loop.
@@ -222,6 +249,10 @@ impl Lab {
             partitions: Vec::new(),
         };
         firewall.apply()?;
+        let replica_state = match &setup.replicas {
+            Replicas::Real(_) => None,
+            Replicas::Simulated(exe) => Some(start_replica_state(&setup.dir, exe, &replicas)?),
+        };
         let hosts = match setup.service {
             ServiceKind::ClusterIp => None,
             ServiceKind::Headless => {
@@ -255,6 +286,7 @@ impl Lab {
             hosts,
             tasks,
             probe_answers,
+            replica_state,
         })
     }
 
@@ -302,6 +334,35 @@ impl Lab {
     /// pod of a StatefulSet: same name, same address, same state).
     pub fn start_replica(&mut self, slot: usize) -> anyhow::Result<()> {
         let pod = self.replicas[slot].pod.clone();
+        let spurctld = match &self.setup.replicas {
+            Replicas::Real(spurctld) => spurctld.clone(),
+            Replicas::Simulated(exe) => {
+                // Its state is the state process's: a restart on the same slot is the
+                // same replica again, caught up from the log.
+                let log = open_log(&self.replica_file(slot, "log"))?;
+                let mut command = Command::new(exe);
+                command
+                    .arg("replica")
+                    .arg("--slot")
+                    .arg(slot.to_string())
+                    .arg("--dir")
+                    .arg(replica_state_dir(&self.setup.dir));
+                for replica in &self.replicas {
+                    command.arg("--ip").arg(replica.pod.ip.to_string());
+                }
+                command
+                    .current_dir(&self.setup.dir)
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone()?)
+                    .stderr(log);
+                let child = pod.command(command).spawn()?;
+                let replica = &mut self.replicas[slot];
+                replica.child = Some(child);
+                replica.frozen = false;
+                self.clients[slot] = None;
+                return Ok(());
+            }
+        };
         let state = self.replica_file(slot, "state");
         std::fs::create_dir_all(&state)?;
         std::os::unix::fs::chown(&state, Some(pod.uid), Some(pod.uid))?;
@@ -320,7 +381,7 @@ impl Lab {
         let config = self.replica_file(slot, "conf");
         std::fs::write(&config, text)?;
         let log = open_log(&self.replica_file(slot, "log"))?;
-        let mut command = Command::new(&self.setup.spurctld);
+        let mut command = Command::new(&spurctld);
         command
             .arg("-D")
             .arg("-f")
@@ -906,6 +967,10 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
+        if let Some(mut child) = self.replica_state.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         for replica in &mut self.replicas {
             if let Some(mut child) = replica.child.take() {
                 signal(child.id(), libc::SIGCONT);
@@ -923,6 +988,37 @@ impl Drop for Lab {
             task.abort();
         }
     }
+}
+
+/// Where the simulated replicas' state process keeps its Unix sockets.
+fn replica_state_dir(dir: &Path) -> PathBuf {
+    dir.join("replicas")
+}
+
+/// Starts the process holding the simulated replicas' shared state (`spur-sim
+/// replica-state`), as a pod of its own user so it dies with the lab. It listens on Unix
+/// sockets only; its calls out leave from each replica's own address.
+fn start_replica_state(dir: &Path, exe: &Path, replicas: &[Replica]) -> anyhow::Result<Child> {
+    let sockets = replica_state_dir(dir);
+    std::fs::create_dir_all(&sockets)?;
+    let pod = Pod {
+        name: "spurctld-state".to_owned(),
+        ip: Ipv4Addr::new(127, 0, 5, 1),
+        uid: 20021,
+    };
+    std::os::unix::fs::chown(&sockets, Some(pod.uid), Some(pod.uid))?;
+    let log = open_log(&dir.join("spurctld-state.log"))?;
+    let mut command = Command::new(exe);
+    command.arg("replica-state").arg("--dir").arg(&sockets);
+    for replica in replicas {
+        command.arg("--ip").arg(replica.pod.ip.to_string());
+    }
+    command
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    Ok(pod.command(command).spawn()?)
 }
 
 /// Writes the headless Service's records: one line per ready replica, in the endpoints'
