@@ -334,12 +334,11 @@ impl Lab {
     /// pod of a StatefulSet: same name, same address, same state).
     pub fn start_replica(&mut self, slot: usize) -> anyhow::Result<()> {
         let pod = self.replicas[slot].pod.clone();
-        let spurctld = match &self.setup.replicas {
-            Replicas::Real(spurctld) => spurctld.clone(),
+        let mut command = match &self.setup.replicas {
+            Replicas::Real(spurctld) => self.spurctld_command(spurctld, slot)?,
             Replicas::Simulated(exe) => {
                 // Its state is the state process's: a restart on the same slot is the
                 // same replica again, caught up from the log.
-                let log = open_log(&self.replica_file(slot, "log"))?;
                 let mut command = Command::new(exe);
                 command
                     .arg("replica")
@@ -351,18 +350,25 @@ impl Lab {
                     command.arg("--ip").arg(replica.pod.ip.to_string());
                 }
                 command
-                    .current_dir(&self.setup.dir)
-                    .stdin(Stdio::null())
-                    .stdout(log.try_clone()?)
-                    .stderr(log);
-                let child = pod.command(command).spawn()?;
-                let replica = &mut self.replicas[slot];
-                replica.child = Some(child);
-                replica.frozen = false;
-                self.clients[slot] = None;
-                return Ok(());
             }
         };
+        let log = open_log(&self.replica_file(slot, "log"))?;
+        command
+            .current_dir(&self.setup.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = pod.command(command).spawn()?;
+        let replica = &mut self.replicas[slot];
+        replica.child = Some(child);
+        replica.frozen = false;
+        self.clients[slot] = None;
+        Ok(())
+    }
+
+    /// The real spurctld of replica `slot`, with its config and state directory written.
+    fn spurctld_command(&self, spurctld: &Path, slot: usize) -> anyhow::Result<Command> {
+        let pod = &self.replicas[slot].pod;
         let state = self.replica_file(slot, "state");
         std::fs::create_dir_all(&state)?;
         std::os::unix::fs::chown(&state, Some(pod.uid), Some(pod.uid))?;
@@ -380,8 +386,7 @@ impl Lab {
         text.push_str("[[partitions]]\nname = \"default\"\ndefault = true\n");
         let config = self.replica_file(slot, "conf");
         std::fs::write(&config, text)?;
-        let log = open_log(&self.replica_file(slot, "log"))?;
-        let mut command = Command::new(&spurctld);
+        let mut command = Command::new(spurctld);
         command
             .arg("-D")
             .arg("-f")
@@ -391,17 +396,8 @@ impl Lab {
             .arg("--listen")
             .arg(format!("{}:{CLIENT_PORT}", pod.ip))
             .env("NO_COLOR", "1")
-            .env("RUST_LOG", "info")
-            .current_dir(&self.setup.dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        let child = pod.command(command).spawn()?;
-        let replica = &mut self.replicas[slot];
-        replica.child = Some(child);
-        replica.frozen = false;
-        self.clients[slot] = None;
-        Ok(())
+            .env("RUST_LOG", "info");
+        Ok(command)
     }
 
     /// Kills replica `slot`: with `silent`, its address is black-holed first (a pod whose
