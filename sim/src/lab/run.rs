@@ -31,6 +31,21 @@ enum Event {
     Repair(Vec<(Ipv4Addr, Ipv4Addr)>),
     ApiBack,
     StartOperator(String),
+    /// Cuts the acting operator off from every replica but `onto` once the leader, another
+    /// replica, holds more ended jobs than `ended` (checked every [`STALE_STEER_EVERY`],
+    /// given up at `until`).
+    SteerOnceAnEndLanded {
+        onto: usize,
+        ended: usize,
+        until: Duration,
+    },
+    /// Heals that cut once the operator is connected to `onto` again (its connections to
+    /// the others linger, their ends unable to close through the cut), or at `until`.
+    HealOnceOnlyOn {
+        onto: usize,
+        pairs: Vec<(Ipv4Addr, Ipv4Addr)>,
+        until: Duration,
+    },
 }
 
 /// How often the operators' call counters are read.
@@ -391,6 +406,66 @@ async fn carry_out(
             *api_up = true;
         }
         Event::StartOperator(name) => lab.start_operator(&name, &[])?,
+        Event::SteerOnceAnEndLanded { onto, ended, until } => {
+            let landed = match lab.leader_slot() {
+                Some(leader) if leader != onto => lab
+                    .controller_jobs()
+                    .await
+                    .is_some_and(|jobs| ended_jobs(&jobs) > ended),
+                _ => false,
+            };
+            if landed {
+                // A connection to the cut leader from before would pass for the new one.
+                lab.reset_operator_connections(&acting_operator(lab), onto)?;
+                let operator = lab.operator_ip(&acting_operator(lab)).expect("an operator");
+                let pairs: Vec<_> = (0..lab.replica_count())
+                    .filter(|s| *s != onto)
+                    .map(|s| (operator, lab.replica_ip(s)))
+                    .collect();
+                for (a, b) in &pairs {
+                    lab.partition(*a, *b, true)?;
+                }
+                eprintln!(
+                    "lab: a job's end reached the new leader; the operator is cut off from \
+                     every replica but spurctld-{onto} ({:.1}s)",
+                    now.as_secs_f64()
+                );
+                later.push((
+                    now + STALE_STEER_EVERY,
+                    Event::HealOnceOnlyOn {
+                        onto,
+                        pairs,
+                        until: now + STALE_STEER_CUT,
+                    },
+                ));
+            } else if now < until {
+                later.push((
+                    now + STALE_STEER_EVERY,
+                    Event::SteerOnceAnEndLanded { onto, ended, until },
+                ));
+            } else {
+                anyhow::bail!(
+                    "no job's end reached a new leader by {until:?}: nothing to steer by"
+                );
+            }
+        }
+        Event::HealOnceOnlyOn { onto, pairs, until } => {
+            let on = lab.operator_connections(&acting_operator(lab))?;
+            if on.contains(&onto) || now >= until {
+                eprintln!(
+                    "lab: the operator's connections are to {on:?}; its cut heals ({:.1}s)",
+                    now.as_secs_f64()
+                );
+                for (a, b) in pairs {
+                    lab.partition(a, b, false)?;
+                }
+            } else {
+                later.push((
+                    now + STALE_STEER_EVERY,
+                    Event::HealOnceOnlyOn { onto, pairs, until },
+                ));
+            }
+        }
         Event::Fault(fault) => later = strike(lab, fault, now, api_up).await?,
     }
     Ok(later)
@@ -430,6 +505,18 @@ async fn strike(
                     None => None,
                     Some(SteerTo::Leader) => Some(slot),
                     Some(SteerTo::Follower) => (0..replicas).find(|s| *s != slot),
+                    Some(SteerTo::LeaderOnceAnEndLanded) => {
+                        let ended = lab.controller_jobs().await.map_or(0, |j| ended_jobs(&j));
+                        later.push((
+                            now + STALE_STEER_EVERY,
+                            Event::SteerOnceAnEndLanded {
+                                onto: slot,
+                                ended,
+                                until: now + heal_after,
+                            },
+                        ));
+                        None
+                    }
                 };
                 if let Some(onto) = onto {
                     steer_onto(lab, &acting_operator(lab), onto).await?;
@@ -522,6 +609,19 @@ async fn strike(
 /// How long [`steer_onto`] may take: an operator dials afresh at its next call, and the
 /// readiness probe alone calls every 5 s.
 const STEER_BOUND: Duration = Duration::from_secs(30);
+/// How often `leader-cut-stale-read` looks for an end at the new leader: well inside the
+/// operator's status poll (2 s), which must not mirror it before the channel moves.
+const STALE_STEER_EVERY: Duration = Duration::from_millis(100);
+/// The longest the operator is cut off from the replicas but the cut leader: its patience
+/// (1 s) replaces the hung channel with one to the cut leader well before. The cut heals
+/// as soon as that happened, so the operator's own leaving (rule 6) can reach the others.
+const STALE_STEER_CUT: Duration = Duration::from_secs(3);
+
+/// Jobs the leader holds that ended.
+fn ended_jobs(jobs: &[super::world::LeaderJob]) -> usize {
+    jobs.iter().filter(|j| is_terminal(j.state)).count()
+}
+
 /// How long a follower cut off from its peers takes to forget its leader and refuse
 /// writes: spurctld's leader lease (3 s) and an election timeout (1.5 to 3 s), with room.
 const FORGET_LEADER: Duration = Duration::from_secs(8);

@@ -34,11 +34,12 @@ pub const NAMES: [&str; 13] = [
 
 /// Named scenarios the lab runs only when asked by name (`--scenario`): each takes minutes
 /// of real time, too long for CI's lab.
-pub const EXTENDED: [&str; 4] = [
+pub const EXTENDED: [&str; 5] = [
     LEADER_CUT_IDLE,
     LEADER_CUT_LONG,
     LEADER_CUT_FOLLOWER,
     FOLLOWER_CUT_OFF,
+    LEADER_CUT_STALE_READ,
 ];
 
 /// The long cut of `sim/tests/cut_replica.rs` on real processes: what earns rotation in the
@@ -64,6 +65,13 @@ pub const LEADER_CUT_FOLLOWER: &str = "leader-cut-follower";
 /// Seed 278's case, which earns dropping a channel whose call failed (rule 1) in the
 /// simulation: a channel kept on it is left only when another rule moves it.
 pub const FOLLOWER_CUT_OFF: &str = "follower-cut-off";
+/// The leader cut off from its peers for 60 s; a SpurJob created after the election ends
+/// at the new leader, and then the operator's channel is made to go to the cut leader,
+/// whose copy never heard of that job, while nothing more is written: the lab's version
+/// of the pinned seeds that earn reading your writes (rule 6) in the simulation. Kept
+/// there, the status read sees no end until a rotation leaves the replica.
+pub const LEADER_CUT_STALE_READ: &str = "leader-cut-stale-read";
+const STALE_READ_CUT: Duration = Duration::from_secs(60);
 
 /// What a named scenario is about, for `--list` and the tables.
 pub fn describe(name: &str) -> &'static str {
@@ -92,6 +100,10 @@ pub fn describe(name: &str) -> &'static str {
         LEADER_CUT_FOLLOWER => {
             "the leader is cut off from the other replicas for 20 s while the operator's only \
              channel is to a follower"
+        }
+        LEADER_CUT_STALE_READ => {
+            "the leader is cut off from the other replicas for 60 s; once a job's end reached \
+             the new leader, the operator's channel goes to the cut leader"
         }
         FOLLOWER_CUT_OFF => {
             "a follower is cut off from the other replicas for 40 s, then made the operator's \
@@ -125,6 +137,7 @@ pub fn plan(name: &str, quiet: Duration) -> Option<Plan> {
     match name {
         LEADER_CUT_IDLE => return Some(idle_cut_plan(IDLE_CUT, quiet)),
         LEADER_CUT_LONG => return Some(idle_cut_plan(LONG_CUT, quiet)),
+        LEADER_CUT_STALE_READ => return Some(stale_read_plan(quiet)),
         _ => {}
     }
     let mut controllers_at = Duration::ZERO;
@@ -259,6 +272,34 @@ fn idle_cut_plan(cut: Duration, quiet: Duration) -> Plan {
     }
 }
 
+/// `leader-cut-stale-read`: two short jobs end before the cut; `stale-0` is created after
+/// the election (the cut leader holds its submission, so patience takes it to a replica
+/// that reaches the new leader) and ends there; nothing is written after that end, so
+/// once the channel is on the cut leader (heartbeats and reads it answers itself) only
+/// rule 6, or a rotation, takes it away.
+fn stale_read_plan(quiet: Duration) -> Plan {
+    let fault = Fault::LeaderCutOff {
+        heal_after: STALE_READ_CUT,
+        steer: Some(SteerTo::LeaderOnceAnEndLanded),
+    };
+    Plan {
+        seed: 1,
+        nodes: NODES,
+        controllers_at: Duration::ZERO,
+        operators: vec![OPERATOR],
+        jobs: vec![
+            job("job-000", secs(2), 5, 0),
+            job("job-001", secs(8), 6, 1),
+            job("stale-0", FAULT_AT + secs(10), 5, 0),
+        ],
+        end: FAULT_AT + fault.heals_after() + quiet,
+        faults: vec![PlannedFault {
+            at: FAULT_AT,
+            fault,
+        }],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,7 +327,7 @@ mod tests {
             let plan = plan(name, secs(20)).unwrap_or_else(|| panic!("{name}"));
             assert!(!describe(name).is_empty(), "{name}");
             assert!(!NAMES.contains(&name), "{name}");
-            if name == LEADER_CUT_FOLLOWER || name == FOLLOWER_CUT_OFF {
+            if [LEADER_CUT_FOLLOWER, FOLLOWER_CUT_OFF, LEADER_CUT_STALE_READ].contains(&name) {
                 continue;
             }
             // In the idle cuts nothing is written once the fault strikes.
