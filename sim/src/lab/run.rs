@@ -41,7 +41,7 @@ enum Event {
     },
     /// Heals that cut once the operator is connected to `onto` again (its connections to
     /// the others linger, their ends unable to close through the cut), or at `until`.
-    HealOnceOnlyOn {
+    HealOnceOn {
         onto: usize,
         pairs: Vec<(Ipv4Addr, Ipv4Addr)>,
         until: Duration,
@@ -418,13 +418,7 @@ async fn carry_out(
                 // A connection to the cut leader from before would pass for the new one.
                 lab.reset_operator_connections(&acting_operator(lab), onto)?;
                 let operator = lab.operator_ip(&acting_operator(lab)).expect("an operator");
-                let pairs: Vec<_> = (0..lab.replica_count())
-                    .filter(|s| *s != onto)
-                    .map(|s| (operator, lab.replica_ip(s)))
-                    .collect();
-                for (a, b) in &pairs {
-                    lab.partition(*a, *b, true)?;
-                }
+                let pairs = cut_off(lab, operator, onto)?;
                 eprintln!(
                     "lab: a job's end reached the new leader; the operator is cut off from \
                      every replica but spurctld-{onto} ({:.1}s)",
@@ -432,7 +426,7 @@ async fn carry_out(
                 );
                 later.push((
                     now + STALE_STEER_EVERY,
-                    Event::HealOnceOnlyOn {
+                    Event::HealOnceOn {
                         onto,
                         pairs,
                         until: now + STALE_STEER_CUT,
@@ -449,7 +443,7 @@ async fn carry_out(
                 );
             }
         }
-        Event::HealOnceOnlyOn { onto, pairs, until } => {
+        Event::HealOnceOn { onto, pairs, until } => {
             let on = lab.operator_connections(&acting_operator(lab))?;
             if on.contains(&onto) || now >= until {
                 eprintln!(
@@ -462,7 +456,7 @@ async fn carry_out(
             } else {
                 later.push((
                     now + STALE_STEER_EVERY,
-                    Event::HealOnceOnlyOn { onto, pairs, until },
+                    Event::HealOnceOn { onto, pairs, until },
                 ));
             }
         }
@@ -659,12 +653,21 @@ async fn steer_onto(lab: &mut Lab, operator: &str, slot: usize) -> anyhow::Resul
 /// Cuts replica `slot` off from the other replicas; returns the event that heals it.
 fn cut_from_replicas(lab: &mut Lab, slot: usize) -> anyhow::Result<Event> {
     let cut = lab.replica_ip(slot);
+    Ok(Event::Repair(cut_off(lab, cut, slot)?))
+}
+
+/// Cuts `from` off from every replica but `except`; returns the pairs cut.
+fn cut_off(
+    lab: &mut Lab,
+    from: Ipv4Addr,
+    except: usize,
+) -> anyhow::Result<Vec<(Ipv4Addr, Ipv4Addr)>> {
     let pairs: Vec<_> = (0..lab.replica_count())
-        .filter(|s| *s != slot)
-        .map(|s| (cut, lab.replica_ip(s)))
+        .filter(|s| *s != except)
+        .map(|s| (from, lab.replica_ip(s)))
         .collect();
     for (a, b) in &pairs {
         lab.partition(*a, *b, true)?;
     }
-    Ok(Event::Repair(pairs))
+    Ok(pairs)
 }
