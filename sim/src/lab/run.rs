@@ -39,8 +39,9 @@ enum Event {
         ended: usize,
         until: Duration,
     },
-    /// Heals that cut once the operator is connected to `onto` again (its connections to
-    /// the others linger, their ends unable to close through the cut), or at `until`.
+    /// Heals that cut [`STALE_STEER_HOLD`] after the operator is connected to `onto` again
+    /// (its connections to the others linger, their ends unable to close through the cut),
+    /// or at `until`.
     HealOnceOn {
         onto: usize,
         pairs: Vec<(Ipv4Addr, Ipv4Addr)>,
@@ -447,12 +448,11 @@ async fn carry_out(
             let on = lab.operator_connections(&acting_operator(lab))?;
             if on.contains(&onto) || now >= until {
                 eprintln!(
-                    "lab: the operator's connections are to {on:?}; its cut heals ({:.1}s)",
+                    "lab: the operator's connections are to {on:?}; its cut heals in {:?} ({:.1}s)",
+                    STALE_STEER_HOLD,
                     now.as_secs_f64()
                 );
-                for (a, b) in pairs {
-                    lab.partition(a, b, false)?;
-                }
+                later.push((now + STALE_STEER_HOLD, Event::Repair(pairs)));
             } else {
                 later.push((
                     now + STALE_STEER_EVERY,
@@ -606,10 +606,15 @@ const STEER_BOUND: Duration = Duration::from_secs(30);
 /// How often `leader-cut-stale-read` looks for an end at the new leader: well inside the
 /// operator's status poll (2 s), which must not mirror it before the channel moves.
 const STALE_STEER_EVERY: Duration = Duration::from_millis(100);
-/// The longest the operator is cut off from the replicas but the cut leader: its patience
-/// (1 s) replaces the hung channel with one to the cut leader well before. The cut heals
-/// as soon as that happened, so the operator's own leaving (rule 6) can reach the others.
+/// The longest the operator waits to be on the cut leader: its patience (1 s) replaces the
+/// hung channel with one to the cut leader well before.
 const STALE_STEER_CUT: Duration = Duration::from_secs(3);
+/// How long the operator stays cut off from the others once on the cut leader: a partition
+/// that leaves it on the stale replica's side for a while. Two status polls (2 s apart)
+/// and the retries between them read the cut leader in that time, so rule 6 leaves it and
+/// can find nothing else, at least twice; once the cut heals, its next leaving must reach
+/// another replica.
+const STALE_STEER_HOLD: Duration = Duration::from_secs(5);
 
 /// Jobs the leader holds that ended.
 fn ended_jobs(jobs: &[super::world::LeaderJob]) -> usize {

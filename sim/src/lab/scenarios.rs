@@ -103,7 +103,8 @@ pub fn describe(name: &str) -> &'static str {
         }
         LEADER_CUT_STALE_READ => {
             "the leader is cut off from the other replicas for 60 s; once a job's end reached \
-             the new leader, the operator's channel goes to the cut leader"
+             the new leader, the operator can reach only the cut leader, until 5 s after its \
+             channel went there"
         }
         FOLLOWER_CUT_OFF => {
             "a follower is cut off from the other replicas for 40 s, then made the operator's \

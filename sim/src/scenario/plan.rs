@@ -253,9 +253,9 @@ pub enum SteerTo {
     /// A follower (the first by slot), whose forwards then go into the fault.
     Follower,
     /// The leader, only after the cut, once a job's end reached the new leader: the lab
-    /// then cuts the operator off from the other replicas for a few seconds, so its next
-    /// channel can only be to the cut leader, which answers reads from a copy that never
-    /// saw that end (the lab's `leader-cut-stale-read`).
+    /// then cuts the operator off from the other replicas until a few seconds after its
+    /// channel is to the cut leader, which answers reads from a copy that never saw that
+    /// end (the lab's `leader-cut-stale-read`).
     LeaderOnceAnEndLanded,
 }
 

@@ -54,6 +54,9 @@ pub struct ChannelConfig {
     /// means the replica reached is behind (rule 6 of `controller::policy`); `None`: off.
     /// Not a flag: see [`DEFAULT_STALE_READ_GRACE`].
     pub stale_read_grace: Option<Duration>,
+    /// How long a replica that contradicted an acknowledged end is left again each time it
+    /// is read again (rule 6). Not a flag: see [`DEFAULT_BEHIND_WINDOW`].
+    pub behind_window: Duration,
     /// Channel rules switched off, for experiments that show what each one buys
     /// (`--controller-rules-off`, hidden).
     pub rules_off: BTreeSet<Rule>,
@@ -73,6 +76,15 @@ pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
 /// choice for the operator's user, so not a flag; `--controller-rules-off
 /// read-your-writes` switches the rule off for experiments.
 pub const DEFAULT_STALE_READ_GRACE: Duration = Duration::from_secs(2);
+/// Rule 6's window: a replica left for a stale read is left again when a later round
+/// reaches it again (a leader cut off from its peers may be all the operator reaches for a
+/// while: the lab's `leader-cut-stale-read` keeps it there 5 s), until the same
+/// contradiction has lasted this long. Then it is the truth: a report for an attempt the
+/// controller had already replaced is acknowledged and ignored, and with one replica (or a
+/// Service that reaches only one) the status poll fails meanwhile. 10 s is five status
+/// polls, twice the confinement the lab makes. Not a choice for the operator's user
+/// either, so not a flag.
+pub const DEFAULT_BEHIND_WINDOW: Duration = Duration::from_secs(10);
 /// Dials per round: with two of three replicas unable to serve (followers whose forwards
 /// hang), four dials through a Service that picks at random reach the third one 65 times
 /// in 81; when a round found none, its calls fail and are retried within a second.
@@ -93,6 +105,7 @@ impl Default for ChannelConfig {
             connect_probe: Some(DEFAULT_CONNECT_PROBE),
             dials: DEFAULT_DIALS,
             stale_read_grace: Some(DEFAULT_STALE_READ_GRACE),
+            behind_window: DEFAULT_BEHIND_WINDOW,
             rules_off: BTreeSet::new(),
             tls: None,
         }
@@ -285,6 +298,7 @@ impl ControllerArgs {
             connect_probe: self.controller_connect_probe.0,
             dials: DEFAULT_DIALS,
             stale_read_grace: Some(DEFAULT_STALE_READ_GRACE),
+            behind_window: DEFAULT_BEHIND_WINDOW,
             rules_off: self.controller_rules_off.iter().copied().collect(),
             tls: self.tls(addr.scheme)?,
         };

@@ -19,7 +19,7 @@ use super::address::ControllerAddr;
 use super::connect::connect;
 use super::error::{ConnectError, ControllerError, FailureKind, classify, status_text};
 use super::policy::{CallId, Command, DialId, Ended, Event, Policy, ReplicaId, Rule, Rules};
-use super::session::Session;
+use super::session::{Judge, ReadFrom, Session};
 use crate::fence::{Fence, Permit, Refused};
 use crate::metrics::Metrics;
 use crate::net::Dialer;
@@ -516,7 +516,7 @@ impl ControllerClient {
         match answer {
             Ok(response) => {
                 let response = response.into_inner();
-                if let Some(behind) = self.behind(response.jobs(), &asked, started) {
+                if let Some(behind) = self.behind(call, response.jobs(), &asked, started) {
                     return Err(self.leave_behind(guard, method, behind));
                 }
                 guard.end(Ended::Answered);
@@ -526,7 +526,7 @@ impl ControllerClient {
                 // NOT_FOUND for a job whose end a replica acknowledged: this one never heard
                 // of it.
                 if status.code() == Code::NotFound
-                    && let Some(behind) = self.behind(&[], &asked, started)
+                    && let Some(behind) = self.behind(call, &[], &asked, started)
                 {
                     return Err(self.leave_behind(guard, method, behind));
                 }
@@ -553,10 +553,11 @@ impl ControllerClient {
         }
     }
 
-    /// Rule 6: whether `jobs`, read by a call sent at `sent` that asked for `asked` by id,
+    /// Rule 6: whether `jobs`, read by `call` sent at `sent` that asked for `asked` by id,
     /// contradict an acknowledged end.
     fn behind(
         &self,
+        call: CallId,
         jobs: &[pb::JobInfo],
         asked: &[u32],
         sent: tokio::time::Instant,
@@ -565,8 +566,14 @@ impl ControllerClient {
             return None;
         }
         let mut state = self.lock();
-        let grace = state.policy.rules().read_your_writes?;
-        state.session.check(jobs, asked, sent, grace)
+        let rules = state.policy.rules();
+        let judge = Judge {
+            grace: rules.read_your_writes?,
+            window: rules.behind_window,
+        };
+        let (dial, replica) = state.policy.channel_of(call);
+        let from = ReadFrom { dial, replica };
+        state.session.check(jobs, asked, sent, from, judge)
     }
 
     /// Ends a call whose read was behind as the policy's cue to leave its replica, and
@@ -761,6 +768,7 @@ impl ControllerClient {
         let mut state = self.lock();
         let next = state.replicas.len() as ReplicaId;
         let replica = *state.replicas.entry(hostname).or_insert(next);
+        state.session.named(dial, replica);
         self.apply(&mut state, Event::Named { dial, replica });
     }
 

@@ -16,6 +16,8 @@ use std::time::Duration;
 use spur_proto as pb;
 use tokio::time::Instant;
 
+use super::policy::{DialId, ReplicaId};
+
 /// How long an acknowledgement is remembered when no read ever looks at its job (the
 /// status mirror reads every job it follows every few seconds, so this is ample).
 pub const ACK_MEMORY: Duration = Duration::from_secs(300);
@@ -52,6 +54,21 @@ impl std::fmt::Display for Behind {
     }
 }
 
+/// How rule 6 judges a read: the grace after an acknowledgement before a contradiction
+/// counts, and how long a replica that contradicted it is left again when read again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Judge {
+    pub grace: Duration,
+    pub window: Duration,
+}
+
+/// The channel a read came over, and the replica it reached when its Ping named it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadFrom {
+    pub dial: Option<DialId>,
+    pub replica: Option<ReplicaId>,
+}
+
 /// An acknowledged end of a job.
 #[derive(Clone, Copy, Debug)]
 struct Ack {
@@ -59,6 +76,24 @@ struct Ack {
     /// A read showed the job ended: from then on only a read that does not know the job
     /// contradicts it (one that shows it pending or running again saw a requeue).
     seen_ended: bool,
+    /// A read contradicted it and its replica was left.
+    left: Option<Left>,
+}
+
+/// The replica a contradiction left: when first, and the last channel that contradicted.
+#[derive(Clone, Copy, Debug)]
+struct Left {
+    first: Instant,
+    dial: Option<DialId>,
+    replica: Option<ReplicaId>,
+}
+
+impl Left {
+    /// Whether `from` is known to reach another replica than the one left.
+    fn elsewhere(&self, from: ReadFrom) -> bool {
+        from.dial != self.dial
+            && matches!((self.replica, from.replica), (Some(left), Some(now)) if left != now)
+    }
 }
 
 /// The acknowledged ends of jobs, by job id.
@@ -77,6 +112,7 @@ impl Session {
             Ack {
                 at,
                 seen_ended: false,
+                left: None,
             },
         );
         self.acked
@@ -94,26 +130,33 @@ impl Session {
         }
     }
 
-    /// Checks the jobs a read sent at `sent` answered with, and the ids it asked for
-    /// (`asked`: only for a read that filters by id alone, so every asked job that exists
-    /// must be shown), against the acknowledgements older than `grace` (a replica that
-    /// forwards reads to the leader answers from the leader's state; one that applies the
-    /// leader's commits lags by a heartbeat, 500 ms).
+    /// Checks the jobs a read sent at `sent` over `from` answered with, and the ids it asked
+    /// for (`asked`: only for a read that filters by id alone, so every asked job that
+    /// exists must be shown), against the acknowledgements older than the grace (a replica
+    /// that forwards reads to the leader answers from the leader's state; one that applies
+    /// the leader's commits lags by a heartbeat, 500 ms).
     ///
-    /// A read that shows the job pending or running contradicts the acknowledgement once,
-    /// and settles it: a report for an attempt the controller had already replaced is
-    /// acknowledged and ignored, so a contradiction that survives one change of replica is
-    /// taken as the truth. A read that shows the job ended agrees, and the acknowledgement
-    /// is kept (until [`ACK_MEMORY`]): a later read by id that does not know the job at all
-    /// still came from a replica that is behind (seed 619: a rotation onto a leader cut off
-    /// from its peers, after one read on the real leader had agreed, left a SpurJob
-    /// Running for 15 s), while one that shows it pending or running again saw a requeue.
+    /// A read that shows the job pending or running contradicts the acknowledgement, and its
+    /// replica is left. The acknowledgement is kept: read again through the same replica, or
+    /// one no Ping has named, it is left again, since the operator may reach nothing else
+    /// for a while (the lab's `leader-cut-stale-read`: believing the second read of a leader
+    /// cut off from its peers left a SpurJob Running 26 s). It is settled, and the read taken
+    /// as the truth, once another replica repeats the contradiction, or the same one still
+    /// does `window` after the first: a report for an attempt the controller had already
+    /// replaced is acknowledged and ignored, and that job reads as running everywhere.
+    ///
+    /// A read that shows the job ended agrees, and the acknowledgement is kept (until
+    /// [`ACK_MEMORY`]): a later read by id that does not know the job at all still came
+    /// from a replica that is behind (seed 619: a rotation onto a leader cut off from its
+    /// peers, after one read on the real leader had agreed, left a SpurJob Running for
+    /// 15 s), while one that shows it pending or running again saw a requeue.
     pub fn check(
         &mut self,
         jobs: &[pb::JobInfo],
         asked: &[u32],
         sent: Instant,
-        grace: Duration,
+        from: ReadFrom,
+        judge: Judge,
     ) -> Option<Behind> {
         let shown = jobs.iter().map(|job| (job.job_id, Some(job.state())));
         // Only the acknowledged ids are looked up in the answer, not every id a poll asks
@@ -144,10 +187,32 @@ impl Session {
             let Some(after) = sent.checked_duration_since(ack.at) else {
                 continue; // sent before the acknowledgement: may rightly not know of it
             };
-            if after < grace {
+            if after < judge.grace {
                 continue;
             }
-            self.acked.remove(&job_id);
+            let left = match ack.left {
+                None => Left {
+                    first: sent,
+                    dial: from.dial,
+                    replica: from.replica,
+                },
+                Some(left) => {
+                    let settled = left.elsewhere(from)
+                        || sent.saturating_duration_since(left.first) >= judge.window;
+                    if settled {
+                        self.acked.remove(&job_id);
+                        continue;
+                    }
+                    // The same replica (or one not known to be another): the latest channel
+                    // to it is the one a Ping will name.
+                    Left {
+                        first: left.first,
+                        dial: from.dial.or(left.dial),
+                        replica: from.replica.or(left.replica),
+                    }
+                }
+            };
+            ack.left = Some(left);
             behind.get_or_insert(Behind {
                 job_id,
                 shown: state,
@@ -155,6 +220,16 @@ impl Session {
             });
         }
         behind
+    }
+
+    /// Dial `dial`'s Ping named `replica`: the replica an acknowledgement's contradiction
+    /// over that channel left.
+    pub fn named(&mut self, dial: DialId, replica: ReplicaId) {
+        for ack in self.acked.values_mut() {
+            if let Some(left) = ack.left.as_mut().filter(|left| left.dial == Some(dial)) {
+                left.replica = Some(replica);
+            }
+        }
     }
 
     #[cfg(test)]
@@ -167,7 +242,21 @@ impl Session {
 mod tests {
     use super::*;
 
-    const GRACE: Duration = Duration::from_secs(2);
+    const JUDGE: Judge = Judge {
+        grace: Duration::from_secs(2),
+        window: Duration::from_secs(10),
+    };
+    const UNNAMED: ReadFrom = ReadFrom {
+        dial: None,
+        replica: None,
+    };
+
+    fn over(dial: DialId, replica: Option<ReplicaId>) -> ReadFrom {
+        ReadFrom {
+            dial: Some(dial),
+            replica,
+        }
+    }
 
     fn job(job_id: u32, state: pb::JobState) -> pb::JobInfo {
         pb::JobInfo {
@@ -191,15 +280,87 @@ mod tests {
             job(7, pb::JobState::JobRunning),
         ];
         assert_eq!(
-            session.check(&running, &[], secs(t0, 2.5), GRACE),
+            session.check(&running, &[], secs(t0, 2.5), over(1, Some(0)), JUDGE),
             Some(Behind {
                 job_id: 7,
                 shown: Some(pb::JobState::JobRunning),
                 after: Duration::from_millis(2500),
             })
         );
-        // Settled by the contradiction: the next replica's word is taken.
-        assert_eq!(session.check(&running, &[], secs(t0, 4.5), GRACE), None);
+        // Another replica repeats it: the report was for a replaced attempt, taken as the
+        // truth.
+        assert_eq!(
+            session.check(&running, &[], secs(t0, 4.5), over(2, Some(1)), JUDGE),
+            None
+        );
+        assert_eq!(session.len(), 0);
+    }
+
+    #[test]
+    fn a_replica_left_for_a_stale_read_is_left_again_while_it_is_all_the_operator_reaches() {
+        // The lab's leader-cut-stale-read: the round after the first firing could reach only
+        // the cut leader again, over a channel no Ping named.
+        let t0 = Instant::now();
+        let mut session = Session::default();
+        session.acknowledged(7, t0);
+        let running = [job(7, pb::JobState::JobRunning)];
+        assert!(
+            session
+                .check(&running, &[], secs(t0, 2.5), over(1, None), JUDGE)
+                .is_some()
+        );
+        assert!(
+            session
+                .check(&running, &[], secs(t0, 3.0), over(2, None), JUDGE)
+                .is_some(),
+            "not known to be another replica"
+        );
+        // The Pings name both channels: the same replica.
+        session.named(2, 0);
+        assert!(
+            session
+                .check(&running, &[], secs(t0, 4.0), over(3, Some(0)), JUDGE)
+                .is_some(),
+            "the same replica, still behind"
+        );
+        assert_eq!(session.len(), 1);
+        // Healed: another replica shows the end.
+        let ended = [job(7, pb::JobState::JobCompleted)];
+        assert_eq!(
+            session.check(&ended, &[], secs(t0, 5.0), over(4, Some(1)), JUDGE),
+            None
+        );
+        assert_eq!(
+            session.len(),
+            1,
+            "kept: the stale replica may be read again"
+        );
+        assert!(
+            session
+                .check(&[], &[7], secs(t0, 6.0), over(5, Some(0)), JUDGE)
+                .is_some(),
+            "it still does not know the job"
+        );
+    }
+
+    #[test]
+    fn a_contradiction_from_the_replica_left_is_the_truth_once_it_outlasts_the_window() {
+        // A one-replica controller and a report for an attempt it had replaced: every read
+        // shows the job running; the status poll fails for at most the window.
+        let t0 = Instant::now();
+        let mut session = Session::default();
+        session.acknowledged(7, t0);
+        let running = [job(7, pb::JobState::JobRunning)];
+        let mut firings = 0;
+        let mut at = 2.0;
+        while session
+            .check(&running, &[], secs(t0, at), over(1, Some(0)), JUDGE)
+            .is_some()
+        {
+            firings += 1;
+            at += 2.0;
+        }
+        assert_eq!(firings, 5, "at 2, 4, 6, 8 and 10 s; settled at 12 s");
         assert_eq!(session.len(), 0);
     }
 
@@ -210,12 +371,19 @@ mod tests {
         session.acknowledged(7, t0);
         let running = [job(7, pb::JobState::JobPending)];
         assert_eq!(
-            session.check(&running, &[], t0 - Duration::from_secs(1), GRACE),
+            session.check(&running, &[], t0 - Duration::from_secs(1), UNNAMED, JUDGE),
             None
         );
-        assert_eq!(session.check(&running, &[], secs(t0, 1.9), GRACE), None);
+        assert_eq!(
+            session.check(&running, &[], secs(t0, 1.9), UNNAMED, JUDGE),
+            None
+        );
         assert_eq!(session.len(), 1, "still waiting for a read that can judge");
-        assert!(session.check(&running, &[], secs(t0, 2.0), GRACE).is_some());
+        assert!(
+            session
+                .check(&running, &[], secs(t0, 2.0), UNNAMED, JUDGE)
+                .is_some()
+        );
     }
 
     #[test]
@@ -228,25 +396,32 @@ mod tests {
             job(7, pb::JobState::JobCompleting),
             job(8, pb::JobState::JobFailed),
         ];
-        assert_eq!(session.check(&read, &[7, 8], secs(t0, 0.1), GRACE), None);
+        assert_eq!(
+            session.check(&read, &[7, 8], secs(t0, 0.1), UNNAMED, JUDGE),
+            None
+        );
         assert_eq!(session.len(), 2, "kept: a replica behind may still be read");
         let later = [job(7, pb::JobState::JobRunning)];
         assert_eq!(
-            session.check(&later, &[7], secs(t0, 5.0), GRACE),
+            session.check(&later, &[7], secs(t0, 5.0), UNNAMED, JUDGE),
             None,
             "requeued: a new run"
         );
         assert_eq!(session.len(), 1, "the requeue settles it");
         // Seed 619: a replica that never heard of job 8, read by id after the grace.
         assert_eq!(
-            session.check(&[], &[8], secs(t0, 6.0), GRACE),
+            session.check(&[], &[8], secs(t0, 6.0), UNNAMED, JUDGE),
             Some(Behind {
                 job_id: 8,
                 shown: None,
                 after: Duration::from_secs(6),
             })
         );
-        assert_eq!(session.len(), 0);
+        assert_eq!(
+            session.len(),
+            1,
+            "kept, in case the next read is as far behind"
+        );
     }
 
     #[test]
@@ -258,24 +433,28 @@ mod tests {
         session.acknowledged(16, t0);
         let other = [job(3, pb::JobState::JobRunning)];
         assert_eq!(
-            session.check(&[], &[16], secs(t0, 1.0), GRACE),
+            session.check(&[], &[16], secs(t0, 1.0), UNNAMED, JUDGE),
             None,
             "within the grace"
         );
         assert_eq!(
-            session.check(&other, &[3], secs(t0, 3.0), GRACE),
+            session.check(&other, &[3], secs(t0, 3.0), UNNAMED, JUDGE),
             None,
             "not asked for: a filtered read may rightly leave it out"
         );
         assert_eq!(
-            session.check(&other, &[3, 16], secs(t0, 3.0), GRACE),
+            session.check(&other, &[3, 16], secs(t0, 3.0), UNNAMED, JUDGE),
             Some(Behind {
                 job_id: 16,
                 shown: None,
                 after: Duration::from_secs(3),
             })
         );
-        assert_eq!(session.len(), 0, "settled by the contradiction");
+        assert_eq!(
+            session.len(),
+            1,
+            "kept, in case the next read is as far behind"
+        );
     }
 
     #[test]
@@ -295,14 +474,14 @@ mod tests {
             job(104, pb::JobState::JobRunning),
         ];
         assert_eq!(
-            session.check(&running, &[], later + ACK_MEMORY, GRACE),
+            session.check(&running, &[], later + ACK_MEMORY, UNNAMED, JUDGE),
             None,
             "the oldest were dropped"
         );
         let newest = [job(100 + MAX_ACKS as u32 + 4, pb::JobState::JobRunning)];
         assert!(
             session
-                .check(&newest, &[], later + ACK_MEMORY, GRACE)
+                .check(&newest, &[], later + ACK_MEMORY, UNNAMED, JUDGE)
                 .is_some()
         );
     }

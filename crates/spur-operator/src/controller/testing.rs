@@ -268,6 +268,17 @@ impl ScriptedController {
         self.lose_next_submit_reply.store(true, Ordering::SeqCst);
     }
 
+    /// Holds job `job_id` in `state`, as a replica's copy would.
+    pub fn set_job(&self, job_id: u32, state: pb::JobState) {
+        let mut jobs = self.jobs.lock().unwrap();
+        jobs.retain(|job| job.job_id != job_id);
+        jobs.push(pb::JobInfo {
+            job_id,
+            state: state.into(),
+            ..Default::default()
+        });
+    }
+
     /// The jobs submitted so far.
     pub fn jobs(&self) -> Vec<pb::JobInfo> {
         self.jobs.lock().unwrap().clone()
