@@ -6,7 +6,9 @@
 #   unshare --mount --propagation private -- sh ci/image-run.sh ROOT UID BIND -- PROGRAM ARGS...
 #
 # BIND (a host directory under /tmp, or "" for none) appears at the same path inside: the
-# files a run is given, as a Kubernetes volume would give them (a kubeconfig). ci/image.sh
+# files a run is given, as a Kubernetes volume would give them (a kubeconfig). With
+# IMAGE_RUN_HOSTS set to a file, that file is the image's /etc/hosts, as the kubelet mounts
+# the pod's (hostAliases included). ci/image.sh
 # runs the image's smoke tests with it. The lab (spur-sim lab --operator-root) does the same
 # mounts in Rust (sim/src/lab/kernel.rs, ImageRoot): it must enter the root before each
 # pod's change of user and set the pod's death signal after it, which `chroot --userspec`
@@ -33,5 +35,8 @@ if [ -n "$bind" ]; then
   esac
   mkdir -p "$root$bind"
   mount --bind "$bind" "$root$bind"
+fi
+if [ -n "${IMAGE_RUN_HOSTS:-}" ]; then
+  mount --bind "$IMAGE_RUN_HOSTS" "$root/etc/hosts"
 fi
 exec chroot --userspec="$uid:$uid" "$root" "$@"

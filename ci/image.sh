@@ -11,7 +11,8 @@
 # 2. the OCI archive checked (user 65532, entrypoint, version and source labels, no shell)
 #    and unpacked, its file list with hashes written beside it, and an SPDX SBOM;
 # 3. from the unpacked root, read-only and as uid 65532 (ci/image-run.sh), inside a private
-#    network namespace: `--help`, `--version` (no tokio_unstable), `check-controller` against the real spurctld, and `run`
+#    network namespace: `--help`, `--version` (no tokio_unstable), `check-controller` against the real spurctld
+#    (also through a name /etc/hosts gives two addresses, the first refusing), and `run`
 #    until /readyz answers 200 against it and `spur-sim kube-api`.
 #
 # Outputs in $IMAGE_OUT (default target/image): spur-operator.oci.tar, files.txt,
@@ -83,6 +84,12 @@ if [ "${1:-}" = "--smoke" ]; then
   wait_for "$listen_bound" "spurctld listening on 127.0.0.1:6817" bash -c ': </dev/tcp/127.0.0.1/6817'
   echo "image: check-controller against the real spurctld"
   (operator check-controller --controller-addr http://127.0.0.1:6817)
+  # A name /etc/hosts lists twice, first at an address nothing listens on: a dial moves on
+  # from a refusal only if the name resolved to both (the image's /etc/host.conf; without
+  # it glibc gives the first line alone and this fails, refused).
+  printf '127.0.0.1 localhost\n127.0.0.2 spurctld.smoke\n127.0.0.1 spurctld.smoke\n' >"$dir/hosts"
+  echo "image: check-controller through a name /etc/hosts gives two addresses, the first refusing"
+  (export IMAGE_RUN_HOSTS="$dir/hosts" && operator check-controller --controller-addr http://spurctld.smoke:6817)
 
   target/debug/spur-sim kube-api --listen 127.0.0.1:8001 --kubeconfig "$dir/kubeconfig" \
     --seed-nodes 2 >"$dir/kube-api.log" 2>&1 &

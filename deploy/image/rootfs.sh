@@ -70,7 +70,14 @@ printf 'root:x:0:\nnonroot:x:65532:\n' >"$out/etc/group"
 # runtime mounts its own over (the kubelet writes the pod's).
 printf 'hosts: files dns\n' >"$out/etc/nsswitch.conf"
 : >"$out/etc/hosts"
-chmod 0644 "$out/etc/passwd" "$out/etc/group" "$out/etc/nsswitch.conf" "$out/etc/hosts"
+# A name /etc/hosts lists on several lines (a pod's hostAliases giving one name every
+# spurctld replica; the lab's headless Service) resolves to all of them, as DNS answers
+# with every ready pod: without this file glibc's getaddrinfo answers the first line only,
+# and every dial reached one replica (the lab's headless leader-freeze waited 14.75 s on it
+# frozen). Debian's base-files ships the same line.
+printf 'multi on\n' >"$out/etc/host.conf"
+chmod 0644 "$out/etc/passwd" "$out/etc/group" "$out/etc/nsswitch.conf" "$out/etc/hosts" \
+  "$out/etc/host.conf"
 chmod 0700 "$out/home/nonroot"
 chown 65532:65532 "$out/home/nonroot"
 chmod 1777 "$out/tmp"
