@@ -579,6 +579,13 @@ fn failed_record(
     record
 }
 
+/// sim.md's goal for a submission after a leader change (p99); a lab run past it prints
+/// what the operator's channel did, even when it passed its deadline (20 s).
+const AFTER_ELECTION_GOAL: Duration = Duration::from_secs(3);
+/// The channel's log lines such a run prints, the latest kept (a 70 s run with a leader
+/// freeze logged 46).
+const CHANNEL_DECISIONS_SHOWN: usize = 120;
+
 /// In the child: a namespace of its own, then the scenario, then its record on stdout.
 fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> {
     let (replicas, operator) = binaries(args.operator_root.as_deref(), args.replicas)?;
@@ -606,6 +613,25 @@ fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> 
         let outcome = run::run_plan(&mut lab, &plan, profile, &[], args.html.is_some()).await;
         if outcome.as_ref().map_or(true, |o| !o.passed()) {
             eprintln!("{}", lab.log_tails(30));
+        } else if let Ok(o) = &outcome
+            && let Some(late) = o
+                .failover_submission_lags
+                .iter()
+                .copied()
+                .filter(|lag| Duration::from_millis(*lag) > AFTER_ELECTION_GOAL)
+                .max()
+        {
+            // Passed, yet a goal missed: its cause is in the operator's log, which CI does
+            // not keep; printed as the run's notes.
+            eprintln!(
+                "lab: a SpurJob got its id {:.2}s after the new leader (the goal: {:?}); the \
+                 operator's channel meanwhile:",
+                late as f64 / 1000.0,
+                AFTER_ELECTION_GOAL
+            );
+            for line in lab.channel_decisions(CHANNEL_DECISIONS_SHOWN) {
+                eprintln!("lab:   {line}");
+            }
         }
         outcome
     });

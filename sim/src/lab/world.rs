@@ -959,6 +959,45 @@ impl Lab {
     pub fn dir(&self) -> &Path {
         &self.setup.dir
     }
+
+    /// What each operator's controller channel decided (its client's lines at INFO and
+    /// above: dials that failed, channels replaced or dropped, replicas left), one line
+    /// each, at most `max` of them, the latest kept: enough to read why a call waited,
+    /// when the run's directory is not kept (CI).
+    pub fn channel_decisions(&self, max: usize) -> Vec<String> {
+        let mut lines = Vec::new();
+        for operator in &self.operators {
+            let path = self.setup.dir.join(format!("{}.log", operator.name));
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            for line in text.lines() {
+                let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
+                    continue;
+                };
+                if entry["target"] != "spur_operator::controller::client"
+                    || entry["level"] == "DEBUG"
+                    || entry["level"] == "TRACE"
+                {
+                    continue;
+                }
+                let mut said = format!(
+                    "{} {} {} {}",
+                    operator.name,
+                    entry["timestamp"].as_str().unwrap_or("?"),
+                    entry["level"].as_str().unwrap_or("?"),
+                    entry["fields"]["message"].as_str().unwrap_or("?"),
+                );
+                if let Some(fields) = entry["fields"].as_object() {
+                    for (key, value) in fields.iter().filter(|(k, _)| *k != "message") {
+                        let value = value.as_str().map_or(value.to_string(), str::to_owned);
+                        let _ = write!(said, " {key}={value}");
+                    }
+                }
+                lines.push(said);
+            }
+        }
+        let skip = lines.len().saturating_sub(max);
+        lines.split_off(skip)
+    }
 }
 
 impl Drop for Lab {
