@@ -513,6 +513,19 @@ fn confined_to_a_stale_replica(config: ChannelConfig) -> (MemoryNetwork, Control
     (network.clone(), client_over(&network, config))
 }
 
+/// A report of job 7's end, acknowledged, then a wait past rule 6's grace.
+async fn acknowledged_end_of_job_7(client: &ControllerClient) {
+    client
+        .report_job_status(spur_proto::ReportJobStatusRequest {
+            job_id: 7,
+            reporting_node: "a".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
 /// The reads of job 7 by id a status poll makes over `secs` seconds, a retry every 500 ms:
 /// whether each was answered, and the states it showed.
 async fn polls(client: &ControllerClient, secs: u64) -> Vec<Result<Vec<i32>, Code>> {
@@ -536,15 +549,7 @@ async fn polls(client: &ControllerClient, secs: u64) -> Vec<Result<Vec<i32>, Cod
 #[tokio::test(start_paused = true)]
 async fn a_stale_replica_is_left_again_while_it_is_all_the_service_reaches() {
     let (network, client) = confined_to_a_stale_replica(ChannelConfig::default());
-    client
-        .report_job_status(spur_proto::ReportJobStatusRequest {
-            job_id: 7,
-            reporting_node: "a".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    acknowledged_end_of_job_7(&client).await;
     // Confined for 4 s: no read of the stale copy is believed (the lab's
     // leader-cut-stale-read, where believing the second one cost 26 s).
     let confined = polls(&client, 4).await;
@@ -571,15 +576,7 @@ async fn a_contradiction_that_outlasts_the_window_is_believed() {
         ..ChannelConfig::default()
     };
     let (_network, client) = confined_to_a_stale_replica(config);
-    client
-        .report_job_status(spur_proto::ReportJobStatusRequest {
-            job_id: 7,
-            reporting_node: "a".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    acknowledged_end_of_job_7(&client).await;
     let confined = polls(&client, 4).await;
     assert!(
         confined.iter().any(|read| read == &Ok(vec![])),
