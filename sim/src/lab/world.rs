@@ -960,44 +960,52 @@ impl Lab {
         &self.setup.dir
     }
 
-    /// What each operator's controller channel decided (its client's lines at INFO and
-    /// above: dials that failed, channels replaced or dropped, replicas left), one line
-    /// each, at most `max` of them, the latest kept: enough to read why a call waited,
-    /// when the run's directory is not kept (CI).
+    /// What each operator's controller channel decided ([`channel_decisions`] of its
+    /// log), at most `max` lines, the latest kept: enough to read why a call waited, when
+    /// the run's directory is not kept (CI).
     pub fn channel_decisions(&self, max: usize) -> Vec<String> {
-        let mut lines = Vec::new();
-        for operator in &self.operators {
-            let path = self.setup.dir.join(format!("{}.log", operator.name));
-            let text = std::fs::read_to_string(path).unwrap_or_default();
-            for line in text.lines() {
-                let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
-                    continue;
-                };
-                if entry["target"] != "spur_operator::controller::client"
-                    || entry["level"] == "DEBUG"
-                    || entry["level"] == "TRACE"
-                {
-                    continue;
-                }
-                let mut said = format!(
-                    "{} {} {} {}",
-                    operator.name,
-                    entry["timestamp"].as_str().unwrap_or("?"),
-                    entry["level"].as_str().unwrap_or("?"),
-                    entry["fields"]["message"].as_str().unwrap_or("?"),
-                );
-                if let Some(fields) = entry["fields"].as_object() {
-                    for (key, value) in fields.iter().filter(|(k, _)| *k != "message") {
-                        let value = value.as_str().map_or(value.to_string(), str::to_owned);
-                        let _ = write!(said, " {key}={value}");
-                    }
-                }
-                lines.push(said);
-            }
-        }
+        let mut lines: Vec<String> = self
+            .operators
+            .iter()
+            .flat_map(|operator| {
+                let log = std::fs::read_to_string(self.operator_log(&operator.name));
+                channel_decisions(&log.unwrap_or_default(), &operator.name)
+            })
+            .collect();
         let skip = lines.len().saturating_sub(max);
         lines.split_off(skip)
     }
+}
+
+/// The controller client's lines at INFO and above in an operator's JSON log (dials that
+/// failed, channels replaced or dropped, replicas left), one line each, named `operator`.
+fn channel_decisions(log: &str, operator: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    for line in log.lines() {
+        let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if entry["target"] != "spur_operator::controller::client"
+            || entry["level"] == "DEBUG"
+            || entry["level"] == "TRACE"
+        {
+            continue;
+        }
+        let mut said = format!(
+            "{operator} {} {} {}",
+            entry["timestamp"].as_str().unwrap_or("?"),
+            entry["level"].as_str().unwrap_or("?"),
+            entry["fields"]["message"].as_str().unwrap_or("?"),
+        );
+        if let Some(fields) = entry["fields"].as_object() {
+            for (key, value) in fields.iter().filter(|(k, _)| *k != "message") {
+                let value = value.as_str().map_or(value.to_string(), str::to_owned);
+                let _ = write!(said, " {key}={value}");
+            }
+        }
+        lines.push(said);
+    }
+    lines
 }
 
 impl Drop for Lab {
@@ -1122,4 +1130,29 @@ async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
     let mut body = Vec::new();
     stream.read_to_end(&mut body).await?;
     Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_decisions_are_the_clients_lines_at_info_and_above() {
+        let log = [
+            r#"{"timestamp":"2026-12-05T03:18:03.707Z","level":"WARN","fields":{"message":"dropping the controller channel; the next call connects afresh","addr":"http://spurctld:6817","cause":"GetJobs: no answer"},"target":"spur_operator::controller::client"}"#,
+            r#"{"timestamp":"2026-12-05T03:18:03.708Z","level":"DEBUG","fields":{"message":"controller call ended","method":"GetJobs"},"target":"spur_operator::rpc"}"#,
+            r#"{"timestamp":"2026-12-05T03:18:03.709Z","level":"DEBUG","fields":{"message":"the controller channel every call shares","generation":3},"target":"spur_operator::controller::client"}"#,
+            "not json",
+            r#"{"timestamp":"2026-12-05T03:18:04.467Z","level":"INFO","fields":{"message":"replacing the controller channel","rule":"patience"},"target":"spur_operator::controller::client"}"#,
+            r#"{"timestamp":"2026-12-05T03:18:04.723Z","level":"WARN","fields":{"message":"could not read job states"},"target":"spur_operator::jobs::status"}"#,
+        ]
+        .join("\n");
+        assert_eq!(
+            channel_decisions(&log, "operator-b"),
+            [
+                "operator-b 2026-12-05T03:18:03.707Z WARN dropping the controller channel; the next call connects afresh addr=http://spurctld:6817 cause=GetJobs: no answer",
+                "operator-b 2026-12-05T03:18:04.467Z INFO replacing the controller channel rule=patience",
+            ]
+        );
+    }
 }

@@ -19,7 +19,7 @@ use super::address::ControllerAddr;
 use super::connect::connect;
 use super::error::{ConnectError, ControllerError, FailureKind, classify, status_text};
 use super::policy::{CallId, Command, DialId, Ended, Event, Policy, ReplicaId, Rule, Rules};
-use super::session::{Judge, ReadFrom, Session};
+use super::session::{ReadFrom, Session};
 use crate::fence::{Fence, Permit, Refused};
 use crate::metrics::Metrics;
 use crate::net::Dialer;
@@ -207,6 +207,7 @@ impl ControllerClient {
             })
             .transpose()?;
         let max_message_bytes = config.max_message_bytes;
+        let session = Session::new(config.behind_window);
         let policy = Policy::new(Rules::from_config(&config));
         let target = addr.clone();
         let connector: Box<Connector> = Box::new(move || {
@@ -230,7 +231,7 @@ impl ControllerClient {
                     replicas: BTreeMap::new(),
                     ticking: false,
                     wake: Arc::new(tokio::sync::Notify::new()),
-                    session: Session::default(),
+                    session,
                 }),
                 metrics: None,
                 fence: None,
@@ -566,14 +567,10 @@ impl ControllerClient {
             return None;
         }
         let mut state = self.lock();
-        let rules = state.policy.rules();
-        let judge = Judge {
-            grace: rules.read_your_writes?,
-            window: rules.behind_window,
-        };
+        let grace = state.policy.rules().read_your_writes?;
         let (dial, replica) = state.policy.channel_of(call);
         let from = ReadFrom { dial, replica };
-        state.session.check(jobs, asked, sent, from, judge)
+        state.session.check(jobs, asked, sent, from, grace)
     }
 
     /// Ends a call whose read was behind as the policy's cue to leave its replica, and

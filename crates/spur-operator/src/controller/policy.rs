@@ -120,9 +120,6 @@ pub struct Rules {
     /// Rule 6: how long after an acknowledged end a read that contradicts it means the
     /// replica is behind; `None`: rule 6 off.
     pub read_your_writes: Option<Duration>,
-    /// Rule 6: how long a replica that contradicted an acknowledged end is left again when
-    /// read again (see [`super::session::Session::check`]).
-    pub behind_window: Duration,
     /// Rule 1, and rule 4's avoidance and abandonment, each on unless switched off.
     pub drop_on_failure: bool,
     pub avoid: bool,
@@ -145,7 +142,6 @@ impl Rules {
             read_your_writes: config
                 .stale_read_grace
                 .filter(|_| !off(Rule::ReadYourWrites)),
-            behind_window: config.behind_window,
             // Without a probe a dial's only verdict is its connect, which has its own bound.
             dials: if probe.is_some() {
                 config.dials.max(1)

@@ -15,7 +15,6 @@ fn rules() -> Rules {
         patience: Some(SECOND),
         max_age: Some(10 * SECOND),
         read_your_writes: Some(2 * SECOND),
-        behind_window: 10 * SECOND,
         dials: 4,
         drop_on_failure: true,
         avoid: true,

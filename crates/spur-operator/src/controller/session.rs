@@ -54,16 +54,8 @@ impl std::fmt::Display for Behind {
     }
 }
 
-/// How rule 6 judges a read: the grace after an acknowledgement before a contradiction
-/// counts, and how long a replica that contradicted it is left again when read again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Judge {
-    pub grace: Duration,
-    pub window: Duration,
-}
-
 /// The channel a read came over, and the replica it reached when its Ping named it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadFrom {
     pub dial: Option<DialId>,
     pub replica: Option<ReplicaId>,
@@ -89,20 +81,30 @@ struct Left {
 }
 
 impl Left {
-    /// Whether `from` is known to reach another replica than the one left.
+    /// Whether `from` is known to reach another replica than the one left (a channel's
+    /// name is its own, so the same channel never qualifies).
     fn elsewhere(&self, from: ReadFrom) -> bool {
-        from.dial != self.dial
-            && matches!((self.replica, from.replica), (Some(left), Some(now)) if left != now)
+        matches!((self.replica, from.replica), (Some(left), Some(now)) if left != now)
     }
 }
 
 /// The acknowledged ends of jobs, by job id.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Session {
     acked: BTreeMap<u32, Ack>,
+    /// How long a replica that contradicted an acknowledgement is left again when read
+    /// again (see [`Session::check`]).
+    window: Duration,
 }
 
 impl Session {
+    pub fn new(window: Duration) -> Session {
+        Session {
+            acked: BTreeMap::new(),
+            window,
+        }
+    }
+
     /// A report that job `job_id` ended on one of its nodes was acknowledged at `at`: the
     /// job is COMPLETING or has ended (fidelity.md row 7), unless the report was for an
     /// older attempt (then it was ignored; see [`Session::check`]).
@@ -132,7 +134,7 @@ impl Session {
 
     /// Checks the jobs a read sent at `sent` over `from` answered with, and the ids it asked
     /// for (`asked`: only for a read that filters by id alone, so every asked job that
-    /// exists must be shown), against the acknowledgements older than the grace (a replica
+    /// exists must be shown), against the acknowledgements older than `grace` (a replica
     /// that forwards reads to the leader answers from the leader's state; one that applies
     /// the leader's commits lags by a heartbeat, 500 ms).
     ///
@@ -142,7 +144,7 @@ impl Session {
     /// for a while (the lab's `leader-cut-stale-read`: believing the second read of a leader
     /// cut off from its peers left a SpurJob Running 26 s). It is settled, and the read taken
     /// as the truth, once another replica repeats the contradiction, or the same one still
-    /// does `window` after the first: a report for an attempt the controller had already
+    /// does the session's window after the first: a report for an attempt the controller had already
     /// replaced is acknowledged and ignored, and that job reads as running everywhere.
     ///
     /// A read that shows the job ended agrees, and the acknowledgement is kept (until
@@ -156,7 +158,7 @@ impl Session {
         asked: &[u32],
         sent: Instant,
         from: ReadFrom,
-        judge: Judge,
+        grace: Duration,
     ) -> Option<Behind> {
         let shown = jobs.iter().map(|job| (job.job_id, Some(job.state())));
         // Only the acknowledged ids are looked up in the answer, not every id a poll asks
@@ -187,7 +189,7 @@ impl Session {
             let Some(after) = sent.checked_duration_since(ack.at) else {
                 continue; // sent before the acknowledgement: may rightly not know of it
             };
-            if after < judge.grace {
+            if after < grace {
                 continue;
             }
             let left = match ack.left {
@@ -198,7 +200,7 @@ impl Session {
                 },
                 Some(left) => {
                     let settled = left.elsewhere(from)
-                        || sent.saturating_duration_since(left.first) >= judge.window;
+                        || sent.saturating_duration_since(left.first) >= self.window;
                     if settled {
                         self.acked.remove(&job_id);
                         continue;
@@ -242,10 +244,8 @@ impl Session {
 mod tests {
     use super::*;
 
-    const JUDGE: Judge = Judge {
-        grace: Duration::from_secs(2),
-        window: Duration::from_secs(10),
-    };
+    const GRACE: Duration = Duration::from_secs(2);
+    const WINDOW: Duration = Duration::from_secs(10);
     const UNNAMED: ReadFrom = ReadFrom {
         dial: None,
         replica: None,
@@ -273,14 +273,14 @@ mod tests {
     #[test]
     fn a_read_that_still_shows_an_acknowledged_end_running_is_behind() {
         let t0 = Instant::now();
-        let mut session = Session::default();
+        let mut session = Session::new(WINDOW);
         session.acknowledged(7, t0);
         let running = [
             job(3, pb::JobState::JobRunning),
             job(7, pb::JobState::JobRunning),
         ];
         assert_eq!(
-            session.check(&running, &[], secs(t0, 2.5), over(1, Some(0)), JUDGE),
+            session.check(&running, &[], secs(t0, 2.5), over(1, Some(0)), GRACE),
             Some(Behind {
                 job_id: 7,
                 shown: Some(pb::JobState::JobRunning),
@@ -290,7 +290,7 @@ mod tests {
         // Another replica repeats it: the report was for a replaced attempt, taken as the
         // truth.
         assert_eq!(
-            session.check(&running, &[], secs(t0, 4.5), over(2, Some(1)), JUDGE),
+            session.check(&running, &[], secs(t0, 4.5), over(2, Some(1)), GRACE),
             None
         );
         assert_eq!(session.len(), 0);
@@ -301,17 +301,17 @@ mod tests {
         // The lab's leader-cut-stale-read: the round after the first firing could reach only
         // the cut leader again, over a channel no Ping named.
         let t0 = Instant::now();
-        let mut session = Session::default();
+        let mut session = Session::new(WINDOW);
         session.acknowledged(7, t0);
         let running = [job(7, pb::JobState::JobRunning)];
         assert!(
             session
-                .check(&running, &[], secs(t0, 2.5), over(1, None), JUDGE)
+                .check(&running, &[], secs(t0, 2.5), over(1, None), GRACE)
                 .is_some()
         );
         assert!(
             session
-                .check(&running, &[], secs(t0, 3.0), over(2, None), JUDGE)
+                .check(&running, &[], secs(t0, 3.0), over(2, None), GRACE)
                 .is_some(),
             "not known to be another replica"
         );
@@ -319,7 +319,7 @@ mod tests {
         session.named(2, 0);
         assert!(
             session
-                .check(&running, &[], secs(t0, 4.0), over(3, Some(0)), JUDGE)
+                .check(&running, &[], secs(t0, 4.0), over(3, Some(0)), GRACE)
                 .is_some(),
             "the same replica, still behind"
         );
@@ -327,7 +327,7 @@ mod tests {
         // Healed: another replica shows the end.
         let ended = [job(7, pb::JobState::JobCompleted)];
         assert_eq!(
-            session.check(&ended, &[], secs(t0, 5.0), over(4, Some(1)), JUDGE),
+            session.check(&ended, &[], secs(t0, 5.0), over(4, Some(1)), GRACE),
             None
         );
         assert_eq!(
@@ -337,7 +337,7 @@ mod tests {
         );
         assert!(
             session
-                .check(&[], &[7], secs(t0, 6.0), over(5, Some(0)), JUDGE)
+                .check(&[], &[7], secs(t0, 6.0), over(5, Some(0)), GRACE)
                 .is_some(),
             "it still does not know the job"
         );
@@ -348,13 +348,13 @@ mod tests {
         // A one-replica controller and a report for an attempt it had replaced: every read
         // shows the job running; the status poll fails for at most the window.
         let t0 = Instant::now();
-        let mut session = Session::default();
+        let mut session = Session::new(WINDOW);
         session.acknowledged(7, t0);
         let running = [job(7, pb::JobState::JobRunning)];
         let mut firings = 0;
         let mut at = 2.0;
         while session
-            .check(&running, &[], secs(t0, at), over(1, Some(0)), JUDGE)
+            .check(&running, &[], secs(t0, at), over(1, Some(0)), GRACE)
             .is_some()
         {
             firings += 1;
@@ -367,21 +367,21 @@ mod tests {
     #[test]
     fn a_read_within_the_grace_or_sent_before_the_acknowledgement_is_not_judged() {
         let t0 = secs(Instant::now(), 10.0);
-        let mut session = Session::default();
+        let mut session = Session::new(WINDOW);
         session.acknowledged(7, t0);
         let running = [job(7, pb::JobState::JobPending)];
         assert_eq!(
-            session.check(&running, &[], t0 - Duration::from_secs(1), UNNAMED, JUDGE),
+            session.check(&running, &[], t0 - Duration::from_secs(1), UNNAMED, GRACE),
             None
         );
         assert_eq!(
-            session.check(&running, &[], secs(t0, 1.9), UNNAMED, JUDGE),
+            session.check(&running, &[], secs(t0, 1.9), UNNAMED, GRACE),
             None
         );
         assert_eq!(session.len(), 1, "still waiting for a read that can judge");
         assert!(
             session
-                .check(&running, &[], secs(t0, 2.0), UNNAMED, JUDGE)
+                .check(&running, &[], secs(t0, 2.0), UNNAMED, GRACE)
                 .is_some()
         );
     }
@@ -389,7 +389,7 @@ mod tests {
     #[test]
     fn after_a_read_that_agrees_only_one_that_does_not_know_the_job_is_behind() {
         let t0 = Instant::now();
-        let mut session = Session::default();
+        let mut session = Session::new(WINDOW);
         session.acknowledged(7, t0);
         session.acknowledged(8, t0);
         let read = [
@@ -397,20 +397,20 @@ mod tests {
             job(8, pb::JobState::JobFailed),
         ];
         assert_eq!(
-            session.check(&read, &[7, 8], secs(t0, 0.1), UNNAMED, JUDGE),
+            session.check(&read, &[7, 8], secs(t0, 0.1), UNNAMED, GRACE),
             None
         );
         assert_eq!(session.len(), 2, "kept: a replica behind may still be read");
         let later = [job(7, pb::JobState::JobRunning)];
         assert_eq!(
-            session.check(&later, &[7], secs(t0, 5.0), UNNAMED, JUDGE),
+            session.check(&later, &[7], secs(t0, 5.0), UNNAMED, GRACE),
             None,
             "requeued: a new run"
         );
         assert_eq!(session.len(), 1, "the requeue settles it");
         // Seed 619: a replica that never heard of job 8, read by id after the grace.
         assert_eq!(
-            session.check(&[], &[8], secs(t0, 6.0), UNNAMED, JUDGE),
+            session.check(&[], &[8], secs(t0, 6.0), UNNAMED, GRACE),
             Some(Behind {
                 job_id: 8,
                 shown: None,
@@ -429,21 +429,21 @@ mod tests {
         // Seed 107160: a replica cut off from its majority when the job was created answers
         // a poll for it with no jobs at all.
         let t0 = Instant::now();
-        let mut session = Session::default();
+        let mut session = Session::new(WINDOW);
         session.acknowledged(16, t0);
         let other = [job(3, pb::JobState::JobRunning)];
         assert_eq!(
-            session.check(&[], &[16], secs(t0, 1.0), UNNAMED, JUDGE),
+            session.check(&[], &[16], secs(t0, 1.0), UNNAMED, GRACE),
             None,
             "within the grace"
         );
         assert_eq!(
-            session.check(&other, &[3], secs(t0, 3.0), UNNAMED, JUDGE),
+            session.check(&other, &[3], secs(t0, 3.0), UNNAMED, GRACE),
             None,
             "not asked for: a filtered read may rightly leave it out"
         );
         assert_eq!(
-            session.check(&other, &[3, 16], secs(t0, 3.0), UNNAMED, JUDGE),
+            session.check(&other, &[3, 16], secs(t0, 3.0), UNNAMED, GRACE),
             Some(Behind {
                 job_id: 16,
                 shown: None,
@@ -460,7 +460,7 @@ mod tests {
     #[test]
     fn acknowledgements_are_bounded_in_age_and_number() {
         let t0 = Instant::now();
-        let mut session = Session::default();
+        let mut session = Session::new(WINDOW);
         session.acknowledged(1, t0);
         session.acknowledged(2, t0 + ACK_MEMORY + Duration::from_secs(1));
         assert_eq!(session.len(), 1, "the first is older than the memory");
@@ -474,14 +474,14 @@ mod tests {
             job(104, pb::JobState::JobRunning),
         ];
         assert_eq!(
-            session.check(&running, &[], later + ACK_MEMORY, UNNAMED, JUDGE),
+            session.check(&running, &[], later + ACK_MEMORY, UNNAMED, GRACE),
             None,
             "the oldest were dropped"
         );
         let newest = [job(100 + MAX_ACKS as u32 + 4, pb::JobState::JobRunning)];
         assert!(
             session
-                .check(&newest, &[], later + ACK_MEMORY, UNNAMED, JUDGE)
+                .check(&newest, &[], later + ACK_MEMORY, UNNAMED, GRACE)
                 .is_some()
         );
     }
