@@ -1055,7 +1055,9 @@ fn a_swap_from_upstreams_operator_adopts_its_running_job_and_pod_without_resubmi
             .list("v1", "Pod")
             .unwrap_or_default()
             .into_iter()
-            .filter(|p| p["metadata"]["labels"]["spur.amd.com/managed-by"] == "spur-operator")
+            // Ours carry the SpurJob-UID label; upstream's never do (both write its
+            // managed-by value).
+            .filter(|p| !p["metadata"]["labels"]["spur.amd.com/spurjob-uid"].is_null())
             .collect();
         assert!(ours.is_empty(), "no second pod: {ours:?}");
         let jobs = stack.controller_jobs("swap").await;

@@ -18,8 +18,8 @@ use spur_proto as pb;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tonic::Status;
 
+use crate::jobs::LABEL_JOB_ID;
 use crate::jobs::pods::{ANNOTATION_RUN_ATTEMPT, CONTAINER};
-use crate::jobs::{LABEL_JOB_ID, LABEL_MANAGED_BY, MANAGED_BY, MANAGED_BY_UPSTREAM};
 
 /// Bounds on one exec (`--agent-exec-timeout`, `--agent-exec-output-limit`, where the
 /// defaults' reasons are).
@@ -88,7 +88,8 @@ pub fn first_pod(pods: Vec<Pod>) -> Option<Pod> {
 /// Finds job `job_id`'s first pod, in any namespace.
 pub async fn find_first_pod(kube: &kube::Client, job_id: u32) -> Result<Pod, Status> {
     let selector = format!(
-        "{LABEL_JOB_ID}={job_id},{LABEL_MANAGED_BY} in ({MANAGED_BY},{MANAGED_BY_UPSTREAM})"
+        "{LABEL_JOB_ID}={job_id},{}",
+        crate::jobs::managed_selector()
     );
     let pods: Api<Pod> = Api::all(kube.clone());
     let listed = pods

@@ -20,12 +20,21 @@ pub use crd::SpurJob;
 pub const FINALIZER: &str = "spur.amd.com/cleanup";
 /// On every pod and Service of a job: the controller's job id.
 pub const LABEL_JOB_ID: &str = "spur.amd.com/job-id";
-/// On every pod the operator creates, so orphans can be found.
+/// On every pod and headless Service the operator creates.
 pub const LABEL_MANAGED_BY: &str = "spur.amd.com/managed-by";
-pub const MANAGED_BY: &str = "spur-operator";
-/// The `managed-by` value on pods upstream's operator (`spur-k8s`) created: after a swap
-/// their ends are still reported, so jobs running across it finish (issue 19).
-pub const MANAGED_BY_UPSTREAM: &str = "spur-k8s-operator";
+/// The `managed-by` value written on everything the operator creates: upstream's operator's
+/// (`spur-k8s`) own value, so selectors and dashboards written for it find our pods too.
+pub const MANAGED_BY: &str = "spur-k8s-operator";
+/// The value earlier versions of this operator wrote; their pods may still be running
+/// after an upgrade, and must still be found.
+pub const MANAGED_BY_EARLIER: &str = "spur-operator";
+
+/// The label selector of every pod either operator made, under either value: pods of jobs
+/// running across an upgrade or a swap from upstream still have their ends reported and
+/// are found by `spur exec`.
+pub fn managed_selector() -> String {
+    format!("{LABEL_MANAGED_BY} in ({MANAGED_BY},{MANAGED_BY_EARLIER})")
+}
 /// The owning SpurJob's UID.
 pub const LABEL_SPURJOB_UID: &str = "spur.amd.com/spurjob-uid";
 /// On every pod: the SpurJob's name and the node it runs on, as upstream's operator labels

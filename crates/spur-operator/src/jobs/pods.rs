@@ -15,7 +15,7 @@ use kube::{Resource, ResourceExt};
 use spur_proto as pb;
 
 use super::convert::{self, Volume as JobVolume};
-use super::crd::SpurJob;
+use super::crd::{SpurJob, SpurJobSpec};
 use super::failure::{
     self, ANNOTATION_MAX_RESTARTS, ANNOTATION_ON_RANK_FAILURE, ANNOTATION_ON_START_TIMEOUT,
     ANNOTATION_START_TIMEOUT, OnRankFailure, OnStartTimeout, PolicyName,
@@ -224,91 +224,10 @@ pub fn build_pod(
             count: gpus,
             resource: gpu_resource,
         },
-    )?;
+    );
 
-    // Requests equal limits: the allocation is what spurctld reserved on the node.
-    let cpus = if allocated.cpus > 0 {
-        allocated.cpus
-    } else {
-        spec.tasks_per_node.saturating_mul(spec.cpus_per_task)
-    };
-    let memory_mb = if allocated.memory_mb > 0 {
-        allocated.memory_mb
-    } else {
-        launch.spec.as_ref().map_or(0, |s| s.memory_per_node_mb)
-    };
-    let mut resources = BTreeMap::new();
-    resources.insert("cpu".to_owned(), Quantity(cpus.max(1).to_string()));
-    if memory_mb > 0 {
-        resources.insert("memory".to_owned(), Quantity(format!("{memory_mb}Mi")));
-    }
-    if gpus > 0 {
-        resources.insert(gpu_resource.to_owned(), Quantity(gpus.to_string()));
-    }
-
-    let mut volumes = Vec::new();
-    let mut mounts = Vec::new();
-    for (i, raw) in spec.volumes.iter().enumerate() {
-        let volume_name = format!("vol-{i}");
-        let (source, target, read_only) = match convert::parse_volume(raw)? {
-            JobVolume::HostPath {
-                source,
-                target,
-                read_only,
-            } => (
-                Volume {
-                    name: volume_name.clone(),
-                    // Created when missing, as upstream's operator mounts it.
-                    host_path: Some(HostPathVolumeSource {
-                        path: source,
-                        type_: Some("DirectoryOrCreate".to_owned()),
-                    }),
-                    ..Default::default()
-                },
-                target,
-                read_only,
-            ),
-            JobVolume::Claim {
-                claim,
-                target,
-                read_only,
-            } => (
-                Volume {
-                    name: volume_name.clone(),
-                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                        claim_name: claim,
-                        read_only: Some(read_only),
-                    }),
-                    ..Default::default()
-                },
-                target,
-                read_only,
-            ),
-        };
-        volumes.push(source);
-        mounts.push(VolumeMount {
-            name: volume_name,
-            mount_path: target,
-            read_only: Some(read_only),
-            ..Default::default()
-        });
-    }
-    if let Some(size) = &spec.shm_size {
-        volumes.push(Volume {
-            name: "dshm".to_owned(),
-            empty_dir: Some(EmptyDirVolumeSource {
-                medium: Some("Memory".to_owned()),
-                size_limit: Some(Quantity(size.clone())),
-            }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            name: "dshm".to_owned(),
-            mount_path: "/dev/shm".to_owned(),
-            ..Default::default()
-        });
-    }
-
+    let resources = container_resources(spec, launch, &allocated, gpus, gpu_resource);
+    let (volumes, mounts) = pod_volumes(spec);
     let container = Container {
         name: CONTAINER.to_owned(),
         image: Some(spec.image.clone()),
@@ -367,6 +286,118 @@ pub fn build_pod(
     })
 }
 
+/// The container's resources, requests equal to limits: the allocation is what spurctld
+/// reserved on the node (CPUs, memory, GPUs), and every `extraResources` key as upstream's
+/// operator sets it (an RDMA, MIG or hugepages request gets a pod with the device; an
+/// extended resource must have requests equal to limits). Where an extra key names what
+/// the allocation already set, the allocation wins: a pod asking for more than spurctld
+/// reserved would overcommit the node behind spurctld's back.
+pub fn container_resources(
+    spec: &SpurJobSpec,
+    launch: &pb::LaunchJobRequest,
+    allocated: &pb::ResourceAllocations,
+    gpus: u64,
+    gpu_resource: &str,
+) -> BTreeMap<String, Quantity> {
+    let cpus = if allocated.cpus > 0 {
+        allocated.cpus
+    } else {
+        spec.tasks_per_node.saturating_mul(spec.cpus_per_task)
+    };
+    let memory_mb = if allocated.memory_mb > 0 {
+        allocated.memory_mb
+    } else {
+        launch.spec.as_ref().map_or(0, |s| s.memory_per_node_mb)
+    };
+    let mut resources = BTreeMap::new();
+    resources.insert("cpu".to_owned(), Quantity(cpus.max(1).to_string()));
+    if memory_mb > 0 {
+        resources.insert("memory".to_owned(), Quantity(format!("{memory_mb}Mi")));
+    }
+    if gpus > 0 {
+        resources.insert(gpu_resource.to_owned(), Quantity(gpus.to_string()));
+    }
+    for (key, value) in &spec.extra_resources {
+        resources
+            .entry(key.clone())
+            .or_insert_with(|| Quantity(value.clone()));
+    }
+    resources
+}
+
+/// The pod's volumes and the container's mounts: each well-formed `volumes` entry (a
+/// malformed one is left out, as upstream's operator leaves it out; the reconciler tells
+/// the user which, see `convert::dropped_entries`), then `/dev/shm` when `shmSize` is set.
+/// A volume keeps its entry's index in its name, so dropping one never renames another.
+fn pod_volumes(spec: &SpurJobSpec) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    for (i, raw) in spec.volumes.iter().enumerate() {
+        let volume_name = format!("vol-{i}");
+        let Ok(parsed) = convert::parse_volume(raw) else {
+            continue;
+        };
+        let (source, target, read_only) = match parsed {
+            JobVolume::HostPath {
+                source,
+                target,
+                read_only,
+            } => (
+                Volume {
+                    name: volume_name.clone(),
+                    // Created when missing, as upstream's operator mounts it.
+                    host_path: Some(HostPathVolumeSource {
+                        path: source,
+                        type_: Some("DirectoryOrCreate".to_owned()),
+                    }),
+                    ..Default::default()
+                },
+                target,
+                read_only,
+            ),
+            JobVolume::Claim {
+                claim,
+                target,
+                read_only,
+            } => (
+                Volume {
+                    name: volume_name.clone(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: claim,
+                        read_only: Some(read_only),
+                    }),
+                    ..Default::default()
+                },
+                target,
+                read_only,
+            ),
+        };
+        volumes.push(source);
+        mounts.push(VolumeMount {
+            name: volume_name,
+            mount_path: target,
+            read_only: Some(read_only),
+            ..Default::default()
+        });
+    }
+    if let Some(size) = &spec.shm_size {
+        volumes.push(Volume {
+            name: "dshm".to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".to_owned()),
+                size_limit: Some(Quantity(size.clone())),
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: "dshm".to_owned(),
+            mount_path: "/dev/shm".to_owned(),
+            ..Default::default()
+        });
+    }
+    (volumes, mounts)
+}
+
 /// The port of a multi-node job's rendezvous (torchrun's and upstream's default), exposed
 /// by its headless Service.
 pub const RENDEZVOUS_PORT: u16 = 29500;
@@ -410,7 +441,7 @@ pub fn pod_env(
     launch: &pb::LaunchJobRequest,
     at: &Rendezvous<'_>,
     gpus: &GpuEnv<'_>,
-) -> Result<Vec<EnvVar>, String> {
+) -> Vec<EnvVar> {
     let spec = &job.spec;
     let unset = pb::JobSpec::default();
     let controller_spec = launch.spec.as_ref().unwrap_or(&unset);
@@ -494,8 +525,13 @@ pub fn pod_env(
             built.push(("NCCL_SOCKET_IFNAME".into(), "eth0".to_owned()));
         }
     }
-    let named_by_user =
-        |name: &str| spec.env.contains_key(name) || spec.secret_env.contains_key(name);
+    let named_by_user = |name: &str| {
+        spec.env.contains_key(name)
+            || spec
+                .secret_env
+                .get(name)
+                .is_some_and(|r| convert::parse_secret_ref(r).is_ok())
+    };
     let mut env: Vec<EnvVar> = built
         .into_iter()
         .filter(|(name, _)| !named_by_user(name))
@@ -510,8 +546,12 @@ pub fn pod_env(
         value: Some(v.clone()),
         ..Default::default()
     }));
+    // A malformed reference is left out, as upstream leaves it out; the reconciler tells
+    // the user which.
     for (var, reference) in &spec.secret_env {
-        let (secret, key) = convert::parse_secret_ref(reference)?;
+        let Ok((secret, key)) = convert::parse_secret_ref(reference) else {
+            continue;
+        };
         env.push(EnvVar {
             name: var.clone(),
             value_from: Some(EnvVarSource {
@@ -525,7 +565,7 @@ pub fn pod_env(
             ..Default::default()
         });
     }
-    Ok(env)
+    env
 }
 
 /// The container's command, as upstream's operator runs it (so a SpurJob written for it
@@ -828,7 +868,10 @@ mod tests {
         assert_eq!(pod.metadata.namespace.as_deref(), Some("ml"));
         let labels = pod.metadata.labels.as_ref().unwrap();
         assert_eq!(labels[LABEL_JOB_ID], "12");
-        assert_eq!(labels[LABEL_MANAGED_BY], "spur-operator");
+        assert_eq!(
+            labels[LABEL_MANAGED_BY], "spur-k8s-operator",
+            "upstream's value, which users' selectors match"
+        );
         assert_eq!(labels[LABEL_SPURJOB_UID], "uid-1");
         assert_eq!(labels[LABEL_JOB_NAME], "train");
         assert_eq!(labels[LABEL_TARGET_NODE], "node-b");
@@ -1008,9 +1051,86 @@ mod tests {
     #[test]
     fn a_headless_service_selects_the_jobs_pods() {
         let svc = build_service(&job(), 12);
+        assert_eq!(
+            svc.metadata.labels.as_ref().unwrap()[LABEL_MANAGED_BY],
+            "spur-k8s-operator"
+        );
         let spec = svc.spec.unwrap();
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
         assert_eq!(spec.selector.unwrap()[LABEL_JOB_ID], "12");
+    }
+
+    #[test]
+    fn extra_resources_are_requested_and_limited_alike_beside_the_allocation() {
+        let mut job = job();
+        job.spec.extra_resources = [
+            ("rdma/hca_shared_devices_a", "1"),
+            ("nvidia.com/mig-1g.10gb", "2"),
+            ("hugepages-2Mi", "1Gi"),
+            // Named by the allocation too: spurctld's reservation is kept.
+            ("cpu", "2"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+        let pod = build_pod(&job, &launch("node-a"), "amd.com/gpu", 0).unwrap();
+        let resources = pod.spec.unwrap().containers[0].resources.clone().unwrap();
+        let requests = resources.requests.unwrap();
+        let limits = resources.limits.unwrap();
+        for (key, value) in [
+            ("rdma/hca_shared_devices_a", "1"),
+            ("nvidia.com/mig-1g.10gb", "2"),
+            ("hugepages-2Mi", "1Gi"),
+            ("cpu", "32"),
+            ("memory", "65536Mi"),
+            ("amd.com/gpu", "8"),
+        ] {
+            assert_eq!(requests[key].0, value, "requests {key}");
+            assert_eq!(limits[key].0, value, "limits {key}");
+        }
+        assert_eq!(requests, limits);
+    }
+
+    #[test]
+    fn a_malformed_volume_or_secret_entry_is_left_out_and_the_rest_kept() {
+        let mut job = job();
+        job.spec.volumes = vec![
+            "relative:/x".into(),
+            "/data:/data:ro".into(),
+            "nfs:server:/x:ro:extra".into(),
+            "pvc:ckpt:/ckpt".into(),
+        ];
+        job.spec
+            .secret_env
+            .insert("SPUR_JOB_NAME".into(), "no-slash".into());
+        let pod = build_pod(&job, &launch("node-a"), "amd.com/gpu", 0).expect("a pod");
+        let spec = pod.spec.clone().unwrap();
+        let volumes: Vec<_> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
+        assert_eq!(
+            volumes,
+            ["vol-1", "vol-3", "dshm"],
+            "names keep their index"
+        );
+        let container = &spec.containers[0];
+        let paths: Vec<_> = container
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect();
+        assert_eq!(
+            paths,
+            [("vol-1", "/data"), ("vol-3", "/ckpt"), ("dshm", "/dev/shm")]
+        );
+        let env = container.env.as_ref().unwrap();
+        assert!(
+            env.iter().any(|e| e.name == "HF_TOKEN"),
+            "the good one kept"
+        );
+        // The dropped reference does not hide the built variable of its name either.
+        let named: Vec<_> = env.iter().filter(|e| e.name == "SPUR_JOB_NAME").collect();
+        assert_eq!(named.len(), 1, "{named:?}");
+        assert!(named[0].value_from.is_none(), "{named:?}");
     }
 
     mod properties {

@@ -198,12 +198,7 @@ pub fn run(
     trigger_backoff: crate::retry::Backoff,
 ) -> impl std::future::Future<Output = ()> + Send {
     use futures::StreamExt as _;
-    let managed = format!(
-        "{} in ({},{})",
-        super::LABEL_MANAGED_BY,
-        super::MANAGED_BY,
-        super::MANAGED_BY_UPSTREAM
-    );
+    let managed = super::managed_selector();
     kube::runtime::Controller::new(
         Api::<Pod>::all(ctx.kube.clone()),
         kube::runtime::watcher::Config::default().labels(&managed),
