@@ -96,17 +96,21 @@ pub struct IntensityArgs {
     /// operator uses (the shortest is 250 ms).
     #[arg(long, default_value = "20ms", value_parser = parse_tick)]
     pub tick: std::time::Duration,
-    /// The `spurctld` Service's kind: `clusterip` (a virtual address routed to a ready
-    /// replica at random, with no endpoint a dropped SYN, as on the seed's cluster) or
-    /// `headless` (its name resolves to the ready replicas, as upstream deploys it).
-    #[arg(long, default_value = "clusterip", value_parser = crate::net::ServiceKind::parse)]
-    pub service: crate::net::ServiceKind,
-    /// What a ClusterIP Service does with a SYN while no replica is ready: `drop` (sent
-    /// where it is swallowed, every retransmit following it: the seed's cluster),
-    /// `reject` (refused at once, kube-proxy's rule) or `drop-unconfirmed` (dropped before
-    /// conntrack confirms it, so each retransmit is routed afresh).
-    #[arg(long, default_value = "drop", value_parser = crate::net::NoEndpoint::parse)]
-    pub no_endpoint: crate::net::NoEndpoint,
+    /// Force the `spurctld` Service's kind on every seed: `clusterip` (a virtual address
+    /// routed to a ready replica at random, as on the seed's cluster) or `headless` (its
+    /// name resolves to the ready replicas, as upstream deploys it). Without it (and
+    /// without --no-endpoint) each seed draws its Service from the four setups users meet
+    /// (headless, and ClusterIP with each --no-endpoint), as it draws its faults; a
+    /// replay command names the one drawn.
+    #[arg(long, value_parser = crate::net::ServiceKind::parse)]
+    pub service: Option<crate::net::ServiceKind>,
+    /// What a forced ClusterIP Service does with a SYN while no replica is ready: `drop`
+    /// (sent where it is swallowed, every retransmit following it: the seed's cluster; the
+    /// default with --service clusterip), `reject` (refused at once, kube-proxy's rule) or
+    /// `drop-unconfirmed` (dropped before conntrack confirms it, so each retransmit is
+    /// routed afresh). Alone it forces a ClusterIP Service; a headless one ignores it.
+    #[arg(long, value_parser = crate::net::NoEndpoint::parse)]
+    pub no_endpoint: Option<crate::net::NoEndpoint>,
 }
 
 fn parse_tick(text: &str) -> Result<std::time::Duration, String> {
@@ -135,9 +139,20 @@ impl IntensityArgs {
             fault_density: self.fault_density,
             duration: self.duration,
             tick: self.tick,
-            service: self.service,
-            no_endpoint: self.no_endpoint,
+            service: self.service_setup(),
         })
+    }
+
+    /// The Service these flags force, if they force one.
+    fn service_setup(&self) -> Option<crate::net::ServiceSetup> {
+        use crate::net::{NoEndpoint, ServiceKind, ServiceSetup};
+        match (self.service, self.no_endpoint) {
+            (None, None) => None,
+            (kind, no_endpoint) => Some(ServiceSetup::new(
+                kind.unwrap_or(ServiceKind::ClusterIp),
+                no_endpoint.unwrap_or(NoEndpoint::Drop),
+            )),
+        }
     }
 }
 

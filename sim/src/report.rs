@@ -8,6 +8,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::net::ServiceSetup;
 use crate::scenario::{LagStats, Outcome};
 
 /// One scenario's line: sim.md's fields, plus every lag it measured (`lags_ms`), so that
@@ -22,6 +23,10 @@ pub struct ScenarioRecord {
     pub sim_secs: f64,
     pub wall_ms: u64,
     pub faults: Vec<String>,
+    /// The `spurctld` Service it ran behind (`headless`, `clusterip/drop`, ...); empty in
+    /// the lines of builds that always ran one.
+    #[serde(default)]
+    pub service: String,
     pub metrics: RecordMetrics,
     pub lags_ms: Lags,
     pub replay: String,
@@ -89,6 +94,7 @@ impl From<&Outcome> for ScenarioRecord {
             sim_secs: (o.sim_secs * 10.0).round() / 10.0,
             wall_ms: u64::try_from(o.wall_ms).unwrap_or(u64::MAX),
             faults: o.faults.clone(),
+            service: o.service.map(ServiceSetup::name).unwrap_or_default(),
             metrics: RecordMetrics {
                 registration_lag_ms: lag(&o.registration_lags),
                 submission_lag_ms: lag(&o.submission_lags),
@@ -131,17 +137,57 @@ pub struct Summary {
     pub duplicates: usize,
     pub duplicates_stopped: usize,
     pub rpcs_per_sim_minute: f64,
+    /// The same scenarios by the Service they ran behind, in name order.
+    pub by_service: Vec<ServiceSummary>,
+}
+
+/// What the scenarios behind one Service setup came to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ServiceSummary {
+    /// [`crate::net::ServiceSetup::name`].
+    pub service: String,
+    pub scenarios: usize,
+    pub passed: usize,
+    pub registration: LagStats,
+    pub submission: LagStats,
+    pub failover_submission: LagStats,
+    pub status: LagStats,
+}
+
+/// One lag over every record, every value of it (exact percentiles, not an average).
+fn lag_over(records: &[&ScenarioRecord], lags: fn(&ScenarioRecord) -> &[u64]) -> LagStats {
+    let values: Vec<u64> = records
+        .iter()
+        .flat_map(|r| lags(r).iter().copied())
+        .collect();
+    LagStats::of(&values)
+}
+
+impl ServiceSummary {
+    /// One summary a Service setup the records name (records that name none are left out).
+    fn of_each(records: &[ScenarioRecord]) -> Vec<ServiceSummary> {
+        let mut by: BTreeMap<&str, Vec<&ScenarioRecord>> = BTreeMap::new();
+        for r in records.iter().filter(|r| !r.service.is_empty()) {
+            by.entry(&r.service).or_default().push(r);
+        }
+        by.into_iter()
+            .map(|(service, records)| ServiceSummary {
+                service: service.to_owned(),
+                scenarios: records.len(),
+                passed: records.iter().filter(|r| r.passed).count(),
+                registration: lag_over(&records, |r| &r.lags_ms.registration),
+                submission: lag_over(&records, |r| &r.lags_ms.submission),
+                failover_submission: lag_over(&records, |r| &r.lags_ms.failover_submission),
+                status: lag_over(&records, |r| &r.lags_ms.status),
+            })
+            .collect()
+    }
 }
 
 impl Summary {
     pub fn of(profile: &str, records: &[ScenarioRecord]) -> Summary {
-        let all = |lags: fn(&ScenarioRecord) -> &[u64]| {
-            let values: Vec<u64> = records
-                .iter()
-                .flat_map(|r| lags(r).iter().copied())
-                .collect();
-            LagStats::of(&values)
-        };
+        let every: Vec<&ScenarioRecord> = records.iter().collect();
+        let all = |lags: fn(&ScenarioRecord) -> &[u64]| lag_over(&every, lags);
         let mut failed: Vec<(u64, String)> = records
             .iter()
             .filter(|r| !r.passed)
@@ -166,6 +212,7 @@ impl Summary {
             } else {
                 0.0
             },
+            by_service: ServiceSummary::of_each(records),
         }
     }
 
@@ -185,6 +232,22 @@ impl Summary {
             "duplicates_stopped": self.duplicates_stopped,
             "rpcs_per_sim_minute": self.rpcs_per_sim_minute,
         });
+        let by_service: serde_json::Map<String, Value> = self
+            .by_service
+            .iter()
+            .map(|s| {
+                let figures = json!({
+                    "scenarios": s.scenarios,
+                    "passed": s.passed,
+                    "registration_lag_ms": lag(&s.registration),
+                    "submission_lag_ms": lag(&s.submission),
+                    "failover_submission_lag_ms": lag(&s.failover_submission),
+                    "status_lag_ms": lag(&s.status),
+                });
+                (s.service.clone(), figures)
+            })
+            .collect();
+        summary["by_service"] = Value::Object(by_service);
         if let Some(wall_ms) = wall_ms {
             summary["wall_ms"] = json!(wall_ms);
         }
@@ -192,14 +255,38 @@ impl Summary {
     }
 }
 
-/// The table a person reads: one row a profile.
+/// The table a person reads: one row a profile, and under it one row for each Service
+/// setup its scenarios ran behind (pass count and lags; duplicates and calls are the
+/// profile's).
 pub struct Table<'a>(pub &'a [Summary]);
+
+/// A row's label under its profile: the Service setup, indented.
+fn service_label(service: &ServiceSummary) -> String {
+    format!("  {}", service.service)
+}
+
+fn secs(s: &LagStats) -> String {
+    format!(
+        "{:.1}/{:.1}/{:.1}s",
+        s.p50 as f64 / 1000.0,
+        s.p99 as f64 / 1000.0,
+        s.max as f64 / 1000.0
+    )
+}
 
 impl fmt::Display for Table<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let width = self
+            .0
+            .iter()
+            .flat_map(|s| {
+                std::iter::once(s.profile.len())
+                    .chain(s.by_service.iter().map(|k| service_label(k).len()))
+            })
+            .fold(10, usize::max);
         writeln!(
             f,
-            "{:<10} {:>9} {:>24} {:>22} {:>26} {:>18} {:>5} {:>9}",
+            "{:<width$} {:>9} {:>24} {:>22} {:>26} {:>18} {:>5} {:>9}",
             "profile",
             "passed",
             "registration p50/p99/max",
@@ -209,18 +296,10 @@ impl fmt::Display for Table<'_> {
             "dups",
             "rpcs/min"
         )?;
-        let secs = |s: &LagStats| {
-            format!(
-                "{:.1}/{:.1}/{:.1}s",
-                s.p50 as f64 / 1000.0,
-                s.p99 as f64 / 1000.0,
-                s.max as f64 / 1000.0
-            )
-        };
         for s in self.0 {
             writeln!(
                 f,
-                "{:<10} {:>9} {:>24} {:>22} {:>26} {:>18} {:>5} {:>9.1}",
+                "{:<width$} {:>9} {:>24} {:>22} {:>26} {:>18} {:>5} {:>9.1}",
                 s.profile,
                 format!("{}/{}", s.passed, s.scenarios),
                 secs(&s.registration),
@@ -230,6 +309,18 @@ impl fmt::Display for Table<'_> {
                 s.duplicates,
                 s.rpcs_per_sim_minute,
             )?;
+            for k in &s.by_service {
+                writeln!(
+                    f,
+                    "{:<width$} {:>9} {:>24} {:>22} {:>26} {:>18}",
+                    service_label(k),
+                    format!("{}/{}", k.passed, k.scenarios),
+                    secs(&k.registration),
+                    secs(&k.submission),
+                    secs(&k.failover_submission),
+                    secs(&k.status),
+                )?;
+            }
         }
         Ok(())
     }
@@ -359,6 +450,12 @@ mod tests {
             sim_secs: 60.0,
             wall_ms: 10,
             faults: vec![],
+            service: if seed % 2 == 0 {
+                "headless"
+            } else {
+                "clusterip/drop"
+            }
+            .into(),
             metrics: RecordMetrics {
                 registration_lag_ms: LagStats::of(&registration).into(),
                 submission_lag_ms: LagSummary::default(),
@@ -412,6 +509,30 @@ mod tests {
         // Exact percentiles over every lag, not an average of the shards' percentiles.
         assert_eq!(summaries[0].registration.max, 5000);
         assert_eq!(summaries[0].registration.count, 12);
+    }
+
+    #[test]
+    fn each_service_setup_has_its_pass_count_and_lags_under_the_profile() {
+        let all: Vec<ScenarioRecord> = (0..6)
+            .map(|s| record(s, &format!("h{s}"), s != 4, vec![s * 100]))
+            .collect();
+        let summary = Summary::of("default", &all);
+        let names: Vec<&str> = summary
+            .by_service
+            .iter()
+            .map(|k| k.service.as_str())
+            .collect();
+        assert_eq!(names, ["clusterip/drop", "headless"]);
+        let headless = &summary.by_service[1];
+        assert_eq!((headless.passed, headless.scenarios), (2, 3));
+        assert_eq!(headless.registration.max, 400);
+        let table = Table(std::slice::from_ref(&summary)).to_string();
+        let rows: Vec<&str> = table.lines().collect();
+        assert_eq!(rows.len(), 4, "{table}");
+        assert!(rows[2].starts_with("  clusterip/drop ") && rows[2].contains("3/3"));
+        assert!(rows[3].starts_with("  headless ") && rows[3].contains("2/3"));
+        let json = summary.to_json(None);
+        assert_eq!(json["summary"]["by_service"]["headless"]["passed"], 2);
     }
 
     #[test]

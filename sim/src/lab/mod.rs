@@ -350,8 +350,7 @@ fn simulate(
     let config = ScenarioConfig {
         timeline: html.is_some(),
         ..ScenarioConfig::default().with_intensity(Intensity {
-            service: service.0,
-            no_endpoint: service.1,
+            service: Some(crate::net::ServiceSetup::new(service.0, service.1)),
             ..Intensity::default()
         })
     };
@@ -573,6 +572,7 @@ fn failed_record(
         acting_writes: Default::default(),
         acting_calls: Default::default(),
         landed_after_cut: Default::default(),
+        service: None,
         timeline: None,
     });
     record.replay = lab_replay(args, name, profile);

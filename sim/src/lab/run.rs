@@ -255,6 +255,7 @@ pub async fn run_plan(
         acting_writes: BTreeMap::new(),
         acting_calls: BTreeMap::new(),
         landed_after_cut: BTreeMap::new(),
+        service: None,
         replay_args: String::new(),
         timeline,
     })

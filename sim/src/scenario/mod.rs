@@ -19,7 +19,7 @@ use crate::controller::LostReply;
 use crate::harness::{OPERATOR_LEASE, OperatorStop, Sim};
 use crate::kube_api::{ApiResult, OutageMode};
 use crate::leases::LeaseHistory;
-use crate::net::NetConfig;
+use crate::net::{NetConfig, ServiceSetup};
 use crate::operator::KUBE_API_HOST;
 use crate::prober::ProbeRule;
 use crate::profiles::Profile;
@@ -97,7 +97,11 @@ pub struct Outcome {
     /// Of those writes and calls, the ones a cut held that landed outside their sender's
     /// term when it healed (judged by when they may have been sent; `scenario::acting`).
     pub landed_after_cut: BTreeMap<String, usize>,
-    /// The flags beyond seed and profile that replay it (a non-default intensity).
+    /// The `spurctld` Service it ran behind (forced, or drawn from its seed); `None` for a
+    /// run on real processes, whose Service is the lab's own.
+    pub service: Option<ServiceSetup>,
+    /// The flags beyond seed and profile that replay it: a non-default intensity, and
+    /// always the Service it ran behind.
     pub replay_args: String,
     /// The run as a picture, when the config asked for one.
     pub timeline: Option<Box<crate::timeline::Timeline>>,
@@ -121,7 +125,8 @@ impl Outcome {
 /// the same trace whether it runs first in a process or thousandth.
 pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
     let config = config.clone();
-    let replay_args = config.intensity.args();
+    let replay_args = config.intensity.for_seed(seed).args();
+    let service = Some(config.intensity.service_for(seed));
     std::thread::Builder::new()
         .name(format!("seed-{seed}"))
         .stack_size(32 << 20)
@@ -157,6 +162,7 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
                 acting_writes: BTreeMap::new(),
                 acting_calls: BTreeMap::new(),
                 landed_after_cut: BTreeMap::new(),
+                service,
                 replay_args,
                 timeline: None,
             }
@@ -173,17 +179,23 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
 pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outcome {
     let started = Instant::now();
     let seed = plan.seed;
+    let service = config.intensity.service_for(seed);
     let world_config = WorldConfig {
         max_duration: plan.end + Duration::from_secs(60),
         tick: config.intensity.tick,
         net: NetConfig {
-            service: config.intensity.service,
-            no_endpoint: config.intensity.no_endpoint,
+            service: service.kind,
+            no_endpoint: service.no_endpoint,
             ..NetConfig::default()
         },
         ..WorldConfig::default()
     };
     let mut sim = Sim::without_controllers(seed, world_config);
+    sim.world.trace().record(
+        Duration::ZERO,
+        "harness",
+        format!("service spurctld is {}", service.name()),
+    );
     sim.add_nodes(plan.nodes);
     sim.start_kubelet();
     for host in &plan.operators {
@@ -363,7 +375,7 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
         let title = format!("seed {seed}, profile {profile}");
         let replay = format!(
             "cargo run --release -p spur-sim -- replay --seed {seed} --profile {profile}{} --html FILE",
-            config.intensity.args()
+            config.intensity.for_seed(seed).args()
         );
         Box::new(scenario_timeline(
             &events,
@@ -393,7 +405,8 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
         acting_writes: monitor.acting_writes().clone(),
         acting_calls: monitor.acting_calls().clone(),
         landed_after_cut: monitor.landed_after_cut().clone(),
-        replay_args: config.intensity.args(),
+        service: Some(service),
+        replay_args: config.intensity.for_seed(seed).args(),
         timeline,
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use rand::RngExt;
 
 use crate::determinism::rng_for;
-use crate::net::{NoEndpoint, ServiceKind};
+use crate::net::ServiceSetup;
 
 /// What every generated scenario shares; each number is a default of sim.md.
 #[derive(Clone, Debug)]
@@ -64,7 +64,7 @@ pub struct ScenarioConfig {
 /// Everything a run needs beyond its seed and profile to replay: how hard a sweep presses
 /// each scenario beyond the defaults the deadlines are judged at (`spur-sim run
 /// --fault-density N --duration D`), the simulation's step (`--tick`) and the Service's
-/// kind (`--service`, `--no-endpoint`).
+/// setup when a run forces one (`--service`, `--no-endpoint`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Intensity {
     /// Multiplies the faults drawn per scenario (up to `3 × N`); they overlap more as
@@ -76,12 +76,10 @@ pub struct Intensity {
     /// turmoil's step: every timer fires on a multiple of it, so another step is another
     /// run of the same seed.
     pub tick: Duration,
-    /// The `spurctld` Service's kind (`--service`): ClusterIP, the seed's cluster, by
-    /// default; headless as upstream deploys it.
-    pub service: ServiceKind,
-    /// What a ClusterIP Service does with a SYN while no replica is ready
-    /// (`--no-endpoint`): by default it swallows it as the seed's cluster did.
-    pub no_endpoint: NoEndpoint,
+    /// The `spurctld` Service forced on every seed (`--service`, `--no-endpoint`); `None`:
+    /// each seed draws its own ([`Intensity::service_for`]), so a sweep covers every setup
+    /// users deploy.
+    pub service: Option<ServiceSetup>,
 }
 
 /// The workload window of sim.md, the one the deadlines are judged at.
@@ -103,8 +101,7 @@ impl Default for Intensity {
             fault_density: 1,
             duration: WORKLOAD_WINDOW,
             tick: DEFAULT_TICK,
-            service: ServiceKind::ClusterIp,
-            no_endpoint: NoEndpoint::Drop,
+            service: None,
         }
     }
 }
@@ -128,13 +125,27 @@ impl Intensity {
                 humantime::format_duration(self.tick)
             ));
         }
-        if self.service != ServiceKind::ClusterIp {
-            args.push_str(&format!(" --service {}", self.service.name()));
-        }
-        if self.no_endpoint != NoEndpoint::Drop {
-            args.push_str(&format!(" --no-endpoint {}", self.no_endpoint.name()));
+        if let Some(service) = self.service {
+            args.push_str(&service.args());
         }
         args
+    }
+
+    /// The Service of `seed`'s world: the forced one, else drawn from the seed on a stream
+    /// of its own, so a seed's plan is the same whichever Service it runs behind.
+    pub fn service_for(&self, seed: u64) -> ServiceSetup {
+        self.service.unwrap_or_else(|| {
+            let mut rng = rng_for(seed, "service-setup");
+            ServiceSetup::ALL[rng.random_range(0..ServiceSetup::ALL.len())]
+        })
+    }
+
+    /// This intensity with `seed`'s Service forced: its flags replay the seed exactly.
+    pub fn for_seed(&self, seed: u64) -> Intensity {
+        Intensity {
+            service: Some(self.service_for(seed)),
+            ..*self
+        }
     }
 }
 
@@ -586,13 +597,38 @@ mod tests {
         );
         assert_eq!(intensity.args(), " --fault-density 4 --duration 10m");
         let unconfirmed = Intensity {
-            no_endpoint: NoEndpoint::DropUnconfirmed,
+            service: Some(ServiceSetup::cluster_ip(
+                crate::net::NoEndpoint::DropUnconfirmed,
+            )),
             ..intensity
         };
         assert_eq!(
             unconfirmed.args(),
-            " --fault-density 4 --duration 10m --no-endpoint drop-unconfirmed"
+            " --fault-density 4 --duration 10m --service clusterip --no-endpoint drop-unconfirmed"
         );
+    }
+
+    #[test]
+    fn each_seed_draws_its_service_and_a_forced_one_holds_for_every_seed() {
+        let drawn = Intensity::default();
+        let mut counts = std::collections::BTreeMap::new();
+        for seed in 0..400 {
+            let service = drawn.service_for(seed);
+            assert_eq!(service, drawn.service_for(seed), "seed {seed}");
+            *counts.entry(service.name()).or_insert(0) += 1;
+            // The replay names what was drawn, and forcing it draws nothing else.
+            let replayed = drawn.for_seed(seed);
+            assert_eq!(replayed.args(), service.args());
+            assert_eq!(replayed.service_for(seed), service);
+        }
+        assert_eq!(counts.len(), ServiceSetup::ALL.len(), "{counts:?}");
+        assert!(counts.values().all(|n| *n >= 70), "{counts:?}");
+        let forced = Intensity {
+            service: Some(ServiceSetup::HEADLESS),
+            ..Intensity::default()
+        };
+        assert!((0..50).all(|seed| forced.service_for(seed) == ServiceSetup::HEADLESS));
+        assert_eq!(forced.args(), " --service headless");
     }
 
     #[test]
