@@ -32,6 +32,16 @@ fn warnings(sim: &Sim, name: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The condition of `type_` in `status`, as (status, reason, message).
+fn condition(status: &serde_json::Value, type_: &str) -> Option<(String, String, String)> {
+    let found = status["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)?;
+    let text = |k: &str| found[k].as_str().unwrap_or_default().to_owned();
+    Some((text("status"), text("reason"), text("message")))
+}
+
 #[test]
 fn a_spurjob_runs_to_completion() {
     let mut sim = start(21);
@@ -418,7 +428,11 @@ fn an_invalid_spurjob_gets_a_message_and_is_not_submitted() {
     );
     sim.world.run_until(secs(30)).unwrap();
     let bad = &sim.spurjob("default", "bad").unwrap()["status"];
-    assert_eq!(bad["state"], "Invalid");
+    // Upstream's state name, so `kubectl wait --for=jsonpath='{.status.state}'=Failed`
+    // ends; ours in the condition.
+    assert_eq!(bad["state"], "Failed", "{bad:#}");
+    let (status, reason, _) = condition(bad, "Failed").expect("a Failed condition");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Invalid"));
     assert!(
         bad["message"]
             .as_str()
@@ -440,6 +454,100 @@ fn an_invalid_spurjob_gets_a_message_and_is_not_submitted() {
             .any(|e| e["reason"] == "InvalidSpec" && e["regarding"]["name"] == "bad"),
         "a Warning event names the bad SpurJob"
     );
+}
+
+#[test]
+fn a_refused_spurjob_is_failed_with_upstreams_message_and_runs_once_its_spec_is_fixed() {
+    let mut sim = start(25);
+    sim.world.run_until(secs(5)).unwrap();
+    sim.create_spurjob(
+        "default",
+        "refused",
+        json!({"image": "busybox", "partition": "nonexistent", "env": {"SIM_RUN_SECONDS": "1"}}),
+    );
+    sim.world.run_until(secs(20)).unwrap();
+    let status = sim.spurjob("default", "refused").unwrap()["status"].clone();
+    assert_eq!(status["state"], "Failed", "{status:#}");
+    assert_eq!(
+        status["message"], "rejected by spurctld: partition 'nonexistent' not found",
+        "as upstream 0.9 words it"
+    );
+    let (_, reason, detail) = condition(&status, "Failed").expect("a Failed condition");
+    assert_eq!(reason, "Refused");
+    assert!(detail.contains("INVALID_ARGUMENT"), "{detail}");
+    assert!(status["spurJobId"].is_null());
+    assert!(sim.world.cluster().job_ids().is_empty());
+    assert!(
+        warnings(&sim, "refused")
+            .iter()
+            .any(|(reason, _)| reason == "SubmitRefused"),
+        "{:?}",
+        warnings(&sim, "refused")
+    );
+    // An edit submits it again: the refusal's end is forgotten and the job runs.
+    sim.api
+        .merge_patch(
+            "spur.amd.com/v1alpha1",
+            "SpurJob",
+            Some("default"),
+            "refused",
+            &json!({"spec": {"partition": "default"}}),
+            false,
+        )
+        .unwrap();
+    sim.world.run_until(secs(60)).unwrap();
+    let status = sim.spurjob("default", "refused").unwrap()["status"].clone();
+    assert_eq!(status["state"], "Completed", "{status:#}");
+    assert_eq!(condition(&status, "Failed"), None, "{status:#}");
+    let (finished, reason, _) = condition(&status, "Finished").unwrap();
+    assert_eq!((finished.as_str(), reason.as_str()), ("True", "Completed"));
+}
+
+#[test]
+fn a_malformed_volume_or_secret_entry_is_left_out_with_a_warning_and_the_job_runs() {
+    let mut sim = start(26);
+    sim.world.run_until(secs(5)).unwrap();
+    sim.create_spurjob(
+        "default",
+        "tolerant",
+        json!({"image": "busybox", "env": {"SIM_RUN_SECONDS": "1"},
+               "volumes": ["relative:/x", "/data:/data:ro"],
+               "secretEnv": {"TOKEN": "no-slash", "HF_TOKEN": "hf/token"}}),
+    );
+    sim.world.run_until(secs(40)).unwrap();
+    let status = sim.spurjob("default", "tolerant").unwrap()["status"].clone();
+    assert_eq!(status["state"], "Completed", "{status:#}");
+    let (dropped, reason, message) = condition(&status, "EntriesDropped").expect("named");
+    assert_eq!(
+        (dropped.as_str(), reason.as_str()),
+        ("True", "MalformedEntries")
+    );
+    for named in [
+        "spec.volumes[0]: `relative:/x`",
+        "spec.secretEnv.TOKEN: `no-slash`",
+    ] {
+        assert!(message.contains(named), "{named} in {message}");
+    }
+    let warned = warnings(&sim, "tolerant");
+    assert!(
+        warned
+            .iter()
+            .any(|(reason, note)| reason == "EntriesDropped" && *note == message),
+        "{warned:?}"
+    );
+    let pods = sim.pods("default");
+    assert_eq!(pods.len(), 1);
+    let container = &pods[0]["spec"]["containers"][0];
+    assert_eq!(container["volumeMounts"][0]["mountPath"], "/data");
+    assert_eq!(container["volumeMounts"].as_array().unwrap().len(), 1);
+    let secrets: Vec<&str> = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| !e["valueFrom"].is_null())
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(secrets, ["HF_TOKEN"]);
 }
 
 #[test]

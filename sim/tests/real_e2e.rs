@@ -811,14 +811,15 @@ fn a_spurjob_spurctld_refuses_says_why_in_its_status_and_is_not_retried() {
         let created = Instant::now();
         stack.create_spurjob("refused", job_spec(json!({"partition": "nonexistent"})));
         stack
-            .until("refused: Refused", created, Duration::from_secs(30), |s| {
-                s.state("refused").as_deref() == Some("Refused")
+            .until("refused: Failed", created, Duration::from_secs(30), |s| {
+                s.state("refused").as_deref() == Some("Failed")
             })
             .await;
         let job = stack.spurjob("refused").expect("job");
         let message = job["status"]["message"].as_str().unwrap_or_default();
         assert!(
-            message.contains("partition 'nonexistent' not found"),
+            message.starts_with("rejected by spurctld: ")
+                && message.contains("partition 'nonexistent' not found"),
             "{job}"
         );
         assert!(stack.controller_jobs("refused").await.is_empty());
@@ -834,7 +835,7 @@ fn a_spurjob_spurctld_refuses_says_why_in_its_status_and_is_not_retried() {
         );
         // Not retried: the refusal stays, and spurctld still has no job of that name.
         tokio::time::sleep(Duration::from_secs(5)).await;
-        assert_eq!(stack.state("refused").as_deref(), Some("Refused"));
+        assert_eq!(stack.state("refused").as_deref(), Some("Failed"));
         assert!(stack.controller_jobs("refused").await.is_empty());
     });
 }

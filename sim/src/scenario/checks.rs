@@ -475,17 +475,18 @@ impl Monitor {
                     watch.id = Some(new);
                     watch.id_unconfirmed_since = Some(now);
                 }
-                // Every SpurJob a scenario creates is valid: one the operator marks Invalid
-                // (a spec it or the controller refused) will never be submitted. Exempting
-                // it from the deadline, as this check once did, could only hide that bug.
+                // Every SpurJob a scenario creates is valid: one the operator ends without a
+                // job (`Failed`, or `Invalid` as earlier versions wrote it: a spec it or the
+                // controller refused) will never be submitted. Exempting it from the
+                // deadline, as this check once did, could only hide that bug.
                 (None, None)
-                    if !deleted && state == "Invalid" && !self.jobs[name].submission_flagged =>
+                    if !deleted && is_terminal(&state) && !self.jobs[name].submission_flagged =>
                 {
                     self.violate(
                         "submission",
                         &format!("spurjob/{name}"),
                         now,
-                        "marked Invalid, though every SpurJob of the workload is valid".to_owned(),
+                        format!("marked {state} without a job, though every SpurJob of the workload is valid"),
                     );
                     self.jobs.get_mut(name).expect("tracked").submission_flagged = true;
                 }
@@ -1258,11 +1259,11 @@ mod tests {
             seen
         };
         let mut monitor = Monitor::new(Deadlines::default(), &["operator"]);
-        let invalid = vec![with_state("Invalid"); 3];
+        let invalid = vec![with_state("Failed"); 3];
         assert_eq!(
             fired_on("submission", &mut monitor, &invalid),
             [
-                "submission spurjob/job-000 at 0.0s: marked Invalid, though every SpurJob of the workload is valid"
+                "submission spurjob/job-000 at 0.0s: marked Failed without a job, though every SpurJob of the workload is valid"
             ]
         );
         let deadline = Deadlines::default().submission.as_secs() as usize;

@@ -30,12 +30,13 @@ pub struct JobsArgs {
     pub status_poll_interval: Duration,
 
     /// How long a job must be missing from every GetJobs, without a sighting, before it is
-    /// asked about with GetJob and, if unknown, marked Lost; and how long CancelJob may
-    /// answer "job N not found" before a deleted SpurJob's finalizer is removed. spurctld
-    /// evicts a job at least 120 s (by default 3600 s) after it ended, so a job really gone
-    /// stays gone; but a stale replica (a follower cut off, or a leader cut off from its
-    /// majority, which never steps down) answers from an old state and does not know newer
-    /// jobs. 2 minutes is many channel rotations (20 s) to other replicas.
+    /// asked about with GetJob and, if unknown, marked `Failed` with reason `Lost`; and how
+    /// long CancelJob may answer "job N not found" before a deleted SpurJob's finalizer is
+    /// removed. spurctld evicts a job at least 120 s (by default 3600 s) after it ended, so
+    /// a job really gone stays gone; but a stale replica (a follower cut off, or a leader
+    /// cut off from its majority, which never steps down) answers from an old state and
+    /// does not know newer jobs. 2 minutes is many channel rotations (20 s) to other
+    /// replicas.
     #[arg(long, env = "SPUR_OPERATOR_JOB_LOST_AFTER", default_value = "2m", value_parser = parse_duration)]
     pub job_lost_after: Duration,
 

@@ -3,7 +3,7 @@
 
 use spur_proto as pb;
 
-use super::crd::SpurJob;
+use super::crd::{SpurJob, SpurJobSpec};
 use crate::quantity;
 
 /// The comment tag that finds a submission again (see `jobs::submit`).
@@ -102,18 +102,11 @@ pub fn job_spec_as(
         .as_deref()
         .map(|t| parse_time_limit(t).map_err(|reason| invalid("timeLimit", reason)))
         .transpose()?;
-    for (i, volume) in spec.volumes.iter().enumerate() {
-        parse_volume(volume).map_err(|reason| invalid(format!("volumes[{i}]"), reason))?;
-    }
     if let Some(timeout) = &spec.start_timeout {
         parse_time_limit(timeout).map_err(|reason| invalid("startTimeout", reason))?;
     }
     super::failure::check_policy(spec)
         .map_err(|(field, reason)| invalid(format!("failurePolicy.{field}"), reason))?;
-    for (env, reference) in &spec.secret_env {
-        parse_secret_ref(reference)
-            .map_err(|reason| invalid(format!("secretEnv.{env}"), reason))?;
-    }
     // GPUs in exactly one form: spurctld refuses a `gpu:` gres entry together with
     // gpus_per_node (INVALID_ARGUMENT "only one GPU request form ..."). Both mean the same
     // to its scheduler (spur-core gpu_request.rs `resolve_gpu_demand_for`: each becomes
@@ -156,7 +149,13 @@ pub fn job_spec_as(
         host_ipc: spec.host_ipc,
         shm_size: spec.shm_size.clone().unwrap_or_default(),
         container_image: spec.image.clone(),
-        container_mounts: spec.volumes.clone(),
+        // Only what the pods mount: spurctld shows them, and a malformed one mounts nothing.
+        container_mounts: spec
+            .volumes
+            .iter()
+            .filter(|v| parse_volume(v).is_ok())
+            .cloned()
+            .collect(),
         extra_resources: spec.extra_resources.clone(),
         ..Default::default()
     })
@@ -330,6 +329,26 @@ pub fn parse_volume(input: &str) -> Result<Volume, String> {
             "`{input}` is not /host/path:/mount/path[:ro] or pvc:claim:/mount/path[:ro]"
         )),
     }
+}
+
+/// The `volumes` and `secretEnv` entries of `spec` that do not parse, each naming its field
+/// and why. They are left out and the job runs without them, where a malformed entry once
+/// made the whole SpurJob invalid: upstream's operator leaves such an entry out and runs
+/// the job, so a SpurJob written for it (or adopted from it, already running) must run
+/// here too. The reconciler tells the user of each (a Warning Event and the
+/// `EntriesDropped` condition), so nothing is dropped silently.
+pub fn dropped_entries(spec: &SpurJobSpec) -> Vec<ValidationError> {
+    let volumes = spec.volumes.iter().enumerate().filter_map(|(i, v)| {
+        parse_volume(v)
+            .err()
+            .map(|reason| invalid(format!("volumes[{i}]"), reason))
+    });
+    let secrets = spec.secret_env.iter().filter_map(|(env, r)| {
+        parse_secret_ref(r)
+            .err()
+            .map(|reason| invalid(format!("secretEnv.{env}"), reason))
+    });
+    volumes.chain(secrets).collect()
 }
 
 /// `secret/key` to (secret, key).
@@ -726,10 +745,8 @@ mod tests {
         ZeroNodes,
         ZeroTasks,
         ZeroCpus,
-        BadVolume(String),
         TimeLimitOverflow(String),
         EmptyImage,
-        BadSecretRef(String),
         BadShm(String),
         BadRankFailurePolicy(String),
         BadStartTimeout(String),
@@ -747,19 +764,12 @@ mod tests {
             Just(Breakage::ZeroTasks),
             Just(Breakage::ZeroCpus),
             prop_oneof![
-                Just("relative:/x".to_owned()),
-                Just("nfs:server:/x:ro:extra".to_owned()),
-                "[a-z]{1,5}".prop_map(|s| s)
-            ]
-            .prop_map(Breakage::BadVolume),
-            prop_oneof![
                 (367u64..100_000).prop_map(|d| format!("{d}d")),
                 Just("99999999999999999999999h".to_owned()),
                 (530_000u64..10_000_000).prop_map(|m| m.to_string()),
             ]
             .prop_map(Breakage::TimeLimitOverflow),
             Just(Breakage::EmptyImage),
-            "[a-z]{1,6}".prop_map(Breakage::BadSecretRef),
             "-[1-9]Gi|[a-z]{2}".prop_map(Breakage::BadShm),
             "failjob|Wait|[A-Z][a-z]{0,8}".prop_map(Breakage::BadRankFailurePolicy),
             "0|0s|[1-9]x|soon|".prop_map(Breakage::BadStartTimeout),
@@ -787,10 +797,6 @@ mod tests {
                 spec.cpus_per_task = 0;
                 "cpusPerTask".into()
             }
-            Breakage::BadVolume(v) => {
-                spec.volumes.push(v.clone());
-                format!("volumes[{}]", spec.volumes.len() - 1)
-            }
             Breakage::TimeLimitOverflow(t) => {
                 spec.time_limit = Some(t.clone());
                 "timeLimit".into()
@@ -798,10 +804,6 @@ mod tests {
             Breakage::EmptyImage => {
                 spec.image = " ".into();
                 "image".into()
-            }
-            Breakage::BadSecretRef(r) => {
-                spec.secret_env.insert("TOKEN".into(), r.clone());
-                "secretEnv.TOKEN".into()
             }
             Breakage::BadShm(s) => {
                 spec.shm_size = Some(s.clone());
@@ -901,6 +903,34 @@ mod tests {
             if sec == 0 {
                 prop_assert_eq!(&parse_time_limit(&format!("{h}H{m}")), &units, "as upstream reads it");
             }
+        }
+
+        /// A malformed `volumes` or `secretEnv` entry leaves the spec valid: it is named
+        /// among the dropped entries, left out of what spurctld receives, and the rest kept.
+        #[test]
+        fn a_malformed_volume_or_secret_entry_is_dropped_and_named_never_invalid(
+            spec in valid_spec(),
+            bad_volume in prop_oneof![
+                Just("relative:/x".to_owned()),
+                Just("nfs:server:/x:ro:extra".to_owned()),
+                "[a-z]{1,5}".prop_map(|s| s),
+            ],
+            bad_secret in "[a-z]{1,6}",
+        ) {
+            let mut spec = spec;
+            spec.secret_env.insert("HF".into(), "hf/token".into());
+            prop_assert!(dropped_entries(&spec).is_empty());
+            let good_volumes = spec.volumes.clone();
+            spec.volumes.insert(0, bad_volume.clone());
+            spec.secret_env.insert("TOKEN".into(), bad_secret.clone());
+            let js = job_spec(&job(spec.clone()), "uid").expect("still valid");
+            prop_assert_eq!(&js.container_mounts, &good_volumes);
+            let dropped: Vec<String> = dropped_entries(&spec).iter().map(|d| d.to_string()).collect();
+            prop_assert_eq!(dropped.len(), 2, "{:?}", dropped);
+            prop_assert!(dropped[0].starts_with("spec.volumes[0]: "), "{:?}", dropped);
+            prop_assert!(dropped[0].contains(&bad_volume), "{:?}", dropped);
+            prop_assert!(dropped[1].starts_with("spec.secretEnv.TOKEN: "), "{:?}", dropped);
+            prop_assert!(dropped[1].contains(&bad_secret), "{:?}", dropped);
         }
 
         #[test]

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Job ID","type":"integer","jsonPath":".status.spurJobId"}"#,
     printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.assignedNodes"}"#,
     printcolumn = r#"{"name":"GPUs","type":"integer","jsonPath":".spec.gpus.count"}"#,
+    printcolumn = r#"{"name":"Cause","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Failed\")].reason"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -176,9 +177,10 @@ pub struct Toleration {
 #[serde(rename_all = "camelCase")]
 pub struct SpurJobStatus {
     /// The controller's job state in its own names, as upstream's operator writes them
-    /// (`Pending`, `Running`, `Completed`, `NodeFail`, `OutOfMemory`, …); `Invalid` (the
-    /// spec cannot be submitted), `Refused` (spurctld refused it; the message says why) or
-    /// `Lost` (spurctld no longer knows the job, so its end is unknown).
+    /// (`Pending`, `Running`, `Completed`, `Failed`, `NodeFail`, `OutOfMemory`, …). A spec
+    /// that cannot be submitted, a submission spurctld refused (`rejected by spurctld: …`)
+    /// and a job spurctld no longer knows are `Failed` too: the `Failed` condition's reason
+    /// says which (`Invalid`, `Refused`, `Lost`), the message why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
     /// The controller's job id; once set, it never changes.
@@ -197,8 +199,8 @@ pub struct SpurJobStatus {
     /// Why the job is where it is: the controller's reason, or what is wrong with the spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// The generation of the spec the state speaks of; a spec refused (`Invalid`,
-    /// `Refused`) is tried again only once the generation moves past it.
+    /// The generation of the spec the state speaks of; a spec found invalid or refused is
+    /// tried again only once the generation moves past it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -233,7 +235,7 @@ pub struct NodeResult {
 }
 
 /// `Submitted`, `Queued`, `Scheduled`, `Running`, `Requeued`, `Finished`, `Succeeded`,
-/// `Failed`.
+/// `Failed`, `EntriesDropped`.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
@@ -294,6 +296,7 @@ mod tests {
             "status: {}",
             "jsonPath: .status.state",
             "jsonPath: .status.spurJobId",
+            "jsonPath: .status.conditions[?(@.type==\"Failed\")].reason",
             "name: Job ID",
             "jsonPath: .metadata.creationTimestamp",
             "secretEnv:",

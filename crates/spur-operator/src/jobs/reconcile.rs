@@ -18,7 +18,10 @@ use tonic::Code;
 use super::convert;
 use super::crd::{SpurJob, SpurJobStatus};
 use super::duplicates;
-use super::status::{INVALID_STATE, REFUSED_STATE, patch_status, set_condition, state_name};
+use super::status::{
+    INVALID_REASON, REFUSED_REASON, clear_unsubmitted_end, end_here, own_end, patch_status,
+    set_condition, state_name,
+};
 use super::submit::{Submission, jobs_of, submit_once};
 use super::{FINALIZER, JobsTuning, LABEL_JOB_ID};
 use crate::clock::WallClock;
@@ -153,16 +156,17 @@ pub enum Gate {
     RetryIn(std::time::Duration),
 }
 
-/// Decides [`Gate`] from the status: a refusal recorded for this generation holds until
-/// the spec changes, or for FAILED_PRECONDITION until `precondition_retry` has passed
-/// since it (the `Submitted` condition's transition time, written at each refusal).
+/// Decides [`Gate`] from the status: a refusal recorded for this generation (`Failed` for
+/// [`REFUSED_REASON`], or `Refused` as earlier versions wrote it) holds until the spec
+/// changes, or for FAILED_PRECONDITION until `precondition_retry` has passed since it (the
+/// `Submitted` condition's transition time, written at each refusal).
 pub fn gate(
     status: &SpurJobStatus,
     generation: Option<i64>,
     now: k8s_openapi::jiff::Timestamp,
     precondition_retry: std::time::Duration,
 ) -> Gate {
-    if status.state.as_deref() != Some(REFUSED_STATE) || status.observed_generation != generation {
+    if own_end(status) != Some(REFUSED_REASON) || status.observed_generation != generation {
         return Gate::Submit;
     }
     let Some(submitted) = status.conditions.iter().find(|c| c.type_ == "Submitted") else {
@@ -325,8 +329,9 @@ async fn apply(
     api: &Api<SpurJob>,
     ctx: &JobsContext,
 ) -> Result<Action, ReconcileError> {
-    let status = job.status.clone().unwrap_or_default();
+    let mut status = job.status.clone().unwrap_or_default();
     let uid = job.uid().unwrap_or_default();
+    note_dropped_entries(job, api, ctx, &mut status).await?;
     if let Some(recorded) = status.spur_job_id {
         // Submitted: from here on the poller mirrors its state; the reconciler only looks
         // for a late duplicate while the submission is watched.
@@ -338,13 +343,13 @@ async fn apply(
         Ok(spec) => spec,
         Err(invalid) => {
             let message = invalid.to_string();
-            let already_reported = status.state.as_deref() == Some(INVALID_STATE)
+            let already_reported = own_end(&status) == Some(INVALID_REASON)
                 && status.observed_generation == generation
                 && status.message.as_deref() == Some(message.as_str());
             if !already_reported {
+                // `Failed`, as upstream's users' tooling knows it; `Invalid` in the reason.
                 let mut next = status.clone();
-                next.state = Some(INVALID_STATE.to_owned());
-                next.message = Some(message.clone());
+                end_here(&mut next, INVALID_REASON, &message, &message, &now);
                 next.observed_generation = generation;
                 set_condition(
                     &mut next.conditions,
@@ -400,6 +405,7 @@ async fn apply(
         observed_generation: generation,
         ..status
     };
+    clear_unsubmitted_end(&mut next);
     let how = match submission {
         Submission::Submitted(_) => "Submitted",
         Submission::Adopted(_) => "Adopted",
@@ -431,6 +437,81 @@ async fn apply(
         return Ok(Action::requeue(ctx.tuning.duplicate_watch_interval));
     }
     Ok(Action::await_change())
+}
+
+/// The condition naming the `volumes` and `secretEnv` entries left out of a job's pods.
+pub const ENTRIES_DROPPED: &str = "EntriesDropped";
+
+/// What the `EntriesDropped` condition and its Warning Event say of `dropped`; `None` when
+/// nothing was dropped.
+pub fn dropped_message(dropped: &[convert::ValidationError]) -> Option<String> {
+    if dropped.is_empty() {
+        return None;
+    }
+    let each: Vec<String> = dropped.iter().map(ToString::to_string).collect();
+    Some(format!(
+        "left out of the job's pods, which run without them: {}",
+        each.join("; ")
+    ))
+}
+
+/// Tells the user of each malformed `volumes` and `secretEnv` entry the pods run without
+/// ([`convert::dropped_entries`]): the `EntriesDropped` condition names them (False once the
+/// spec has none), and a Warning Event says so when the list changes. Writes only on a
+/// change, and not for a job that has ended, which gets no more pods.
+async fn note_dropped_entries(
+    job: &SpurJob,
+    api: &Api<SpurJob>,
+    ctx: &JobsContext,
+    status: &mut SpurJobStatus,
+) -> Result<(), ReconcileError> {
+    let ended = status.spur_job_id.is_some()
+        && status
+            .state
+            .as_deref()
+            .is_some_and(super::status::is_terminal);
+    if ended {
+        return Ok(());
+    }
+    let message = dropped_message(&convert::dropped_entries(&job.spec));
+    let current = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == ENTRIES_DROPPED);
+    let unchanged = match (current, &message) {
+        (None, None) => true,
+        (Some(c), Some(m)) => c.status == "True" && c.message == *m,
+        (Some(c), None) => c.status == "False",
+        (None, Some(_)) => false,
+    };
+    if unchanged {
+        return Ok(());
+    }
+    let now = ctx.clock.timestamp().to_string();
+    let mut next = status.clone();
+    let (dropped, reason, text) = match &message {
+        Some(m) => (true, "MalformedEntries", m.as_str()),
+        None => (
+            false,
+            "NoneDropped",
+            "every volumes and secretEnv entry is used",
+        ),
+    };
+    set_condition(
+        &mut next.conditions,
+        ENTRIES_DROPPED,
+        dropped,
+        reason,
+        text,
+        &now,
+    );
+    patch_status(api, &job.name_any(), &next).await?;
+    if let Some(m) = &message {
+        tracing::warn!(spurjob = %job.name_any(), message = %m, "malformed entries left out; the job runs without them");
+        ctx.events.warning(job, ENTRIES_DROPPED, m).await;
+    }
+    *status = next;
+    Ok(())
 }
 
 /// While `uid`'s submission is watched ([`duplicates`]): cancels every other live job
@@ -470,9 +551,10 @@ async fn watch_for_duplicates(
     Ok(Action::requeue(again))
 }
 
-/// Records spurctld's refusal of the submission on the SpurJob (state `Refused`, its
-/// words in the message, a Warning event), to hold until the spec changes (or, for
-/// FAILED_PRECONDITION, until the slow retry).
+/// Records spurctld's refusal of the submission on the SpurJob, as upstream 0.9 records it
+/// (state `Failed`, message `rejected by spurctld: <its words>`), with `Refused` and the
+/// gRPC code in the conditions and a Warning event, to hold until the spec changes (or,
+/// for FAILED_PRECONDITION, until the slow retry).
 async fn refused(
     job: &SpurJob,
     api: &Api<SpurJob>,
@@ -482,21 +564,21 @@ async fn refused(
     error: &ControllerError,
 ) -> Result<Action, ReconcileError> {
     let now = ctx.clock.timestamp().to_string();
-    let message = format!(
+    let message = format!("rejected by spurctld: {}", error.message());
+    let detail = format!(
         "spurctld refused the job: {}: {}",
         crate::metrics::code_name(error.code()),
         error.message()
     );
     let mut next = status.clone();
-    next.state = Some(REFUSED_STATE.to_owned());
-    next.message = Some(message.clone());
+    end_here(&mut next, REFUSED_REASON, &message, &detail, &now);
     next.observed_generation = job.metadata.generation;
     set_condition(
         &mut next.conditions,
         "Submitted",
         false,
         refusal.reason(),
-        &message,
+        &detail,
         &now,
     );
     // The refusal's own time, which the FAILED_PRECONDITION retry counts from.
@@ -504,7 +586,7 @@ async fn refused(
         c.last_transition_time = Some(now.clone());
     }
     patch_status(api, &job.name_any(), &next).await?;
-    ctx.events.warning(job, "SubmitRefused", &message).await;
+    ctx.events.warning(job, "SubmitRefused", &detail).await;
     ctx.metrics.reconcile_error("spurjob", "submit_refused");
     ctx.backoffs.succeeded(&job.uid().unwrap_or_default());
     match refusal {
@@ -823,8 +905,7 @@ mod tests {
     }
 
     fn refused(reason: &str, generation: i64, at: Option<&str>) -> SpurJobStatus {
-        SpurJobStatus {
-            state: Some(REFUSED_STATE.into()),
+        let mut status = SpurJobStatus {
             observed_generation: Some(generation),
             conditions: vec![Condition {
                 type_: "Submitted".into(),
@@ -833,6 +914,35 @@ mod tests {
                 message: "spurctld refused the job: …".into(),
                 last_transition_time: at.map(str::to_owned),
             }],
+            ..Default::default()
+        };
+        end_here(
+            &mut status,
+            REFUSED_REASON,
+            "rejected by spurctld: …",
+            "…",
+            "t",
+        );
+        status
+    }
+
+    /// A status whose `Failed` condition is spurctld's, not a refusal's.
+    fn failed_by_spurctld(generation: i64, at: &str) -> SpurJobStatus {
+        let mut status = refused("InvalidArgument", generation, Some(at));
+        for c in &mut status.conditions {
+            if c.type_ == "Failed" {
+                c.reason = "Failed".into();
+            }
+        }
+        status
+    }
+
+    /// The same refusal as an earlier version wrote it: `Refused` as the state.
+    fn refused_earlier(reason: &str, generation: i64, at: Option<&str>) -> SpurJobStatus {
+        SpurJobStatus {
+            state: Some(REFUSED_REASON.into()),
+            conditions: refused(reason, generation, at).conditions[..1].to_vec(),
+            observed_generation: Some(generation),
             ..Default::default()
         }
     }
@@ -918,6 +1028,21 @@ mod tests {
                 T0,
                 Gate::Submit,
             ),
+            // Written as earlier versions wrote it: held the same way.
+            (
+                refused_earlier("InvalidArgument", 1, Some(T0)),
+                Some(1),
+                T0,
+                Gate::Wait,
+            ),
+            (
+                refused_earlier("FailedPrecondition", 1, Some(T0)),
+                Some(1),
+                "2025-01-01T00:01:00Z",
+                Gate::RetryIn(Duration::from_secs(240)),
+            ),
+            // spurctld's own Failed (a job that ran) is no refusal.
+            (failed_by_spurctld(1, T0), Some(1), T0, Gate::Submit),
         ];
         for (i, (status, generation, now, expected)) in table.into_iter().enumerate() {
             assert_eq!(

@@ -19,13 +19,17 @@ use crate::controller::ControllerClient;
 use crate::events::EventPublisher;
 use crate::metrics::Metrics;
 
-pub const INVALID_STATE: &str = "Invalid";
-/// spurctld refused the submission (INVALID_ARGUMENT, FAILED_PRECONDITION,
-/// PERMISSION_DENIED); the message carries its words.
-pub const REFUSED_STATE: &str = "Refused";
-/// spurctld no longer knows the job (it evicts ended jobs after an hour, fidelity row
-/// 17), so how it ended is unknown. Final.
-pub const LOST_STATE: &str = "Lost";
+/// The ends this operator writes without spurctld's word: the spec cannot be submitted
+/// (`Invalid`), spurctld refused the submission (`Refused`: INVALID_ARGUMENT,
+/// FAILED_PRECONDITION, PERMISSION_DENIED), or spurctld no longer knows the job (`Lost`: it
+/// evicts ended jobs after an hour, fidelity row 17). Each is written as upstream's state
+/// `Failed` (the only names tooling written for upstream's operator knows), with the name
+/// as the reason of the `Finished` and `Failed` conditions. Earlier versions wrote these
+/// names as the state itself, so such a state is read as final too.
+pub const INVALID_REASON: &str = "Invalid";
+pub const REFUSED_REASON: &str = "Refused";
+pub const LOST_REASON: &str = "Lost";
+const OWN_ENDS: [&str; 3] = [INVALID_REASON, REFUSED_REASON, LOST_REASON];
 
 /// The state as status shows it: spurctld's own names (`Running`, `NodeFail`,
 /// `OutOfMemory`), which upstream's operator writes too, so `kubectl wait
@@ -36,9 +40,9 @@ pub fn state_name(state: pb::JobState) -> &'static str {
 
 /// Whether a state (as status shows it) is final. As spurctld has it: PREEMPTED and
 /// REQUEUED end a run but send the job back to PENDING, so they are not final (the job
-/// is still mirrored, and cancelled when its SpurJob is deleted). [`LOST_STATE`] is the
-/// operator's own final state. The names earlier versions wrote (`COMPLETED`,
-/// `NODE_FAIL`) count too, so a job that ended before an upgrade is not polled again.
+/// is still mirrored, and cancelled when its SpurJob is deleted). The names earlier
+/// versions wrote count too (`COMPLETED`, `NODE_FAIL`, and our own `Invalid`, `Refused`,
+/// `Lost`), so a job that ended before an upgrade is not polled again.
 pub fn is_terminal(state: &str) -> bool {
     let folded: String = state
         .chars()
@@ -48,7 +52,45 @@ pub fn is_terminal(state: &str) -> bool {
     matches!(
         folded.as_str(),
         "completed" | "failed" | "cancelled" | "timeout" | "nodefail" | "deadline" | "outofmemory"
-    ) || state == LOST_STATE
+    ) || OWN_ENDS.contains(&state)
+}
+
+/// Which of this operator's own ends ([`INVALID_REASON`], [`REFUSED_REASON`],
+/// [`LOST_REASON`]) `status` records: as `Failed` with that reason on its `Failed`
+/// condition, or as the state itself, as earlier versions wrote it.
+pub fn own_end(status: &SpurJobStatus) -> Option<&'static str> {
+    let state = status.state.as_deref()?;
+    if let Some(earlier) = OWN_ENDS.into_iter().find(|name| *name == state) {
+        return Some(earlier);
+    }
+    if state != state_name(pb::JobState::JobFailed) {
+        return None;
+    }
+    let failed = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Failed" && c.status == "True")?;
+    OWN_ENDS.into_iter().find(|name| *name == failed.reason)
+}
+
+/// Ends `next` as `Failed` for one of this operator's own reasons: `message` in the status
+/// (what a person reads first), `detail` in the `Finished` and `Failed` conditions, and a
+/// `Running` condition, where there is one, made False.
+pub fn end_here(next: &mut SpurJobStatus, reason: &str, message: &str, detail: &str, now: &str) {
+    next.state = Some(state_name(pb::JobState::JobFailed).to_owned());
+    next.message = Some(message.to_owned());
+    if next.conditions.iter().any(|c| c.type_ == "Running") {
+        set_condition(&mut next.conditions, "Running", false, reason, detail, now);
+    }
+    set_condition(&mut next.conditions, "Finished", true, reason, detail, now);
+    set_condition(&mut next.conditions, "Failed", true, reason, detail, now);
+}
+
+/// Forgets an end written before the job was submitted (an invalid or refused spec, since
+/// edited): its `Finished` and `Failed` conditions speak of no job.
+pub fn clear_unsubmitted_end(next: &mut SpurJobStatus) {
+    next.conditions
+        .retain(|c| !matches!(c.type_.as_str(), "Finished" | "Failed"));
 }
 
 /// The node names of `JobInfo.nodelist`, a compressed hostlist (fidelity row 15).
@@ -329,38 +371,34 @@ pub fn state_event(
     }
     let warning = is_terminal(state) && !matches!(state, "Completed" | "Cancelled");
     let warning = warning || matches!(state, "Preempted" | "Requeued");
-    Some((warning, state.to_owned(), note))
+    // `Lost` says more than `Failed` to whoever reads the Events.
+    let reason = own_end(after).unwrap_or(state);
+    Some((warning, reason.to_owned(), note))
 }
 
-/// The status of a SpurJob whose job spurctld no longer knows; `None` when it already
-/// says so.
+/// The status of a SpurJob whose job spurctld no longer knows; `None` once it is final.
+/// Written as `Failed` (reason `Lost`): the job may have succeeded, but nothing says so,
+/// and a pipeline waiting for `Completed` must not go on with work whose result is
+/// unknown, while one waiting for `Failed` (or either end) must not hang. The other ends
+/// would each claim a cause not seen (`NodeFail`, `Cancelled`, `Timeout`).
 pub fn lost(current: &SpurJobStatus, job_id: u32, now: &str) -> Option<SpurJobStatus> {
-    let mut next = current.clone();
+    if current.state.as_deref().is_some_and(is_terminal) {
+        return None;
+    }
     let last = current.state.as_deref().unwrap_or("unknown");
     let message = format!(
         "spurctld no longer knows job {job_id} (it forgets ended jobs after an hour); its last state seen here was {last}, so how it ended is unknown"
     );
-    if current.state.as_deref() == Some(LOST_STATE) {
-        return None;
-    }
-    next.state = Some(LOST_STATE.to_owned());
-    next.message = Some(message.clone());
+    let mut next = current.clone();
     set_condition(
         &mut next.conditions,
         "Running",
         false,
-        LOST_STATE,
+        LOST_REASON,
         &message,
         now,
     );
-    set_condition(
-        &mut next.conditions,
-        "Finished",
-        true,
-        LOST_STATE,
-        &message,
-        now,
-    );
+    end_here(&mut next, LOST_REASON, &message, &message, now);
     Some(next)
 }
 
@@ -711,7 +749,12 @@ mod tests {
             ..Default::default()
         };
         let lost_one = lost(&running, 4, "t1").expect("a change");
-        assert_eq!(lost_one.state.as_deref(), Some(LOST_STATE));
+        assert_eq!(
+            lost_one.state.as_deref(),
+            Some("Failed"),
+            "upstream's name; the reason says Lost"
+        );
+        assert_eq!(own_end(&lost_one), Some(LOST_REASON));
         assert_eq!(lost_one.spur_job_id, Some(4));
         let message = lost_one.message.as_deref().unwrap();
         assert!(message.contains("job 4"), "{message}");
@@ -727,8 +770,9 @@ mod tests {
         assert_eq!(
             conditions,
             [
-                ("Running", "False", LOST_STATE),
-                ("Finished", "True", LOST_STATE)
+                ("Running", "False", LOST_REASON),
+                ("Finished", "True", LOST_REASON),
+                ("Failed", "True", LOST_REASON)
             ]
         );
         // Already lost: nothing to write, however often it is asked again.
@@ -1117,7 +1161,10 @@ mod tests {
             let earlier = state.as_str_name().trim_start_matches("JOB_");
             assert!(is_terminal(earlier), "{earlier}");
         }
-        assert!(is_terminal(LOST_STATE));
+        // Our own ends, as earlier versions wrote them in the state.
+        for earlier in [INVALID_REASON, REFUSED_REASON, LOST_REASON] {
+            assert!(is_terminal(earlier), "{earlier}");
+        }
         for state in [
             pb::JobState::JobPending,
             pb::JobState::JobRunning,
@@ -1128,8 +1175,6 @@ mod tests {
         ] {
             assert!(!is_terminal(state_name(state)), "{state:?}");
         }
-        assert!(!is_terminal(INVALID_STATE));
-        assert!(!is_terminal(REFUSED_STATE));
         // Upstream's spelling, which `kubectl wait` and dashboards match.
         assert_eq!(state_name(pb::JobState::JobNodeFail), "NodeFail");
         assert_eq!(state_name(pb::JobState::JobOutOfMemory), "OutOfMemory");
@@ -1204,7 +1249,7 @@ mod tests {
             ..Default::default()
         };
         let lost_status = lost(&running, 4, "t").unwrap();
-        assert_eq!(lost_status.state.as_deref(), Some(LOST_STATE));
+        assert_eq!(lost_status.state.as_deref(), Some("Failed"));
         let message = lost_status.message.as_deref().unwrap();
         assert!(
             message.contains("job 4") && message.contains("Running"),
@@ -1217,9 +1262,70 @@ mod tests {
             .unwrap();
         assert_eq!(
             (finished.status.as_str(), finished.reason.as_str()),
-            ("True", LOST_STATE)
+            ("True", LOST_REASON)
         );
         assert_eq!(lost(&lost_status, 4, "t2"), None);
+    }
+
+    #[test]
+    fn our_own_ends_are_written_failed_with_the_reason_and_read_back_in_either_form() {
+        let upstreams = [
+            "Pending",
+            "Running",
+            "Completing",
+            "Completed",
+            "Failed",
+            "Cancelled",
+            "Timeout",
+            "NodeFail",
+            "OutOfMemory",
+        ];
+        for reason in [INVALID_REASON, REFUSED_REASON, LOST_REASON] {
+            let mut next = SpurJobStatus::default();
+            end_here(&mut next, reason, "why", "detail", "t");
+            let state = next.state.as_deref().unwrap();
+            assert!(upstreams.contains(&state), "{reason}: {state}");
+            assert!(is_terminal(state));
+            assert_eq!(own_end(&next), Some(reason));
+            assert_eq!(next.message.as_deref(), Some("why"));
+            let failed = next
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Failed")
+                .unwrap();
+            assert_eq!(
+                (failed.reason.as_str(), failed.message.as_str()),
+                (reason, "detail")
+            );
+            // As an earlier version wrote it: the reason as the state.
+            let earlier = SpurJobStatus {
+                state: Some(reason.into()),
+                ..Default::default()
+            };
+            assert_eq!(own_end(&earlier), Some(reason));
+            // An edit that resubmits forgets it.
+            clear_unsubmitted_end(&mut next);
+            next.state = Some("Pending".into());
+            assert_eq!(own_end(&next), None);
+            assert!(next.conditions.is_empty());
+        }
+        // spurctld's own Failed is not ours.
+        let theirs = mirrored(
+            &SpurJobStatus::default(),
+            &info(pb::JobState::JobFailed, "n1", "NonZeroExitCode", 1),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(own_end(&theirs), None);
+        // The Event of a lost job names it so.
+        let running = SpurJobStatus {
+            state: Some("Running".into()),
+            ..Default::default()
+        };
+        let lost_one = lost(&running, 4, "t").unwrap();
+        let (warning, reason, _) = state_event(&running, &lost_one, 4).unwrap();
+        assert!(warning);
+        assert_eq!(reason, LOST_REASON);
     }
 
     #[test]
