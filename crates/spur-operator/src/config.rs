@@ -29,6 +29,54 @@ use crate::selector::Selector;
 /// Everything `spur-operator run` takes: the controller channel's flags, the operator's
 /// own, then each module's (node sync, the agent, retries, the Lease, SpurJobs). Each
 /// default carries its reason.
+/// The namespace when nothing names the operator's own: the one this project's manifests
+/// deploy to.
+pub const DEFAULT_NAMESPACE: &str = "spur-system";
+
+/// Where the operator's namespace came from, for the start-up line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NamespaceSource {
+    Flag,
+    PodNamespace,
+    ServiceAccount,
+    Kubeconfig,
+    Default,
+}
+
+impl std::fmt::Display for NamespaceSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NamespaceSource::Flag => "--namespace",
+            NamespaceSource::PodNamespace => "POD_NAMESPACE",
+            NamespaceSource::ServiceAccount => "the in-cluster service account",
+            NamespaceSource::Kubeconfig => "the kubeconfig's context",
+            NamespaceSource::Default => "no other source: the default",
+        })
+    }
+}
+
+/// The operator's own namespace, from the first source that names one: the flag, the
+/// Downward API's POD_NAMESPACE, the in-cluster service account, the kubeconfig context.
+pub fn resolve_namespace(
+    flag: Option<&str>,
+    pod_namespace: Option<&str>,
+    service_account: Option<&str>,
+    kubeconfig: Option<&str>,
+) -> (String, NamespaceSource) {
+    [
+        (flag, NamespaceSource::Flag),
+        (pod_namespace, NamespaceSource::PodNamespace),
+        (service_account, NamespaceSource::ServiceAccount),
+        (kubeconfig, NamespaceSource::Kubeconfig),
+    ]
+    .into_iter()
+    .find_map(|(value, source)| {
+        let value = value?.trim();
+        (!value.is_empty()).then(|| (value.to_owned(), source))
+    })
+    .unwrap_or_else(|| (DEFAULT_NAMESPACE.to_owned(), NamespaceSource::Default))
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
     #[command(flatten)]
@@ -38,10 +86,12 @@ pub struct RunArgs {
     #[arg(long, env = "SPUR_OPERATOR_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Namespace of the operator's Lease (the operator's own; set it from the Downward
-    /// API's metadata.namespace).
-    #[arg(long, env = "SPUR_OPERATOR_NAMESPACE", default_value = "spur-system")]
-    pub namespace: String,
+    /// Namespace of the operator's Lease: the operator's own. Unset, it is POD_NAMESPACE
+    /// (the Downward API's metadata.namespace, as upstream's manifests set it), else the
+    /// in-cluster service account's, else the kubeconfig context's, else spur-system
+    /// (this project's manifests).
+    #[arg(long, env = "SPUR_OPERATOR_NAMESPACE")]
+    pub namespace: Option<String>,
 
     /// This replica's name in the Lease; the pod name (HOSTNAME) when unset.
     #[arg(long, env = "SPUR_OPERATOR_IDENTITY")]
@@ -300,7 +350,10 @@ impl RunArgs {
             })?;
         let lease = LeaseConfig {
             name: self.lease.lease_name.clone(),
-            namespace: self.namespace.clone(),
+            namespace: self
+                .namespace
+                .clone()
+                .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
             identity,
             lease_duration: self.lease.lease_duration,
             renew_deadline: self.lease.lease_renew_deadline,
@@ -380,6 +433,34 @@ impl RunArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_namespace_is_the_first_source_that_names_one() {
+        use NamespaceSource as S;
+        let cases = [
+            (
+                (Some("flag"), Some("pod"), Some("sa"), Some("ctx")),
+                ("flag", S::Flag),
+            ),
+            (
+                (None, Some("spur"), Some("sa"), Some("ctx")),
+                ("spur", S::PodNamespace),
+            ),
+            (
+                (None, Some(" "), Some("sa\n"), Some("ctx")),
+                ("sa", S::ServiceAccount),
+            ),
+            ((None, None, None, Some("ctx")), ("ctx", S::Kubeconfig)),
+            ((None, None, None, None), (DEFAULT_NAMESPACE, S::Default)),
+        ];
+        for ((flag, pod, sa, ctx), (want, source)) in cases {
+            assert_eq!(
+                resolve_namespace(flag, pod, sa, ctx),
+                (want.to_owned(), source),
+                "{flag:?} {pod:?} {sa:?} {ctx:?}"
+            );
+        }
+    }
 
     #[test]
     fn the_agent_address_falls_back_to_upstreams_variable_then_the_pod_ip() {

@@ -1,4 +1,6 @@
-//! Kubernetes Events (events.k8s.io/v1) about the objects the operator handles.
+//! Kubernetes Events (events.k8s.io/v1) about the objects the operator handles; core/v1
+//! Events once RBAC refuses the newer group (upstream's ClusterRole grants only core
+//! events), so a SpurJob's Warning reaches `kubectl describe` under either.
 //!
 //! Written here rather than with kube-runtime's `Recorder`, which stamps events with the
 //! system clock: events carry the injected [`WallClock`] so a simulated run is the same
@@ -6,13 +8,13 @@
 //! event series (`series.count`, `series.lastObservedTime`) rather than written again.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
@@ -46,6 +48,21 @@ pub struct EventPublisher {
     /// `--event-series-window`.
     series_window: Duration,
     series: Arc<Mutex<BTreeMap<SeriesKey, Series>>>,
+    /// Set once RBAC refused events.k8s.io: core/v1 Events from then on.
+    core_only: Arc<AtomicBool>,
+    /// Set once RBAC refused both groups, so that is said once, not on every event.
+    refusal_said: Arc<AtomicBool>,
+}
+
+/// One Event as written, whichever group carries it.
+struct Draft<'a> {
+    namespace: &'a str,
+    name: &'a str,
+    regarding: ObjectReference,
+    type_: &'a str,
+    reason: &'a str,
+    note: String,
+    now: Timestamp,
 }
 
 pub const REPORTING_CONTROLLER: &str = "spur.amd.com/spur-operator";
@@ -75,6 +92,8 @@ impl EventPublisher {
             sequence: Arc::default(),
             series_window: Duration::from_secs(360),
             series: Arc::default(),
+            core_only: Arc::default(),
+            refusal_said: Arc::default(),
         }
     }
 
@@ -118,7 +137,6 @@ impl EventPublisher {
         let now = self.clock.timestamp();
         // The API server refuses notes over 1 kB.
         let note: String = note.chars().take(1000).collect();
-        let api: Api<Event> = Api::namespaced(self.kube.clone(), &namespace);
         let key: SeriesKey = (
             namespace.clone(),
             regarding.uid.clone().unwrap_or_else(|| object.clone()),
@@ -127,12 +145,8 @@ impl EventPublisher {
             note.clone(),
         );
         if let Some((event, count)) = self.repeat(&key, now) {
-            let patch = json!({ "series": { "count": count, "lastObservedTime": MicroTime(now) } });
-            match api
-                .patch(&event, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => return,
+            match self.count_repeat(&namespace, &event, count, now).await {
+                Ok(()) => return,
                 Err(e) => {
                     tracing::info!(%object, %reason, error = %e, "could not count a repeated event on its series; writing it anew");
                     self.forget(&key);
@@ -146,27 +160,114 @@ impl EventPublisher {
             now.as_millisecond(),
             sequence % 0x10000
         );
-        let event = Event {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(namespace),
-                ..Default::default()
-            },
-            event_time: Some(MicroTime(now)),
-            type_: Some(type_.to_owned()),
-            reason: Some(reason.to_owned()),
-            note: Some(note),
-            action: Some("Reconcile".to_owned()),
-            regarding: Some(regarding),
-            reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
-            reporting_instance: Some(self.instance.clone()),
-            ..Default::default()
+        let draft = Draft {
+            namespace: &namespace,
+            name: &name,
+            regarding,
+            type_,
+            reason,
+            note,
+            now,
         };
-        match api.create(&PostParams::default(), &event).await {
-            Ok(_) => self.remember(key, name, now),
+        match self.create(&draft).await {
+            Ok(()) => self.remember(key, name, now),
+            Err(e) if is_forbidden(&e) => self.say_refused_once(&e),
             Err(e) => {
                 tracing::warn!(%object, %reason, error = %e, "could not publish an event");
             }
+        }
+    }
+
+    /// Writes `draft` as an events.k8s.io Event, or as a core one once that group was refused.
+    async fn create(&self, draft: &Draft<'_>) -> Result<(), kube::Error> {
+        if !self.core_only.load(Ordering::Relaxed) {
+            let api: Api<Event> = Api::namespaced(self.kube.clone(), draft.namespace);
+            match api.create(&PostParams::default(), &self.event(draft)).await {
+                Err(e) if is_forbidden(&e) => {
+                    tracing::warn!(error = %e, "events.k8s.io Events are refused: writing core/v1 Events instead; to write events.k8s.io/v1, grant apiGroups [events.k8s.io], resources [events], verbs [create, patch]");
+                    self.core_only.store(true, Ordering::Relaxed);
+                }
+                other => return other.map(drop),
+            }
+        }
+        let api: Api<CoreEvent> = Api::namespaced(self.kube.clone(), draft.namespace);
+        api.create(&PostParams::default(), &self.core_event(draft))
+            .await
+            .map(drop)
+    }
+
+    /// Counts a repeat on the Event written first, in the group it was written in.
+    async fn count_repeat(
+        &self,
+        namespace: &str,
+        event: &str,
+        count: i32,
+        now: Timestamp,
+    ) -> Result<(), kube::Error> {
+        let params = PatchParams::default();
+        if self.core_only.load(Ordering::Relaxed) {
+            let patch = json!({ "count": count, "lastTimestamp": Time(now) });
+            let api: Api<CoreEvent> = Api::namespaced(self.kube.clone(), namespace);
+            return api
+                .patch(event, &params, &Patch::Merge(&patch))
+                .await
+                .map(drop);
+        }
+        let patch = json!({ "series": { "count": count, "lastObservedTime": MicroTime(now) } });
+        let api: Api<Event> = Api::namespaced(self.kube.clone(), namespace);
+        api.patch(event, &params, &Patch::Merge(&patch))
+            .await
+            .map(drop)
+    }
+
+    fn event(&self, draft: &Draft<'_>) -> Event {
+        Event {
+            metadata: ObjectMeta {
+                name: Some(draft.name.to_owned()),
+                namespace: Some(draft.namespace.to_owned()),
+                ..Default::default()
+            },
+            event_time: Some(MicroTime(draft.now)),
+            type_: Some(draft.type_.to_owned()),
+            reason: Some(draft.reason.to_owned()),
+            note: Some(draft.note.clone()),
+            action: Some("Reconcile".to_owned()),
+            regarding: Some(draft.regarding.clone()),
+            reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
+            reporting_instance: Some(self.instance.clone()),
+            ..Default::default()
+        }
+    }
+
+    fn core_event(&self, draft: &Draft<'_>) -> CoreEvent {
+        CoreEvent {
+            metadata: ObjectMeta {
+                name: Some(draft.name.to_owned()),
+                namespace: Some(draft.namespace.to_owned()),
+                ..Default::default()
+            },
+            involved_object: draft.regarding.clone(),
+            type_: Some(draft.type_.to_owned()),
+            reason: Some(draft.reason.to_owned()),
+            message: Some(draft.note.clone()),
+            first_timestamp: Some(Time(draft.now)),
+            last_timestamp: Some(Time(draft.now)),
+            count: Some(1),
+            source: Some(EventSource {
+                component: Some(REPORTING_CONTROLLER.to_owned()),
+                host: None,
+            }),
+            reporting_component: Some(REPORTING_CONTROLLER.to_owned()),
+            reporting_instance: Some(self.instance.clone()),
+            ..Default::default()
+        }
+    }
+
+    /// Both groups refused: said once, naming the rule, since nothing else is lost (each
+    /// event's words are also in the object's status).
+    fn say_refused_once(&self, error: &kube::Error) {
+        if !self.refusal_said.swap(true, Ordering::Relaxed) {
+            tracing::error!(error = %error, "no Event can be written: grant the operator's ServiceAccount apiGroups [events.k8s.io], resources [events], verbs [create, patch] (or the same on core events)");
         }
     }
 
@@ -207,6 +308,10 @@ impl EventPublisher {
     fn forget(&self, key: &SeriesKey) {
         self.series.lock().expect("event series lock").remove(key);
     }
+}
+
+fn is_forbidden(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.is_forbidden())
 }
 
 /// `last` is less than `window` before `now`.
@@ -289,5 +394,37 @@ mod tests {
             writes[2].1["series"]["lastObservedTime"],
             json!("1970-01-01T00:22:40.000000Z")
         );
+    }
+
+    #[tokio::test]
+    async fn where_rbac_refuses_events_k8s_io_core_events_carry_them_and_their_repeats() {
+        let writes = Writes::default();
+        let refused = |what: &str| what.contains("/apis/events.k8s.io/");
+        let kube =
+            crate::kube_testing::api_server_refusing(writes.clone(), Duration::ZERO, refused);
+        let events = EventPublisher::new(kube, WallClock::system(), "replica-a".into());
+        let mut job = Pod::default();
+        job.metadata.name = Some("train".into());
+        job.metadata.namespace = Some("ml".into());
+        events
+            .warning(&job, "Invalid", "spec.timeLimit: unknown unit")
+            .await;
+        events
+            .warning(&job, "Invalid", "spec.timeLimit: unknown unit")
+            .await;
+        let writes = writes.lock().unwrap().clone();
+        let first = writes[0].1["metadata"]["name"].as_str().unwrap().to_owned();
+        let what: Vec<&str> = writes.iter().map(|(what, _)| what.as_str()).collect();
+        assert_eq!(
+            what,
+            [
+                "POST /api/v1/namespaces/ml/events".to_owned(),
+                format!("PATCH /api/v1/namespaces/ml/events/{first}"),
+            ]
+        );
+        assert_eq!(writes[0].1["message"], "spec.timeLimit: unknown unit");
+        assert_eq!(writes[0].1["involvedObject"]["name"], "train");
+        assert_eq!(writes[0].1["type"], "Warning");
+        assert_eq!(writes[1].1["count"], 2);
     }
 }

@@ -34,7 +34,9 @@ mod selector;
 mod telemetry;
 
 // Running the operator: its command line, its configuration and its world.
-pub use config::{OperatorConfig, RunArgs, fallback_agent_address};
+pub use config::{
+    NamespaceSource, OperatorConfig, RunArgs, fallback_agent_address, resolve_namespace,
+};
 pub use controller::ControllerArgs;
 pub use operator::{Handles, RunError, Seams, run, run_with_handles};
 pub use telemetry::{LogFormat, init as init_telemetry};

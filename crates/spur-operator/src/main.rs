@@ -9,7 +9,9 @@ use spur_operator::LogFormat;
 use spur_operator::Seams;
 use spur_operator::clock::WallClock;
 use spur_operator::net::TcpNetwork;
-use spur_operator::{ControllerArgs, RunArgs, fallback_agent_address};
+use spur_operator::{
+    ControllerArgs, NamespaceSource, RunArgs, fallback_agent_address, resolve_namespace,
+};
 use spur_operator::{README_BEGIN, README_END, config_table, splice};
 use spur_operator::{check_controller, describe_failure};
 
@@ -164,6 +166,9 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: &mut RunArgs) -> anyhow::Result<()> {
+    let (namespace, source) = own_namespace(args);
+    tracing::info!(%namespace, from = %source, "the operator's namespace: its Lease goes there");
+    args.namespace = Some(namespace);
     if args.agent.agent_address.is_none() {
         let var = |name| std::env::var(name).ok();
         args.agent.agent_address =
@@ -191,6 +196,33 @@ async fn run(args: &mut RunArgs) -> anyhow::Result<()> {
     };
     spur_operator::run(seams, config, shutdown_signal()).await?;
     Ok(())
+}
+
+/// Where Kubernetes mounts a pod's service account namespace.
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// The operator's own namespace, from the first source that names one.
+fn own_namespace(args: &RunArgs) -> (String, NamespaceSource) {
+    let pod_namespace = std::env::var("POD_NAMESPACE").ok();
+    let service_account = std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok();
+    let context = kubeconfig_namespace(args.kubeconfig.as_deref());
+    resolve_namespace(
+        args.namespace.as_deref(),
+        pod_namespace.as_deref(),
+        service_account.as_deref(),
+        context.as_deref(),
+    )
+}
+
+/// The namespace the kubeconfig's current context names, if it names one.
+fn kubeconfig_namespace(path: Option<&std::path::Path>) -> Option<String> {
+    let config = match path {
+        Some(path) => kube::config::Kubeconfig::read_from(path).ok()?,
+        None => kube::config::Kubeconfig::read().ok()?,
+    };
+    let current = config.current_context.as_deref()?;
+    let named = config.contexts.iter().find(|c| c.name == current)?;
+    named.context.as_ref()?.namespace.clone()
 }
 
 /// Seeds retry jitter; it need not be secret, only different between replicas.

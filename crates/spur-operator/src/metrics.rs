@@ -34,6 +34,12 @@ pub struct FenceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LockLabels {
+    /// `lease` or `configmap` (`lease::LockKind`).
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RestartLabels {
     pub reason: &'static str,
 }
@@ -125,6 +131,10 @@ pub struct Metrics {
     pub reconciles: Family<ReconcileLabels, Counter>,
     pub reconcile_errors: Family<ReconcileErrorLabels, Counter>,
     pub leader: Gauge,
+    /// 1 for the kind of object the election record lives in.
+    pub election_lock: Family<LockLabels, Gauge>,
+    /// 1 while RBAC or a missing namespace keeps this replica out of the election.
+    pub election_blocked: Gauge,
     pub fence_refusals: Family<FenceLabels, Counter>,
     pub duplicates_cancelled: Family<DuplicateLabels, Counter>,
     /// Pods stopped by their job's failure policy (`jobs::failure`).
@@ -140,6 +150,20 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Sets the election's gauges: which lock it uses and whether it is blocked.
+    pub fn set_election(&self, lock: crate::lease::LockKind, blocked: bool) {
+        for kind in [
+            crate::lease::LockKind::Lease,
+            crate::lease::LockKind::ConfigMap,
+        ] {
+            let used = i64::from(kind == lock);
+            self.election_lock
+                .get_or_create(&LockLabels { kind: kind.label() })
+                .set(used);
+        }
+        self.election_blocked.set(i64::from(blocked));
+    }
+
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("spur_operator");
         let rpcs = Family::<RpcLabels, Counter>::default();
@@ -264,6 +288,18 @@ impl Metrics {
             "1 while this replica holds the operator's lease and acts",
             leader.clone(),
         );
+        let election_lock = Family::<LockLabels, Gauge>::default();
+        registry.register(
+            "election_lock",
+            "1 for the object the leader election uses: lease, or configmap where RBAC refuses leases",
+            election_lock.clone(),
+        );
+        let election_blocked = Gauge::default();
+        registry.register(
+            "election_blocked",
+            "1 while this replica cannot take part in the leader election (RBAC refuses both lock kinds, or its namespace is missing): it never acts; /readyz and the log name what to add",
+            election_blocked.clone(),
+        );
         let fence_refusals = Family::<FenceLabels, Counter>::default();
         registry.register(
             "fence_refusals",
@@ -310,6 +346,8 @@ impl Metrics {
             reconciles,
             reconcile_errors,
             leader,
+            election_lock,
+            election_blocked,
             fence_refusals,
             duplicates_cancelled,
             ranks_stopped,
@@ -368,6 +406,7 @@ impl Metrics {
         metrics.fence_refused("closed");
         metrics.duplicate_cancelled("launch");
         metrics.job_restarted("PodFailed");
+        metrics.set_election(crate::lease::LockKind::Lease, false);
         metrics
             .reconciles
             .get_or_create(&ReconcileLabels { kind: "node" })

@@ -25,7 +25,7 @@ use crate::health::{Health, Probe, serve_http};
 use crate::jobs::SpurJob;
 use crate::jobs::reconcile::JobsContext;
 use crate::jobs::reports::ReportContext;
-use crate::lease::Elector;
+use crate::lease::{ElectionStatus, Elector};
 use crate::metrics::Metrics;
 use crate::net::Sockets;
 use crate::nodes::heartbeat;
@@ -102,9 +102,21 @@ pub async fn run_with_handles<N: Sockets>(
 
     let (stopping_tx, stopping) = watch::channel(false);
     let health_listener = listen(&seams.network, config.health_listen, "health").await?;
+    let (elector, election) = Elector::new(
+        seams.kube.clone(),
+        config.lease.clone(),
+        seams.clock.clone(),
+        metrics.clone(),
+        fence.clone(),
+    );
     let health = Health::new(
         metrics.clone(),
-        readiness_probes(seams.kube.clone(), controller.clone(), config.probe_timeout),
+        readiness_probes(
+            seams.kube.clone(),
+            controller.clone(),
+            election.status.clone(),
+            config.probe_timeout,
+        ),
         config.probe_timeout,
     );
     let health_task = tokio::spawn(serve_http(
@@ -137,13 +149,7 @@ pub async fn run_with_handles<N: Sockets>(
         wait_for(stopping.clone()),
     ));
 
-    let (elector, mut leading) = Elector::new(
-        seams.kube.clone(),
-        config.lease.clone(),
-        seams.clock.clone(),
-        metrics.clone(),
-        fence.clone(),
-    );
+    let mut leading = election.leading.clone();
     let (release_tx, release) = watch::channel(false);
     let elector_task = tokio::spawn(elector.run(wait_for(release)));
     let events = EventPublisher::new(
@@ -349,6 +355,7 @@ fn start_leader_tasks<N: Sockets>(
 fn readiness_probes(
     kube: kube::Client,
     controller: ControllerClient,
+    election: watch::Receiver<ElectionStatus>,
     bound: std::time::Duration,
 ) -> Vec<(&'static str, Box<dyn Probe>)> {
     let kube = Arc::new(kube);
@@ -370,9 +377,15 @@ fn readiness_probes(
                 .map_err(|e| e.to_string())
         })
     };
+    // A replica that can never act is not ready: its pod says why where people look.
+    let election = move || -> BoxFuture<'static, Result<(), String>> {
+        let blocked = election.borrow().blocked.clone();
+        Box::pin(async move { blocked.map_or(Ok(()), Err) })
+    };
     vec![
         ("kube-apiserver", Box::new(api_server)),
         ("spurctld", Box::new(spurctld)),
+        ("election", Box::new(election)),
     ]
 }
 
