@@ -18,7 +18,13 @@
 //!    seed's runs 3 and 5), and a follower that refuses writes keeps refusing them: one cut
 //!    off from its peers refuses every write until the cut heals, and a channel kept on it
 //!    is left only when another rule moves it (the lab's `follower-cut-off`). An answer
-//!    (NOT_FOUND, INVALID_ARGUMENT, ...) keeps the channel.
+//!    (NOT_FOUND, INVALID_ARGUMENT, ...) keeps the channel. The dropped channel is Pinged
+//!    for its replica's name and the next round passes over that replica as rule 4 does
+//!    ([`Rule::Avoid`]): a headless Service's name resolves to its pods in one order, and a
+//!    dialer that takes them in turn can meet the same one at the same point of every round
+//!    (with a follower cut off from its peers answering the probe first from its own copy,
+//!    and the operator cut off from the leader, SpurJobs waited 20 s and more for an id
+//!    while every round shared that follower's channel and every write on it was refused).
 //! 2. **A new channel serves a forwarded read before it is shared** ([`Rule::ProbeRedial`]):
 //!    each one dialed is asked for a job that cannot exist (GetJobs of id `u32::MAX`) within
 //!    the probe's bound. A follower whose forwards hang (its leader frozen, gone, or cut off
@@ -298,8 +304,8 @@ struct Round {
     pending: BTreeSet<DialId>,
     /// When the next hedged dial starts; `None` without a hedge.
     next_dial: Option<Instant>,
-    /// The channel a patience round replaces, or the one a round after rule 6 left: a
-    /// candidate that reaches the same replica is no replacement.
+    /// The channel a patience round replaces, or the one a round after rule 6 or a failed
+    /// call left: a candidate that reaches the same replica is no replacement.
     replaces: Option<DialId>,
 }
 
@@ -337,6 +343,9 @@ pub struct Policy {
     last_patience_round: Option<Instant>,
     /// The replica each named channel reached.
     names: BTreeMap<DialId, ReplicaId>,
+    /// The channel a failed call dropped while no round ran: the next round passes over
+    /// its replica (rule 1).
+    failed_on: Option<DialId>,
     fired: Vec<Rule>,
 }
 
@@ -349,6 +358,7 @@ impl Policy {
             next_dial: 0,
             last_patience_round: None,
             names: BTreeMap::new(),
+            failed_on: None,
             fired: Vec::new(),
         }
     }
@@ -393,6 +403,7 @@ impl Policy {
         let round = self.round();
         let live = |dial: &DialId| {
             self.shared() == Some(*dial)
+                || self.failed_on == Some(*dial)
                 || round.is_some_and(|r| r.pending.contains(dial) || r.replaces == Some(*dial))
         };
         let dead: Vec<DialId> = self.names.keys().copied().filter(|d| !live(d)).collect();
@@ -492,7 +503,8 @@ impl Policy {
         let mut on = None;
         match &self.link {
             Link::Closed => {
-                let round = self.start_round(now, Purpose::Fill, out);
+                let mut round = self.start_round(now, Purpose::Fill, out);
+                round.replaces = self.failed_on.take();
                 self.link = Link::Connecting(round);
             }
             Link::Connecting(_) => {}
@@ -548,18 +560,32 @@ impl Policy {
             return; // an older channel, already replaced
         }
         let dial = *dial;
+        let replacing = replacing.take();
         self.fired.push(Rule::DropOnFailure);
+        // The next round passes over the replica that failed the call, as a patience round
+        // does: a follower cut off from its peers refuses every write, and a Service that
+        // hands out its pods in turn can hand it out again every round.
+        let avoid = Some(dial).filter(|_| self.rules.avoid);
+        // A round replacing this channel asked for its name already.
+        let asked = replacing.as_ref().is_some_and(|r| r.replaces == Some(dial));
+        if avoid.is_some() && !asked && !self.names.contains_key(&dial) {
+            out.push(Command::Name { dial });
+        }
         out.push(Command::Drop {
             dial,
             rule: Rule::DropOnFailure,
         });
         // A replacement under way becomes the round the next calls wait for.
-        self.link = match replacing.take() {
+        self.link = match replacing {
             Some(mut round) => {
                 round.purpose = Purpose::Fill;
+                round.replaces = round.replaces.or(avoid);
                 Link::Connecting(round)
             }
-            None => Link::Closed,
+            None => {
+                self.failed_on = avoid;
+                Link::Closed
+            }
         };
     }
 

@@ -127,13 +127,97 @@ fn a_failed_call_drops_its_channel_and_the_next_call_dials_afresh() {
     b.open(1);
     assert_eq!(
         b.ended(1, Ended::Failed),
+        [
+            Name { dial: 0 },
+            Drop {
+                dial: 0,
+                rule: Rule::DropOnFailure
+            }
+        ]
+    );
+    assert_eq!(b.fired(), [Rule::DropOnFailure]);
+    assert_eq!(b.on(Event::CallStarted { call: 2 }), [Dial { dial: 1 }]);
+}
+
+#[test]
+fn the_round_after_a_failed_call_passes_over_the_replica_that_failed_it() {
+    let mut b = Bench::new(Rules {
+        hedge: None,
+        ..rules()
+    });
+    b.open(1);
+    // A follower cut off from its peers refuses the write; its channel is named as it goes.
+    b.ended(1, Ended::Failed);
+    b.on(Event::Named {
+        dial: 0,
+        replica: 7,
+    });
+    assert_eq!(
+        b.at(300).on(Event::CallStarted { call: 2 }),
+        [Dial { dial: 1 }]
+    );
+    // The Service hands out the same replica: named, and passed over though it answers.
+    assert_eq!(
+        b.on(Event::Dialed { dial: 1, ok: true }),
+        [Probe {
+            dial: 1,
+            named: true
+        }]
+    );
+    b.on(Event::Named {
+        dial: 1,
+        replica: 7,
+    });
+    assert_eq!(b.probed(1, true), [Discard { dial: 1 }, Dial { dial: 2 }]);
+    assert_eq!(
+        b.fired(),
+        [Rule::DropOnFailure, Rule::Avoid, Rule::ProbeRedial]
+    );
+    b.on(Event::Dialed { dial: 2, ok: true });
+    b.on(Event::Named {
+        dial: 2,
+        replica: 8,
+    });
+    assert_eq!(
+        b.probed(2, true),
+        [Share { dial: 2 }, Use { call: 2, dial: 2 }]
+    );
+    // Only that one round: the next failure's round passes over the next replica alone.
+    b.ended(2, Ended::Failed);
+    b.on(Event::CallStarted { call: 3 });
+    b.on(Event::Dialed { dial: 3, ok: true });
+    b.on(Event::Named {
+        dial: 3,
+        replica: 7,
+    });
+    assert_eq!(
+        b.probed(3, true),
+        [Share { dial: 3 }, Use { call: 3, dial: 3 }]
+    );
+}
+
+#[test]
+fn with_avoid_off_a_failed_call_names_nothing_and_the_next_round_takes_any_replica() {
+    let mut b = Bench::new(Rules {
+        avoid: false,
+        ..rules()
+    });
+    b.open(1);
+    assert_eq!(
+        b.ended(1, Ended::Failed),
         [Drop {
             dial: 0,
             rule: Rule::DropOnFailure
         }]
     );
-    assert_eq!(b.fired(), [Rule::DropOnFailure]);
-    assert_eq!(b.on(Event::CallStarted { call: 2 }), [Dial { dial: 1 }]);
+    b.on(Event::CallStarted { call: 2 });
+    assert_eq!(
+        b.on(Event::Dialed { dial: 1, ok: true }),
+        [Probe {
+            dial: 1,
+            named: false
+        }]
+    );
 }
 
 #[test]
@@ -292,6 +376,7 @@ fn a_failure_during_a_replacement_makes_the_calls_wait_for_it() {
     b.open(1);
     b.tick_at(1000);
     b.at(1100).on(Event::CallStarted { call: 2 });
+    // The patience round asked for the channel's name already.
     assert_eq!(
         b.ended(2, Ended::Failed),
         [Drop {
