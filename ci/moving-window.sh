@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Seeds that move: besides the fixed 0..2000 of `cargo test`, each commit sweeps a window
 # of its own, chosen from its hash, so the suite stops measuring only the seeds it has
-# been fixed against. Prints the window first and, for any failing seed, the command that
-# replays it. Usage: ci/moving-window.sh SPUR_SIM [COUNT] [JOBS]
+# been fixed against. Each seed draws its Service (headless, or ClusterIP with each way of
+# treating a SYN with no endpoint) as in `cargo test`. Prints the window first and, for any
+# failing seed, the command that replays it (naming the Service it drew).
+# Usage: ci/moving-window.sh SPUR_SIM [COUNT] [JOBS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sim="$1"
