@@ -14,6 +14,7 @@ use spur_operator::SpurJob;
 
 use crate::index::ObjectIndex;
 use crate::kube_api::clock::TimeSource;
+use crate::kube_api::install::{install_operator_identity, operator_rbac};
 use crate::kube_api::store::StoreConfig;
 use crate::kube_api::{ApiServer, ApiServerConfig, seed};
 use crate::leases::LeaseHistory;
@@ -52,6 +53,8 @@ pub struct Sim {
     /// Who each Lease named, as the API server applied it.
     pub leases: LeaseHistory,
     seed: u64,
+    /// The operator's ServiceAccount token: what every replica acts with.
+    operator_token: String,
     operators: Rc<RefCell<BTreeMap<String, Handles>>>,
     stops: BTreeMap<String, OperatorStop>,
 }
@@ -62,7 +65,8 @@ impl Sim {
     }
 
     /// A world for `seed` with the API server up (the CRD applied, the operator's
-    /// namespace created) and the controller replicas started.
+    /// namespace, ServiceAccount and `deploy/rbac.yaml` applied) and the controller
+    /// replicas started.
     pub fn with_config(seed: u64, config: WorldConfig) -> Sim {
         let mut sim = Sim::without_controllers(seed, config);
         sim.world.start_controllers();
@@ -87,6 +91,7 @@ impl Sim {
                 ..Default::default()
             },
             clock: Some(TimeSource::of_world(world.time())),
+            ..ApiServerConfig::default()
         });
         let index = ObjectIndex::attach(&api);
         let leases = LeaseHistory::attach(&api, world.time());
@@ -98,6 +103,9 @@ impl Sim {
         .expect("create the operator's namespace");
         let crd = serde_json::to_value(SpurJob::crd()).expect("the CRD serialises");
         api.create(crd).expect("apply the SpurJob CRD");
+        let operator_token =
+            install_operator_identity(&api, OPERATOR_NAMESPACE, operator_rbac(OPERATOR_NAMESPACE))
+                .expect("apply the operator's ServiceAccount and RBAC");
         let server = api.clone();
         world.host(KUBE_API_HOST, move || {
             let server = server.clone();
@@ -113,6 +121,7 @@ impl Sim {
             index,
             leases,
             seed,
+            operator_token,
             operators: Rc::default(),
             stops: BTreeMap::new(),
         }
@@ -136,16 +145,18 @@ impl Sim {
         let config = config_from_flags(name, &flags).expect("the operator's flags are valid");
         let dialer = self.world.dialer(name);
         let seed = self.seed ^ fnv1a(name.as_bytes());
+        let token = self.operator_token.clone();
         let operators = self.operators.clone();
         let host = name.to_owned();
         let stop = OperatorStop(Rc::new(tokio::sync::watch::channel(false).0));
         self.stops.insert(name.to_owned(), stop.clone());
         self.world.host(name, move || {
-            let (dialer, config, operators, host) = (
+            let (dialer, config, operators, host, token) = (
                 dialer.clone(),
                 config.clone(),
                 operators.clone(),
                 host.clone(),
+                token.clone(),
             );
             let mut stopped = stop.0.subscribe();
             async move {
@@ -154,7 +165,7 @@ impl Sim {
                 let shutdown = async move {
                     let _ = stopped.wait_for(|s| *s).await;
                 };
-                let run = run_operator(dialer, config, seed, shutdown, started);
+                let run = run_operator(dialer, config, seed, token, shutdown, started);
                 let publish = async move {
                     if let Ok(handles) = handles.await {
                         operators.borrow_mut().insert(host, handles);

@@ -14,6 +14,7 @@ use spur_operator::net::{Binder, Dialer};
 use spur_operator::{OperatorConfig, RunArgs};
 
 use crate::determinism::sim_now;
+use crate::kube_api::{ClientOptions, client_over_with};
 use crate::net::{ServiceDialer, SimListener};
 
 /// Where the simulated API server listens.
@@ -76,15 +77,21 @@ pub fn config_from_flags(host: &str, flags: &[String]) -> Result<OperatorConfig,
     parsed.run.validate().map_err(|e| e.to_string())
 }
 
-/// Runs the operator on the current simulated host until `shutdown` completes.
+/// Runs the operator on the current simulated host until `shutdown` completes, acting on
+/// the API server with `token` (its ServiceAccount's, as in a pod).
 pub async fn run_operator(
     dialer: ServiceDialer,
     config: OperatorConfig,
     seed: u64,
+    token: String,
     shutdown: impl Future<Output = ()>,
     started: tokio::sync::oneshot::Sender<Handles>,
 ) -> Result<(), spur_operator::RunError> {
-    let kube = crate::kube_api::client::client_over(dialer.clone(), KUBE_API_HOST, KUBE_API_PORT);
+    let options = ClientOptions {
+        bearer_token: Some(token),
+        ..ClientOptions::default()
+    };
+    let kube = client_over_with(dialer.clone(), KUBE_API_HOST, KUBE_API_PORT, &options);
     let seams = spur_operator::Seams {
         network: OperatorNetwork::new(dialer),
         kube,

@@ -829,6 +829,7 @@ async fn faults_outage_latency_and_cut_watches() {
     // ...and a client without retries sees the 503.
     let no_retry = ClientOptions {
         retry_server_errors: false,
+        bearer_token: Some(server.admin_token()),
         ..ClientOptions::default()
     };
     let bare: Api<SpurJob> = Api::namespaced(server.in_memory_client_with(&no_retry), "default");
@@ -1041,19 +1042,26 @@ async fn kube_runtime_recorder_creates_then_patches_an_event_series() {
 
 #[test]
 fn a_client_on_another_turmoil_host_talks_to_the_server() {
-    use spur_sim::kube_api::{client_over, transport::BareTurmoilDialer};
+    use spur_sim::kube_api::{client_over_with, transport::BareTurmoilDialer};
     let mut sim = turmoil::Builder::new()
         .simulation_duration(Duration::from_secs(120))
         .build();
-    sim.host("kube-api", || async {
-        let server = ApiServer::new(ApiServerConfig::default());
-        server.seed_nodes(2).unwrap();
-        let listener = spur_sim::net::SimListener::bind(6443).await?;
-        server.serve(listener).await?;
-        Ok(())
+    let server = ApiServer::new(ApiServerConfig::default());
+    server.seed_nodes(2).unwrap();
+    let options = ClientOptions {
+        bearer_token: Some(server.admin_token()),
+        ..ClientOptions::default()
+    };
+    sim.host("kube-api", move || {
+        let server = server.clone();
+        async move {
+            let listener = spur_sim::net::SimListener::bind(6443).await?;
+            server.serve(listener).await?;
+            Ok(())
+        }
     });
-    sim.client("operator", async {
-        let client = client_over(BareTurmoilDialer, "kube-api", 6443);
+    sim.client("operator", async move {
+        let client = client_over_with(BareTurmoilDialer, "kube-api", 6443, &options);
         let nodes: Api<Node> = Api::all(client.clone());
         let list = nodes
             .list(&ListParams::default().labels("spur.amd.com/managed=true"))
@@ -1183,14 +1191,19 @@ async fn kubectl_against_the_tcp_mode() {
 
 /// Every change of one turmoil run, as the observer sees it.
 fn turmoil_trace(seed: u64) -> Vec<String> {
-    use spur_sim::kube_api::{client_over, store::StoreConfig, transport::BareTurmoilDialer};
+    use spur_sim::kube_api::{client_over_with, store::StoreConfig, transport::BareTurmoilDialer};
     let server = ApiServer::new(ApiServerConfig {
         store: StoreConfig {
             seed,
             ..StoreConfig::default()
         },
         clock: None,
+        ..ApiServerConfig::default()
     });
+    let options = ClientOptions {
+        bearer_token: Some(server.admin_token()),
+        ..ClientOptions::default()
+    };
     let trace = Arc::new(std::sync::Mutex::new(Vec::new()));
     let sink = trace.clone();
     server.observe(move |change| {
@@ -1211,9 +1224,9 @@ fn turmoil_trace(seed: u64) -> Vec<String> {
             Ok(())
         }
     });
-    sim.client("operator", async {
-        let pods: Api<Pod> =
-            Api::namespaced(client_over(BareTurmoilDialer, "kube-api", 6443), "default");
+    sim.client("operator", async move {
+        let client = client_over_with(BareTurmoilDialer, "kube-api", 6443, &options);
+        let pods: Api<Pod> = Api::namespaced(client, "default");
         let mut template = pod("");
         template.metadata.generate_name = Some("worker-".into());
         let mut names = Vec::new();
@@ -1272,4 +1285,94 @@ async fn connects_are_bounded_as_by_kubes_default_config() {
     let start = tokio::time::Instant::now();
     let err = nodes.list(&ListParams::default()).await.unwrap_err();
     assert_eq!(start.elapsed(), Duration::from_secs(30), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_request_without_a_known_token_is_unauthorized() {
+    let server = ApiServer::new(ApiServerConfig::default());
+    for token in [None, Some("guessed".to_owned())] {
+        let options = ClientOptions {
+            bearer_token: token,
+            ..ClientOptions::default()
+        };
+        let nodes: Api<Node> = Api::all(server.in_memory_client_with(&options));
+        let err = api_error(nodes.list(&ListParams::default()).await.unwrap_err());
+        assert_eq!(
+            (err.code, err.reason.as_str(), err.message.as_str()),
+            (401, "Unauthorized", "Unauthorized")
+        );
+    }
+    let denials = server.denials();
+    assert_eq!(denials.len(), 2);
+    assert!(denials.iter().all(|d| d.code == 401 && d.user.is_none()));
+}
+
+#[tokio::test]
+async fn a_service_account_may_do_what_its_bindings_grant_and_no_more() {
+    let server = ApiServer::new(ApiServerConfig::default());
+    for obj in [
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "spur"}}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "default", "namespace": "spur"}}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "pods", "namespace": "spur"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "pods", "namespace": "spur"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "spur"}]}),
+    ] {
+        server.create(obj).unwrap();
+    }
+    let options = ClientOptions {
+        bearer_token: Some(server.service_account_token("spur", "default").unwrap()),
+        ..ClientOptions::default()
+    };
+    let client = server.in_memory_client_with(&options);
+    // Allowed: the pod is only missing. Discovery is open to every authenticated user.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "spur");
+    assert_eq!(api_error(pods.get("x").await.unwrap_err()).code, 404);
+    client.apiserver_version().await.expect("discovery");
+    let err = api_error(pods.list(&ListParams::default()).await.unwrap_err());
+    assert_eq!(
+        err.message,
+        "pods is forbidden: User \"system:serviceaccount:spur:default\" cannot list resource \"pods\" in API group \"\" in the namespace \"spur\""
+    );
+    assert_eq!((err.code, err.reason.as_str()), (403, "Forbidden"));
+    let elsewhere: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let err = api_error(elsewhere.get("x").await.unwrap_err());
+    assert_eq!(
+        err.message,
+        "pods \"x\" is forbidden: User \"system:serviceaccount:spur:default\" cannot get resource \"pods\" in API group \"\" in the namespace \"default\""
+    );
+    let nodes: Api<Node> = Api::all(client);
+    let err = api_error(nodes.get("n").await.unwrap_err());
+    assert!(
+        err.message.ends_with("at the cluster scope"),
+        "{}",
+        err.message
+    );
+    assert_eq!(server.denials().len(), 3);
+    assert!(server.service_account_token("spur", "absent").is_err());
+}
+
+#[tokio::test]
+async fn allow_all_serves_a_client_without_a_token() {
+    let server = ApiServer::new(ApiServerConfig {
+        authorization: spur_sim::kube_api::Authorization::AllowAll,
+        ..ApiServerConfig::default()
+    });
+    server.seed_nodes(1).unwrap();
+    let client = server.in_memory_client_with(&ClientOptions::default());
+    let nodes: Api<Node> = Api::all(client);
+    assert_eq!(
+        nodes
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+    assert_eq!(server.denials(), []);
 }

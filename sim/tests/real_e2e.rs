@@ -119,7 +119,7 @@ fn show_with_kubectl(stack: &Stack, name: &str) {
     let Ok(kubectl) = std::env::var("SPUR_E2E_KUBECTL") else {
         return;
     };
-    let kubeconfig = stack.kubeconfig();
+    let kubeconfig = stack.admin_kubeconfig();
     for args in [
         vec!["get", "spurjob", name, "-o", "wide"],
         vec!["describe", "spurjob", name],

@@ -34,6 +34,9 @@ pub struct ClientOptions {
     /// delay doubling from 5 ms up to 1000 s). Unlike kube's, the delays carry no jitter:
     /// kube's jitter comes from an unseeded RNG, which a deterministic run cannot have.
     pub retry_server_errors: bool,
+    /// Sent as `Authorization: Bearer` on every request (a ServiceAccount's token, or an
+    /// admin's); `None` sends no credentials.
+    pub bearer_token: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -50,6 +53,7 @@ impl ClientOptions {
             default_namespace: config.default_namespace.clone(),
             connect_timeout: config.connect_timeout,
             retry_server_errors: config.default_retry,
+            bearer_token: None,
         }
     }
 }
@@ -62,7 +66,7 @@ pub fn client_over<D: Dialer>(dialer: D, host: &str, port: u16) -> kube::Client 
 
 /// A `kube::Client` whose connections to `http://{host}:{port}` are opened by `dialer`.
 ///
-/// Plain HTTP/1.1, no authentication, hyper's connection pool, and the connect bound and
+/// Plain HTTP/1.1, hyper's connection pool, and the bearer token, connect bound and
 /// server-error retries of `options`; no read timeout (kube's default has none either).
 pub fn client_over_with<D: Dialer>(
     dialer: D,
@@ -82,7 +86,15 @@ pub fn client_over_with<D: Dialer>(
                 .to(host, port)
                 .dial_timeout(options.connect_timeout),
         );
+    let authorization: Option<http::HeaderValue> = options
+        .bearer_token
+        .as_ref()
+        .and_then(|t| format!("Bearer {t}").parse().ok());
     let base_uri = move |mut req: Request<Body>| {
+        if let Some(value) = &authorization {
+            req.headers_mut()
+                .insert(http::header::AUTHORIZATION, value.clone());
+        }
         let path = req
             .uri()
             .path_and_query()

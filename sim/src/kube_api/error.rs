@@ -102,6 +102,27 @@ impl ApiError {
         Self::new(410, "Expired", message)
     }
 
+    /// 401 for a request without a token the server knows.
+    pub fn unauthorized() -> Self {
+        Self::new(401, "Unauthorized", "Unauthorized")
+    }
+
+    /// 403 for a request the authorizer refused, `why` worded as Kubernetes words it
+    /// (`User "u" cannot get resource ...`); `resource` is the plural without subresource.
+    pub fn forbidden(group: &str, resource: &str, name: &str, why: &str) -> Self {
+        let qualified = match (resource, group) {
+            ("", _) => String::new(),
+            (r, "") => r.to_owned(),
+            (r, g) => format!("{r}.{g}"),
+        };
+        let message = match (qualified.as_str(), name) {
+            ("", _) => format!("forbidden: {why}"),
+            (q, "") => format!("{q} is forbidden: {why}"),
+            (q, n) => format!("{q} {n:?} is forbidden: {why}"),
+        };
+        Self::new(403, "Forbidden", message).with_details(name, group, resource)
+    }
+
     /// 503 while an outage fault is on.
     pub fn unavailable() -> Self {
         Self::new(
@@ -123,7 +144,14 @@ impl ApiError {
             "code": self.code,
         });
         if let Some((name, group, kind)) = &self.details {
-            status["details"] = json!({ "name": name, "group": group, "kind": kind });
+            // Empty fields are left out, as Go's `omitempty` leaves them.
+            let fields = [("name", name), ("group", group), ("kind", kind)];
+            let details: serde_json::Map<String, Value> = fields
+                .into_iter()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(k, v)| (k.to_owned(), json!(v)))
+                .collect();
+            status["details"] = Value::Object(details);
         }
         status
     }

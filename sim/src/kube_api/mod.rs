@@ -29,6 +29,8 @@
 //! - `dryRun` is refused; the OpenAPI v2 document is empty (kubectl validates nothing);
 //!   watches ignore `as=Table`.
 
+mod access;
+pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod clock;
@@ -36,8 +38,10 @@ mod discovery;
 pub mod error;
 mod event_view;
 pub mod faults;
+pub mod install;
 pub mod patch;
 pub mod pod_io;
+pub mod rbac;
 pub mod resources;
 pub mod seed;
 pub mod selectors;
@@ -47,6 +51,7 @@ pub mod transport;
 mod watch;
 pub mod writes;
 
+pub use access::{Authorization, Denial};
 pub use client::{ClientOptions, client_over, client_over_with};
 pub use error::{ApiError, ApiResult};
 pub use faults::{CutKind, Faults, OutageMode};

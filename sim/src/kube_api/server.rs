@@ -29,6 +29,8 @@ use spur_operator::net::Listener;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{
+    access::{self, Authorization, Denial},
+    auth::{Tokens, UserInfo},
     client::{ClientOptions, client_over_with},
     clock::TimeSource,
     discovery,
@@ -36,7 +38,7 @@ use super::{
     event_view,
     faults::{CutKind, Faults},
     patch::{PatchKind, parse_patch_body},
-    pod_io,
+    pod_io, rbac,
     resources::{ResourceKey, ResourceType},
     seed,
     selectors::{FieldSelector, Filter, LabelSelector},
@@ -64,6 +66,16 @@ pub(crate) struct Shared {
     /// Writes applied over HTTP, with the writing host (locked while the store's lock is
     /// held, so records are in resourceVersion order).
     pub(crate) writes: Mutex<WriteLog>,
+    /// Whether requests are authenticated and authorised.
+    pub(crate) authorization: Authorization,
+    /// See [`ApiServer::authorize_exec_upgrade_as_get`].
+    pub(crate) exec_upgrade_as_get: std::sync::atomic::AtomicBool,
+    /// See [`ApiServerConfig::anonymous`].
+    pub(crate) anonymous: Option<UserInfo>,
+    /// The bearer tokens the server accepts.
+    pub(crate) tokens: Mutex<Tokens>,
+    /// Requests refused with 401 or 403, in order.
+    pub(crate) denials: Mutex<Vec<Denial>>,
 }
 
 /// The host a connection came from, handed to every request on it.
@@ -77,6 +89,12 @@ pub struct ApiServerConfig {
     pub store: StoreConfig,
     /// Where timestamps come from; `None`: [`TimeSource::simulated`], started at creation.
     pub clock: Option<TimeSource>,
+    /// RBAC (the default), or allow-all for a test of the store itself.
+    pub authorization: Authorization,
+    /// Who a request without any credentials is: nobody (401, the default), or a user.
+    /// kubectl sends no credentials over plain HTTP (client-go sends them only over TLS), so
+    /// `spur-sim kube-api` makes it the admin, as kube-apiserver's old insecure port did.
+    pub anonymous: Option<UserInfo>,
 }
 
 /// An in-memory Kubernetes API server. Cheap to clone; clones share the same state.
@@ -105,8 +123,44 @@ impl ApiServer {
                 watches_started: AtomicU64::new(0),
                 watches_open: AtomicU64::new(0),
                 writes: Mutex::new(WriteLog::default()),
+                authorization: config.authorization,
+                exec_upgrade_as_get: std::sync::atomic::AtomicBool::new(false),
+                anonymous: config.anonymous,
+                tokens: Mutex::new(Tokens::default()),
+                denials: Mutex::new(Vec::new()),
             }),
         }
+    }
+
+    /// A new bearer token for `user` (see [`super::auth`]).
+    pub fn mint_token(&self, user: UserInfo) -> String {
+        self.shared.tokens.lock().expect("token lock").mint(user)
+    }
+
+    /// A new token of the cluster admin (`system:masters`): what Kubernetes' own parts,
+    /// the judges and the tests' kubectl act with.
+    pub fn admin_token(&self) -> String {
+        self.mint_token(UserInfo::admin())
+    }
+
+    /// A new token of ServiceAccount `namespace/name`, as a TokenRequest gives one: the
+    /// ServiceAccount must exist.
+    pub fn service_account_token(&self, namespace: &str, name: &str) -> ApiResult<String> {
+        self.get("v1", "ServiceAccount", Some(namespace), name)?;
+        Ok(self.mint_token(UserInfo::service_account(namespace, name)))
+    }
+
+    /// Authorises a WebSocket `pods/exec` (a GET upgraded) as `get`, as older Kubernetes
+    /// releases did, instead of the `create` newer ones require (the default).
+    pub fn authorize_exec_upgrade_as_get(&self, yes: bool) {
+        self.shared
+            .exec_upgrade_as_get
+            .store(yes, Ordering::Relaxed);
+    }
+
+    /// The requests refused with 401 or 403 so far.
+    pub fn denials(&self) -> Vec<Denial> {
+        self.shared.denials.lock().expect("denial lock").clone()
     }
 
     /// The fault switches.
@@ -207,10 +261,13 @@ impl ApiServer {
         }
     }
 
-    /// A client connected to this server through in-memory pipes, with kube's default
-    /// transport settings (spawns the serving task on the current runtime).
+    /// An admin's client connected to this server through in-memory pipes, with kube's
+    /// default transport settings (spawns the serving task on the current runtime).
     pub fn in_memory_client(&self) -> kube::Client {
-        self.in_memory_client_with(&ClientOptions::default())
+        self.in_memory_client_with(&ClientOptions {
+            bearer_token: Some(self.admin_token()),
+            ..ClientOptions::default()
+        })
     }
 
     /// [`ApiServer::in_memory_client`] with other transport settings.
@@ -317,15 +374,26 @@ fn error_response(err: &ApiError) -> Response {
     (code, Json(err.to_status())).into_response()
 }
 
-async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+async fn handle(State(shared): State<Arc<Shared>>, mut req: Request) -> Response {
     let method = req.method().clone();
     let uri = req.uri().clone();
-    let response = match shared.faults.gate().await {
+    let host = req.extensions().get::<Peer>().and_then(|p| p.0.clone());
+    let response = match shared
+        .faults
+        .gate()
+        .await
+        .and_then(|()| access::check(&shared, &method, &uri, req.headers(), host))
+    {
         Err(err) => error_response(&err),
-        Ok(()) => match route(shared, req).await {
-            Ok(response) => response,
-            Err(err) => error_response(&err),
-        },
+        Ok(user) => {
+            if let Some(user) = user {
+                req.extensions_mut().insert(user);
+            }
+            match route(shared, req).await {
+                Ok(response) => response,
+                Err(err) => error_response(&err),
+            }
+        }
     };
     tracing::debug!(%method, %uri, status = response.status().as_u16(), "kube-api request");
     response
@@ -385,6 +453,7 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
     }
     let (parts, body) = req.into_parts();
     let peer = parts.extensions.get::<Peer>().and_then(|p| p.0.clone());
+    let user = parts.extensions.get::<UserInfo>().cloned();
     let path = parts.uri.path().to_owned();
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let query: BTreeMap<String, String> = Query::try_from_uri(&parts.uri)
@@ -513,6 +582,9 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
                 return Err(ApiError::method_not_allowed("POST"));
             }
             let obj = json_body(&content_type, &body)?;
+            if let Some(user) = &user {
+                admit_create(&shared, user, &parts, &obj, &peer)?;
+            }
             let created = write(&shared, &peer, WriteMethod::Create, &rt, false, |store| {
                 store.create(&rt, ns, obj)
             })?;
@@ -599,6 +671,30 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
         }
         (method, _) => Err(ApiError::method_not_allowed(method.as_str())),
     }
+}
+
+/// The admission check of a create by `user` (owner references), its refusal logged.
+fn admit_create(
+    shared: &Shared,
+    user: &UserInfo,
+    parts: &http::request::Parts,
+    obj: &Value,
+    peer: &Option<Arc<str>>,
+) -> ApiResult<()> {
+    let attrs = rbac::Attributes::of_request(
+        parts.method.as_str(),
+        parts.uri.path(),
+        &BTreeMap::new(),
+        false,
+    );
+    let store = shared.store.lock().expect("store lock");
+    let admitted = access::admit_owner_references(&store, user, &attrs, obj);
+    drop(store);
+    if let Err(err) = &admitted {
+        let request = format!("{} {}", parts.method, parts.uri);
+        access::record(shared, err, Some(user), peer.clone(), request);
+    }
+    admitted
 }
 
 /// Applies one write under the store's lock and records it (see [`record_write`]).

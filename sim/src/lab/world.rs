@@ -29,6 +29,7 @@ use super::kernel::{Firewall, ImageRoot, NoEndpoint, Pod};
 use crate::controller::Clock;
 use crate::index::ObjectIndex;
 use crate::kube_api::cli::write_kubeconfig;
+use crate::kube_api::install::{install_operator_identity, operator_rbac};
 use crate::kube_api::{ApiServer, ApiServerConfig, OutageMode};
 use crate::kubelet::{self, KubeletConfig};
 use crate::net::ServiceKind;
@@ -178,6 +179,8 @@ impl Lab {
             let _ = api.create(json!({"apiVersion": "v1", "kind": "Namespace",
                 "metadata": {"name": namespace}}));
         }
+        let token = install_operator_identity(&api, "spur-system", operator_rbac("spur-system"))
+            .map_err(|e| anyhow::anyhow!("the operator's ServiceAccount and RBAC: {e:?}"))?;
         let index = ObjectIndex::attach(&api);
         api.seed_nodes(nodes)
             .map_err(|e| anyhow::anyhow!("nodes: {e:?}"))?;
@@ -206,7 +209,9 @@ impl Lab {
             probe_answers.clone(),
         )));
         let kubeconfig = setup.dir.join("kubeconfig");
-        write_kubeconfig(&kubeconfig, &format!("http://{API_IP}:{API_PORT}"))?;
+        // The operator processes act as their ServiceAccount, under deploy/rbac.yaml.
+        let url = format!("http://{API_IP}:{API_PORT}");
+        write_kubeconfig(&kubeconfig, &url, &token, "spur-system")?;
         let replicas = (0..3)
             .map(|slot| Replica {
                 pod: Pod {

@@ -16,6 +16,7 @@ use spur_proto::SlurmControllerClient;
 use spur_sim::controller::Clock;
 use spur_sim::index::ObjectIndex;
 use spur_sim::kube_api::cli::write_kubeconfig;
+use spur_sim::kube_api::install::{install_operator_identity, operator_rbac};
 use spur_sim::kube_api::{ApiServer, ApiServerConfig};
 use spur_sim::kubelet::{self, KubeletConfig};
 use spur_sim::real_peer::{self, RealCluster, RealConfig};
@@ -77,9 +78,10 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// The kubeconfig the operator reads: the stack's API server, over plain HTTP.
-    pub fn kubeconfig(&self) -> PathBuf {
-        self.cluster.dir().join("stack").join("kubeconfig")
+    /// A kubeconfig of the stack's API server (plain HTTP) with an admin's token, for a
+    /// person's kubectl (the operator's own holds its ServiceAccount's token).
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.cluster.dir().join("stack").join("admin-kubeconfig")
     }
 
     /// Starts everything, on the current tokio runtime; fails, naming it, when a real
@@ -130,6 +132,9 @@ impl Stack {
             // The API server may start with `default`.
             let _ = api.create(object);
         }
+        let token =
+            install_operator_identity(&api, OPERATOR_NAMESPACE, operator_rbac(OPERATOR_NAMESPACE))
+                .expect("the operator's ServiceAccount and RBAC");
         let index = ObjectIndex::attach(&api);
         api.seed_nodes(config.nodes).expect("nodes");
         let api_addr = SocketAddr::new(cluster.spare_ip(2).into(), 0);
@@ -152,7 +157,10 @@ impl Stack {
             Clock::real(),
         )));
         let kubeconfig = dir.join("kubeconfig");
-        write_kubeconfig(&kubeconfig, &api_url).expect("kubeconfig");
+        // The operator acts as its ServiceAccount, under deploy/rbac.yaml as applied.
+        write_kubeconfig(&kubeconfig, &api_url, &token, OPERATOR_NAMESPACE).expect("kubeconfig");
+        let admin = dir.join("admin-kubeconfig");
+        write_kubeconfig(&admin, &api_url, &api.admin_token(), NAMESPACE).expect("kubeconfig");
 
         let agent_ip = cluster.spare_ip(0);
         let mut command = Command::new(operator_bin);
