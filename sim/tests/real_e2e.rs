@@ -12,6 +12,8 @@
 mod stack;
 #[path = "real_e2e/upstream.rs"]
 mod upstream;
+#[path = "real_e2e/upstream_layout.rs"]
+mod upstream_layout;
 
 use std::future::Future;
 use std::time::Duration;

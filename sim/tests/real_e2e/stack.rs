@@ -27,6 +27,48 @@ pub const SPURJOB: (&str, &str) = ("spur.amd.com/v1alpha1", "SpurJob");
 pub const NAMESPACE: &str = "default";
 /// Where the operator keeps its Lease (its `--namespace`).
 const OPERATOR_NAMESPACE: &str = "spur-system";
+/// The namespace upstream's manifests deploy spurctld and the operator to.
+pub const UPSTREAM_NAMESPACE: &str = "spur";
+/// Upstream's ClusterRole and its binding to `spur`'s `default` ServiceAccount.
+const UPSTREAM_RBAC: &str = include_str!("upstream-rbac.yaml");
+
+/// Upstream's `operator.yaml` command line: its three flags and no subcommand, with its
+/// env (`POD_IP`, `POD_NAMESPACE`, `SPUR_OPERATOR_ADDRESS`). The addresses are this
+/// stack's, since no cluster DNS resolves here, and the in-cluster configuration is a
+/// kubeconfig holding the ServiceAccount's token.
+fn upstream_operator_command(
+    binary: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    service: SocketAddr,
+    agent_ip: std::net::Ipv4Addr,
+) -> Command {
+    let mut command = Command::new(binary);
+    command
+        .arg(format!("--controller-addr={service}"))
+        .arg(format!("--listen={agent_ip}:{}", spur_proto::AGENT_PORT))
+        .arg(format!("--health-addr={agent_ip}:8080"))
+        .env("POD_IP", agent_ip.to_string())
+        .env("POD_NAMESPACE", UPSTREAM_NAMESPACE)
+        .env("SPUR_OPERATOR_ADDRESS", agent_ip.to_string())
+        .env("KUBECONFIG", kubeconfig)
+        .env("HOSTNAME", "spur-k8s-operator-5f7c9d-x2x7q");
+    command
+}
+
+/// Upstream's ClusterRole bound to `spur`'s `default` ServiceAccount; that account's token.
+fn install_upstream_identity(api: &ApiServer) -> String {
+    let account = json!({"apiVersion": "v1", "kind": "ServiceAccount",
+        "metadata": {"name": "default", "namespace": UPSTREAM_NAMESPACE}});
+    // Kubernetes makes every namespace's `default` account; the API server may have too.
+    let _ = api.create(account);
+    let objects = spur_sim::kube_api::install::documents(UPSTREAM_RBAC, UPSTREAM_NAMESPACE)
+        .expect("upstream-rbac.yaml parses");
+    for object in objects {
+        api.create(object).expect("apply upstream's RBAC");
+    }
+    api.service_account_token(UPSTREAM_NAMESPACE, "default")
+        .expect("a token of spur's default ServiceAccount")
+}
 
 /// The operator binary: `$SPUR_OPERATOR_BIN`, else beside this test's executable
 /// (`target/<profile>/spur-operator`, which `cargo test --workspace` builds).
@@ -53,6 +95,12 @@ pub struct StackConfig {
     /// Start the operator with the rest; when false, the case starts it itself with
     /// [`Stack::start_operator`] (a swap from upstream's operator prepares the world first).
     pub start_operator: bool,
+    /// Upstream's layout instead of ours: the operator started as upstream's
+    /// `operator.yaml` starts upstream's (its flags, no subcommand, its env), acting as
+    /// `spur`'s `default` ServiceAccount under upstream's ClusterRole.
+    pub upstream_layout: bool,
+    /// More namespaces to create (for SpurJobs).
+    pub namespaces: Vec<String>,
 }
 
 impl Default for StackConfig {
@@ -63,6 +111,8 @@ impl Default for StackConfig {
             agent_key: None,
             operator_flags: Vec::new(),
             start_operator: true,
+            upstream_layout: false,
+            namespaces: Vec::new(),
         }
     }
 }
@@ -126,15 +176,28 @@ impl Stack {
         });
         let crd = serde_json::to_value(SpurJob::crd()).expect("the CRD serialises");
         api.create(crd).expect("apply the SpurJob CRD");
-        for namespace in [OPERATOR_NAMESPACE, NAMESPACE] {
+        let operator_namespace = match config.upstream_layout {
+            true => UPSTREAM_NAMESPACE,
+            false => OPERATOR_NAMESPACE,
+        };
+        let namespaces = [operator_namespace, NAMESPACE]
+            .into_iter()
+            .chain(config.namespaces.iter().map(String::as_str));
+        for namespace in namespaces {
             let object = json!({"apiVersion": "v1", "kind": "Namespace",
                 "metadata": {"name": namespace}});
             // The API server may start with `default`.
             let _ = api.create(object);
         }
-        let token =
-            install_operator_identity(&api, OPERATOR_NAMESPACE, operator_rbac(OPERATOR_NAMESPACE))
-                .expect("the operator's ServiceAccount and RBAC");
+        let token = match config.upstream_layout {
+            true => install_upstream_identity(&api),
+            false => install_operator_identity(
+                &api,
+                OPERATOR_NAMESPACE,
+                operator_rbac(OPERATOR_NAMESPACE),
+            )
+            .expect("the operator's ServiceAccount and RBAC"),
+        };
         let index = ObjectIndex::attach(&api);
         api.seed_nodes(config.nodes).expect("nodes");
         let api_addr = SocketAddr::new(cluster.spare_ip(2).into(), 0);
@@ -158,29 +221,36 @@ impl Stack {
         )));
         let kubeconfig = dir.join("kubeconfig");
         // The operator acts as its ServiceAccount, under deploy/rbac.yaml as applied.
-        write_kubeconfig(&kubeconfig, &api_url, &token, OPERATOR_NAMESPACE).expect("kubeconfig");
+        write_kubeconfig(&kubeconfig, &api_url, &token, operator_namespace).expect("kubeconfig");
         let admin = dir.join("admin-kubeconfig");
         write_kubeconfig(&admin, &api_url, &api.admin_token(), NAMESPACE).expect("kubeconfig");
 
         let agent_ip = cluster.spare_ip(0);
-        let mut command = Command::new(operator_bin);
+        let mut command = if config.upstream_layout {
+            upstream_operator_command(&operator_bin, &kubeconfig, service, agent_ip)
+        } else {
+            Command::new(&operator_bin)
+        };
         command
-            .arg("run")
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .arg("--controller-addr")
-            .arg(format!("http://{service}"))
-            .arg("--agent-listen")
-            .arg(format!("{agent_ip}:{}", spur_proto::AGENT_PORT))
-            .arg("--agent-address")
-            .arg(agent_ip.to_string())
-            .arg("--health-listen")
-            .arg(format!("{agent_ip}:8080"))
-            .arg("--identity")
-            .arg("operator-e2e")
-            .args(&config.operator_flags)
             .env("RUST_LOG", "info,spur_operator=debug")
             .env("NO_COLOR", "1");
+        if !config.upstream_layout {
+            command
+                .arg("run")
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .arg("--controller-addr")
+                .arg(format!("http://{service}"))
+                .arg("--agent-listen")
+                .arg(format!("{agent_ip}:{}", spur_proto::AGENT_PORT))
+                .arg("--agent-address")
+                .arg(agent_ip.to_string())
+                .arg("--health-listen")
+                .arg(format!("{agent_ip}:8080"))
+                .arg("--identity")
+                .arg("operator-e2e")
+                .args(&config.operator_flags);
+        }
         if let Some(key) = &config.agent_key {
             let key_file = dir.join("agent-key");
             std::fs::write(&key_file, key).expect("key file");
@@ -283,26 +353,48 @@ impl Stack {
 
     /// Creates a SpurJob named `name` with `spec`.
     pub fn create_spurjob(&self, name: &str, spec: Value) -> Value {
+        self.create_spurjob_in(NAMESPACE, name, spec)
+    }
+
+    /// Creates a SpurJob named `name` with `spec` in `namespace`.
+    pub fn create_spurjob_in(&self, namespace: &str, name: &str, spec: Value) -> Value {
         self.api
             .create(json!({
                 "apiVersion": SPURJOB.0,
                 "kind": SPURJOB.1,
-                "metadata": {"name": name, "namespace": NAMESPACE},
+                "metadata": {"name": name, "namespace": namespace},
                 "spec": spec,
             }))
             .expect("create the SpurJob")
     }
 
+    /// Deletes the SpurJob `name` of `namespace`, as `kubectl delete` does.
+    pub fn delete_spurjob_in(&self, namespace: &str, name: &str) {
+        self.api
+            .delete(SPURJOB.0, SPURJOB.1, Some(namespace), name)
+            .expect("delete the SpurJob");
+    }
+
     /// The SpurJob `name`, if it exists.
     pub fn spurjob(&self, name: &str) -> Option<Value> {
+        self.spurjob_in(NAMESPACE, name)
+    }
+
+    /// The SpurJob `name` of `namespace`, if it exists.
+    pub fn spurjob_in(&self, namespace: &str, name: &str) -> Option<Value> {
         self.api
-            .get(SPURJOB.0, SPURJOB.1, Some(NAMESPACE), name)
+            .get(SPURJOB.0, SPURJOB.1, Some(namespace), name)
             .ok()
     }
 
     /// The SpurJob's `status.state`.
     pub fn state(&self, name: &str) -> Option<String> {
-        self.spurjob(name)
+        self.state_in(NAMESPACE, name)
+    }
+
+    /// The `status.state` of SpurJob `name` of `namespace`.
+    pub fn state_in(&self, namespace: &str, name: &str) -> Option<String> {
+        self.spurjob_in(namespace, name)
             .and_then(|j| j["status"]["state"].as_str().map(str::to_owned))
     }
 
