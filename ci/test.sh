@@ -113,7 +113,7 @@ step "lab, beside the moving seed window"
 # its own, faults made by nftables and signals, four at a time; each beside its simulated
 # twin (the fidelity table). The operators run from the image just built, as it ships. Each scenario is killed past its plan's end plus 60 s; the
 # whole step is bounded too. Its namespace goes with its process. Needs root: CI's machine
-# runs as root; elsewhere it is said loudly. The long `unbounded` runs are by hand (README).
+# runs as root; elsewhere it is said loudly. The long `unbounded` runs are by hand (docs/lab.md).
 # With each run's HTML timeline and the lags' plot (target/pictures/).
 # Beside the lab, at the lowest CPU priority (the lab's real processes keep the CPU they
 # need; the sweep takes what they leave): 500 seeds from a window this commit's hash
@@ -141,7 +141,7 @@ if [ "$(id -u)" -eq 0 ] && [ -x "$spurctld" ]; then
   timeout --kill-after=30s 300s target/debug/spur-sim lab --replicas simulated --jobs 4 \
     "${operator_root[@]}" --scenario leader-kill-silent --scenario leader-freeze \
     --scenario leader-cut-off --scenario follower-kill
-  # The model of a healed cut against the kernel's retransmission (README, "The lab").
+  # The model of a healed cut against the kernel's retransmission (docs/lab.md).
   timeout --kill-after=10s 120s target/debug/spur-sim lab-heal
 elif [ "${CI:-}" = "true" ]; then
   echo "CI: the lab needs root and the real spurctld" >&2

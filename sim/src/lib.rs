@@ -1,4 +1,4 @@
-//! The deterministic simulation of spur-operator's world (see shared/spec/sim.md).
+//! The deterministic simulation of spur-operator's world (see docs/specs.md, "The simulation").
 //!
 //! - [`net`]: turmoil glue for tonic, hyper and axum; the `spurctld` Service; the modelled
 //!   kernel (SYN timeout) and pod kills.

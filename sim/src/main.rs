@@ -1,4 +1,4 @@
-//! `spur-sim`: runs the simulated world (see shared/spec/sim.md).
+//! `spur-sim`: runs the simulated world (see docs/specs.md, "The simulation").
 
 use clap::{Parser, Subcommand};
 

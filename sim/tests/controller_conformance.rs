@@ -5,7 +5,7 @@
 //! processes it starts itself (`../shared/peers/spurctld/spurctld` or `$SPURCTLD`): one
 //! replica and three under Raft on loopback addresses of their own, fresh for each case,
 //! killed at the end even on panic. A case that fails on the model and passes on the real
-//! binary is a bug in the model (`../shared/spec/fidelity.md`, row numbers in brackets).
+//! binary is a bug in the model (docs/specs.md's fidelity rows, numbers in brackets).
 //!
 //! ```text
 //! cargo test -p spur-sim --test controller_conformance            # model + real

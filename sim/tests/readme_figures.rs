@@ -1,6 +1,7 @@
-//! The README's simulated figures, held: each is what its command prints at this commit.
-//! The simulation is deterministic, so a figure that drifted is a change of behaviour that
-//! the README has not caught up with; each failure names the command that rewrites it.
+//! The README's and docs/evidence.md's simulated figures, held: each is what its command
+//! prints at this commit. The simulation is deterministic, so a figure that drifted is a
+//! change of behaviour the text has not caught up with; each failure names the command
+//! that rewrites it, or the page to update.
 
 use spur_sim::cli::{compare_plot, compare_runs, compare_table_seeds, splice_compare_table};
 use spur_sim::profiles::Profile;
@@ -10,6 +11,9 @@ fn threads() -> usize {
 }
 
 const README: &str = include_str!("../../README.md");
+
+/// The page of measured figures, which holds the bench-nodes one.
+const EVIDENCE: &str = include_str!("../../docs/evidence.md");
 
 /// The picture of the same seeds beside the table (`docs/compare-lags.svg`).
 const PLOT: &str = include_str!("../../docs/compare-lags.svg");
@@ -47,30 +51,30 @@ fn the_compare_table_splices_between_its_markers_only() {
     assert_eq!(splice_compare_table("no markers", &(0..1), "x"), None);
 }
 
-/// The number after `before` in the README, up to its unit.
+/// The number after `before` in docs/evidence.md, up to its unit.
 fn figure(before: &str) -> f64 {
-    let after = README
+    let after = EVIDENCE
         .split(before)
         .nth(1)
-        .unwrap_or_else(|| panic!("README.md has no {before:?}"));
+        .unwrap_or_else(|| panic!("docs/evidence.md has no {before:?}"));
     let number: String = after
         .chars()
         .take_while(|c| c.is_ascii_digit() || *c == '.')
         .collect();
     number
         .parse()
-        .unwrap_or_else(|_| panic!("no number after {before:?} in README.md"))
+        .unwrap_or_else(|_| panic!("no number after {before:?} in docs/evidence.md"))
 }
 
 #[test]
-fn the_readme_bench_nodes_figure_is_what_bench_nodes_measures() {
+fn the_evidence_bench_nodes_figure_is_what_bench_nodes_measures() {
     let load = spur_sim::cli::measure_nodes(5000, 10).unwrap();
     let said = figure("bench-nodes --nodes 5000 --rtt-ms 10` registers 5,000 nodes in ");
     let measured = load.registered_after.as_secs_f64();
     assert!(
         (said - measured).abs() < 0.005,
-        "README.md says {said} s, `spur-sim bench-nodes --nodes 5000 --rtt-ms 10` measures \
-         {measured:.2} s: update the README ({load:?})"
+        "docs/evidence.md says {said} s, `spur-sim bench-nodes --nodes 5000 --rtt-ms 10` \
+         measures {measured:.2} s: update docs/evidence.md ({load:?})"
     );
     let leader_registrations = load.per_replica.get(&load.leader).map_or(0, |r| r.0);
     let said = figure("registrations answered by the leader: ");

@@ -44,7 +44,7 @@ pub use telemetry::{LogFormat, init as init_telemetry};
 // `spur-operator check-controller`.
 pub use check::{check_controller, describe_failure};
 
-// The generated reference: the CRD, the README's config table, the metric families.
+// The generated reference: the CRD, docs/operating.md's config table, the metric families.
 pub use jobs::crd::crd_yaml;
 pub use metrics::Metrics;
 pub use reference::{README_BEGIN, README_END, config_table, splice};

@@ -74,10 +74,12 @@ enum Command {
     /// Print the SpurJob CustomResourceDefinition as YAML (what deploy/crd.yaml holds).
     #[command(visible_alias = "generate-crd")]
     Crd,
-    /// Print the Markdown table of `run`'s flags (README.md's configuration reference).
-    /// With `--write`, replace the table in the README at that path instead.
+    /// Print the Markdown table of `run`'s flags (the configuration reference in
+    /// docs/operating.md). With `--write`, replace the table between its markers in
+    /// docs/operating.md instead, or in the file `--write PATH` names.
     ConfigTable {
-        #[arg(long)]
+        #[arg(long, value_name = "PATH", num_args = 0..=1,
+              default_missing_value = "docs/operating.md")]
         write: Option<std::path::PathBuf>,
     },
 }
@@ -126,11 +128,11 @@ async fn main() -> ExitCode {
             };
             let written = std::fs::read_to_string(&path)
                 .map_err(|e| e.to_string())
-                .and_then(|readme| {
-                    splice(&readme, &table)
+                .and_then(|text| {
+                    splice(&text, &table)
                         .ok_or_else(|| format!("no {README_BEGIN} ... {README_END} markers"))
                 })
-                .and_then(|readme| std::fs::write(&path, readme).map_err(|e| e.to_string()));
+                .and_then(|text| std::fs::write(&path, text).map_err(|e| e.to_string()));
             match written {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -325,26 +327,26 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_configuration_table_is_current() {
-        let readme = include_str!("../../../README.md");
-        let expected = splice(readme, &config_table(&run_command()))
-            .expect("README.md has the configuration table's markers");
+    fn the_operating_guide_configuration_table_is_current() {
+        let guide = include_str!("../../../docs/operating.md");
+        let expected = splice(guide, &config_table(&run_command()))
+            .expect("docs/operating.md has the configuration table's markers");
         assert!(
-            readme == expected,
-            "README.md's configuration table is stale: run `cargo run -p spur-operator -- config-table --write README.md`"
+            guide == expected,
+            "docs/operating.md's configuration table is stale: run `cargo run -p spur-operator -- config-table --write docs/operating.md`"
         );
     }
 
-    /// Every metric family the operator exports is in README.md's list, and every one
-    /// listed is exported.
+    /// Every metric family the operator exports is in docs/operating.md's list, and every
+    /// one listed is exported.
     #[test]
-    fn the_readme_lists_exactly_the_exported_metrics() {
-        let readme = include_str!("../../../README.md");
-        let section = readme
-            .split("## Metrics")
+    fn the_operating_guide_lists_exactly_the_exported_metrics() {
+        let guide = include_str!("../../../docs/operating.md");
+        let section = guide
+            .split("\n## Metrics\n")
             .nth(1)
             .and_then(|rest| rest.split("\n## ").next())
-            .expect("README.md has a Metrics section");
+            .expect("docs/operating.md has a Metrics section");
         let exported = spur_operator::Metrics::with_a_series_of_each().family_names();
         let listed: std::collections::BTreeSet<String> = section
             .lines()
@@ -360,7 +362,7 @@ mod tests {
         assert!(!exported.is_empty());
         assert_eq!(
             exported, listed,
-            "README.md's Metrics table against the exported families"
+            "docs/operating.md's Metrics table against the exported families"
         );
     }
 

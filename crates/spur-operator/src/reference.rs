@@ -1,10 +1,10 @@
 //! The configuration reference: a Markdown table of every flag of `spur-operator run`,
-//! generated from the clap definitions themselves, so the README cannot drift from the
-//! binary (a test compares them).
+//! generated from the clap definitions themselves, so docs/operating.md cannot drift from
+//! the binary (a test compares them).
 
 use clap::Command;
 
-/// Where the table sits in README.md.
+/// Where the table sits in docs/operating.md (the names are older than the move).
 pub const README_BEGIN: &str = "<!-- config-table:begin (spur-operator config-table) -->";
 pub const README_END: &str = "<!-- config-table:end -->";
 
@@ -57,8 +57,8 @@ pub fn config_table(command: &Command) -> String {
     out
 }
 
-/// `readme` with the text between the markers replaced by `table`; `None` when the
-/// markers are missing.
+/// `readme` (the text of docs/operating.md) with the text between the markers replaced by
+/// `table`; `None` when the markers are missing.
 pub fn splice(readme: &str, table: &str) -> Option<String> {
     let begin = readme.find(README_BEGIN)? + README_BEGIN.len();
     let end = readme[begin..].find(README_END)? + begin;

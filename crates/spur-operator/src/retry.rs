@@ -40,10 +40,10 @@ impl Entropy {
 /// fraction): the bound is never exceeded, and equal keys spread out.
 ///
 /// A transient failure (the controller unreachable or mid-election: a transport failure)
-/// is retried instead on a short jittered cadence, `transient`, without doubling: the
-/// seed saw a doubling backoff reach 32 s after a leader election and miss a 60 s window,
-/// while the election itself took 5 s. `None` doubles for every failure (the seed's
-/// behaviour, kept for the simulation's profiles).
+/// is retried instead on a short jittered cadence, `transient`, without doubling: a
+/// doubling backoff grown during an election outlasts it (docs/evidence.md, "The seed's
+/// own runs"). `None` doubles for every failure (the seed's behaviour, kept for the
+/// simulation's profiles).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BackoffPolicy {
     pub initial: Duration,
@@ -177,8 +177,8 @@ pub struct RetryArgs {
     /// Retry after a transport failure (controller unreachable, mid-election: UNAVAILABLE
     /// and the like) at a random delay in this range, without doubling, or `off` to double
     /// as for any failure. An election takes seconds; a doubling backoff grown during it
-    /// outlasts it (the seed's run 9 waited 32 s), while this retries within a second of
-    /// the new leader at a few calls per second per object.
+    /// outlasts it, while this retries within a second of the new leader at a few calls
+    /// per second per object.
     #[arg(long, env = "SPUR_OPERATOR_RETRY_TRANSIENT", default_value = "250ms..1s",
           value_parser = parse_range)]
     pub retry_transient: RetryRange,

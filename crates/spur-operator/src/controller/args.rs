@@ -78,12 +78,12 @@ pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
 pub const DEFAULT_STALE_READ_GRACE: Duration = Duration::from_secs(2);
 /// Rule 6's window: a replica left for a stale read is left again when a later round
 /// reaches it again (a leader cut off from its peers may be all the operator reaches for a
-/// while: the lab's `leader-cut-stale-read` keeps it there 5 s), until the same
-/// contradiction has lasted this long. Then it is the truth: a report for an attempt the
-/// controller had already replaced is acknowledged and ignored, and with one replica (or a
-/// Service that reaches only one) the status poll fails meanwhile. 10 s is five status
-/// polls, twice the confinement the lab makes. Not a choice for the operator's user
-/// either, so not a flag.
+/// while), until the same contradiction has lasted this long. Then it is the truth: a
+/// report for an attempt the controller had already replaced is acknowledged and ignored,
+/// and with one replica (or a Service that reaches only one) the status poll fails
+/// meanwhile. 10 s is five status polls, long enough to outlast a short confinement on the
+/// stale side (docs/evidence.md, `leader-cut-stale-read`). Not a choice for the operator's
+/// user either, so not a flag.
 pub const DEFAULT_BEHIND_WINDOW: Duration = Duration::from_secs(10);
 /// Dials per round: with two of three replicas unable to serve (followers whose forwards
 /// hang), four dials through a Service that picks at random reach the third one 65 times
@@ -157,9 +157,9 @@ pub struct ControllerArgs {
 
     /// Bound on opening a connection (dial, TLS and HTTP/2 handshake), or `off`. A Service
     /// with no ready endpoint may silently drop the SYN, and Linux gives up only after
-    /// ~127 s: the seed's first registration came three minutes late because of it. Inside
-    /// a cluster a connect completes in milliseconds; 2 s covers a loaded node and lets a
-    /// dropped SYN cost 2 s, not the seed fix's 10 s.
+    /// ~127 s, which made the first registration minutes late before connects were bounded.
+    /// Inside a cluster a connect completes in milliseconds; 2 s covers a loaded node and
+    /// lets a dropped SYN cost 2 s, not the seed fix's 10 s.
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_CONNECT_TIMEOUT",
@@ -204,7 +204,7 @@ pub struct ControllerArgs {
     /// so every round of heartbeats rotates and no two rounds in a row reach the same
     /// replica; at 30 s or more two may, and three missed rounds are a node DOWN. Each
     /// rotation costs about four calls (a Ping of each end, a probe, a redial one time in
-    /// three): 10 s cost 78 calls a simulated minute on seeds 0..300, 1.5x seed-fix's.
+    /// three), so a shorter age costs more calls (docs/evidence.md).
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_CHANNEL_MAX_AGE",
@@ -215,7 +215,7 @@ pub struct ControllerArgs {
     /// Bound on the read that vets each new channel through the Service, and how long a
     /// call may wait before the operator looks for another channel, or `off`. What both do,
     /// and the hedged dials (every quarter of this bound) that come with them, is described
-    /// once, in the doc of `controller::policy` (README: "The channel to spurctld"). Inside
+    /// once, in the doc of `controller::policy` (and docs/controller-channel.md). Inside
     /// a cluster an answer takes milliseconds: 1 s fires only on a replica in trouble.
     #[arg(
         long,

@@ -20,10 +20,9 @@ pub struct NodeArgs {
     )]
     pub node_selector: String,
 
-    /// Node registration and update calls in flight at once. 32 registers 5,000 nodes in
-    /// about 5 s at a 10 ms round trip (`spur-sim bench-nodes`: most through a follower,
-    /// which forwards each to the leader, a second round trip) without flooding the
-    /// controller's Raft log.
+    /// Node registration and update calls in flight at once. 32 registers thousands of
+    /// nodes in seconds, even through a follower that forwards each to the leader, without
+    /// flooding the controller's Raft log (measured: docs/evidence.md).
     #[arg(long, env = "SPUR_OPERATOR_REGISTER_CONCURRENCY", default_value_t = 32,
           value_parser = clap::value_parser!(u16).range(1..=1024).map(usize::from))]
     pub register_concurrency: usize,
