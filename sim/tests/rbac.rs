@@ -44,7 +44,7 @@ const fn rule(
 }
 
 /// Every rule of the file, each earned by the test named beside it.
-const EARNED: [(Rule, &str); 10] = [
+const EARNED: [(Rule, &str); 11] = [
     (
         rule(CLUSTER_ROLE, "", "nodes"),
         "without_nodes_no_node_is_registered",
@@ -84,6 +84,10 @@ const EARNED: [(Rule, &str); 10] = [
     (
         rule(LEASE_ROLE, "coordination.k8s.io", "leases"),
         "without_leases_no_replica_leads",
+    ),
+    (
+        rule(LEASE_ROLE, "", "configmaps"),
+        "without_configmaps_a_replica_takes_the_lease_while_the_config_map_lock_is_renewed",
     ),
 ];
 
@@ -480,5 +484,59 @@ fn without_leases_no_replica_leads() {
     assert_refused(
         &sim,
         "leases.coordination.k8s.io \"spur-operator\" is forbidden: User \"system:serviceaccount:spur-system:spur-operator\" cannot get resource \"leases\" in API group \"coordination.k8s.io\" in the namespace \"spur-system\"",
+    );
+}
+
+/// Runs 30 s in which a replica of the ConfigMap era (one that elected with the leader
+/// annotation while leases were refused to it) renews that lock every second.
+fn with_the_config_map_lock_renewed(sim: &mut Sim) {
+    let record = |second: u64| {
+        json!({"holderIdentity": "configmap-era-replica", "leaseDurationSeconds": 15,
+            "renewTime": format!("2026-01-01T00:00:{second:02}.000000Z"), "leaderTransitions": 0})
+        .to_string()
+    };
+    let annotations = |second| json!({"control-plane.alpha.kubernetes.io/leader": record(second)});
+    sim.api
+        .create(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "spur-operator", "namespace": OPERATOR_NAMESPACE,
+                "annotations": annotations(0)}}))
+        .expect("the ConfigMap lock");
+    start(sim);
+    for second in 1..30 {
+        sim.world.run_until(secs(second)).unwrap();
+        let renewed = json!({"metadata": {"annotations": annotations(second)}});
+        sim.api
+            .merge_patch(
+                "v1",
+                "ConfigMap",
+                Some(OPERATOR_NAMESPACE),
+                "spur-operator",
+                &renewed,
+                false,
+            )
+            .expect("renew the ConfigMap lock");
+    }
+}
+
+#[test]
+fn with_configmaps_no_replica_takes_the_lease_while_the_config_map_lock_is_renewed() {
+    let mut sim = world(52, None);
+    with_the_config_map_lock_renewed(&mut sim);
+    assert_eq!(sim.leading_operators(), Vec::<String>::new());
+    assert_eq!(sim.api.denials(), [], "nobody was refused");
+}
+
+#[test]
+fn without_configmaps_a_replica_takes_the_lease_while_the_config_map_lock_is_renewed() {
+    let mut sim = world(52, Some(EARNED[10].0));
+    with_the_config_map_lock_renewed(&mut sim);
+    assert_eq!(
+        sim.leading_operators(),
+        ["operator"],
+        "two replicas act at once"
+    );
+    assert_refused(
+        &sim,
+        "configmaps \"spur-operator\" is forbidden: User \"system:serviceaccount:spur-system:spur-operator\" cannot get resource \"configmaps\"",
     );
 }
