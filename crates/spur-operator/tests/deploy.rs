@@ -160,7 +160,11 @@ fn rbac_grants_exactly_the_calls_the_operator_makes() {
     );
     assert_eq!(
         rules(one(&docs, "Role", "spur-operator-lease")),
-        expect(&[("coordination.k8s.io/leases", &["get", "create", "update"])])
+        expect(&[
+            ("coordination.k8s.io/leases", &["get", "create", "update"]),
+            // The ConfigMap lock, read before taking the Lease (lease::lock).
+            ("/configmaps", &["get"]),
+        ])
     );
 }
 
