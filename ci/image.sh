@@ -71,6 +71,10 @@ if [ "${1:-}" = "--smoke" ]; then
   echo "image: --help from the image's root"
   help_text="$(operator --help)"
   grep -q '^Usage: spur-operator' <<<"$help_text"
+  echo "image: upstream's command name, spur-k8s-operator, runs the operator"
+  upstream_help="$(exec unshare --mount --propagation private -- \
+    sh ci/image-run.sh "$rootfs" 65532 "$dir" -- /usr/local/bin/spur-k8s-operator --help)"
+  grep -q '^Usage: spur-k8s-operator' <<<"$upstream_help"
   echo "image: --version names a release build (no --cfg tokio_unstable)"
   version_text="$(operator --version)"
   if grep -q tokio_unstable <<<"$version_text"; then

@@ -33,6 +33,11 @@ take "$bin" "$image_bin" 0755
 # keeping the symbol table, so a panic's backtrace still names functions; the build's own
 # binary keeps the line tables for symbolizing an address.
 objcopy --strip-debug "$out$image_bin"
+# Upstream's Deployment runs `command: [spur-k8s-operator]`: under that name too, so a user
+# of upstream's manifests changes the image and nothing else.
+if [ "$(basename "$bin")" = spur-operator ]; then
+  ln -s spur-operator "$out/usr/local/bin/spur-k8s-operator"
+fi
 
 # The loader lists what it maps: "name => /path (addr)" for each library and "/path (addr)"
 # for itself; the vDSO has no file. Asking the loader (not ldd, which slim images lack)
