@@ -450,7 +450,7 @@ mod tests {
             sim_secs: 60.0,
             wall_ms: 10,
             faults: vec![],
-            service: if seed % 2 == 0 {
+            service: if seed.is_multiple_of(2) {
                 "headless"
             } else {
                 "clusterip/drop"
