@@ -50,6 +50,10 @@ pub struct RecordMetrics {
     /// check judged them all): a replica that never wrote never acted.
     #[serde(default)]
     pub acting_writes: BTreeMap<String, usize>,
+    /// Per operator replica, its writes a healed cut delivered after its Lease had moved on
+    /// (judged by when they may have been sent).
+    #[serde(default)]
+    pub landed_after_cut: BTreeMap<String, usize>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -103,6 +107,7 @@ impl From<&Outcome> for ScenarioRecord {
                 duplicates_stopped: o.duplicates_stopped,
                 rpcs: o.rpcs,
                 acting_writes: o.acting_writes.clone(),
+                landed_after_cut: o.landed_after_cut.clone(),
             },
             lags_ms: Lags {
                 registration: o.registration_lags.clone(),
@@ -464,6 +469,7 @@ mod tests {
                 duplicates_stopped: 0,
                 rpcs: 30,
                 acting_writes: BTreeMap::new(),
+                landed_after_cut: BTreeMap::new(),
             },
             lags_ms: Lags {
                 registration,
