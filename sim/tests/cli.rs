@@ -85,7 +85,7 @@ fn fault_density_duration_and_tick_press_harder_and_replay_with_the_same_flags()
     let line: Value = serde_json::from_str(dense.lines().next().unwrap()).unwrap();
     let replay = line["replay"].as_str().unwrap();
     assert!(
-        replay.ends_with("--fault-density 5 --duration 4m --tick 10ms"),
+        replay.contains("--fault-density 5 --duration 4m --tick 10ms --service "),
         "{replay}"
     );
 
