@@ -696,12 +696,17 @@ mod election_tests {
         (outcome.0, outcome.1, calls, metrics)
     }
 
+    /// The RBAC verb of the calls the elector makes.
+    fn verb_of(method: &http::Method) -> &'static str {
+        match *method {
+            http::Method::POST => "create",
+            http::Method::PUT => "update",
+            _ => "get",
+        }
+    }
+
     fn leases_refused(method: &http::Method, path: &str) -> (u16, Value) {
-        let verb = if method == http::Method::POST {
-            "create"
-        } else {
-            "get"
-        };
+        let verb = verb_of(method);
         if path.contains("/leases") {
             forbidden(verb, "leases", "coordination.k8s.io")
         } else if method == http::Method::GET {
@@ -739,11 +744,7 @@ mod election_tests {
     #[tokio::test(start_paused = true)]
     async fn a_replica_refused_both_locks_never_acts_and_names_the_rule_to_add() {
         fn refused(method: &http::Method, path: &str) -> (u16, Value) {
-            let verb = if method == http::Method::POST {
-                "create"
-            } else {
-                "get"
-            };
+            let verb = verb_of(method);
             match path.contains("/leases") {
                 true => forbidden(verb, "leases", "coordination.k8s.io"),
                 false => forbidden(verb, "configmaps", ""),
