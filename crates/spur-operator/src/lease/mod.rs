@@ -696,6 +696,12 @@ mod election_tests {
         (outcome.0, outcome.1, calls, metrics)
     }
 
+    /// The elector wrote nothing: every call it made was a read.
+    fn only_reads(calls: &Calls) -> bool {
+        let calls = calls.lock().unwrap();
+        calls.iter().all(|(what, _)| what.starts_with("GET"))
+    }
+
     /// The RBAC verb of the calls the elector makes.
     fn verb_of(method: &http::Method) -> &'static str {
         match *method {
@@ -758,13 +764,7 @@ mod election_tests {
             "{line}"
         );
         assert!(line.contains("namespace \"spur\""), "{line}");
-        assert!(
-            calls
-                .lock()
-                .unwrap()
-                .iter()
-                .all(|(what, _)| what.starts_with("GET"))
-        );
+        assert!(only_reads(&calls), "{:?}", calls.lock().unwrap());
         assert!(
             metrics
                 .encode()
@@ -819,12 +819,6 @@ mod election_tests {
             "the ConfigMap's holder renews (a fresh renewTime each read)"
         );
         assert_eq!(status.lock, LockKind::Lease);
-        assert!(
-            calls
-                .lock()
-                .unwrap()
-                .iter()
-                .all(|(what, _)| what.starts_with("GET"))
-        );
+        assert!(only_reads(&calls), "{:?}", calls.lock().unwrap());
     }
 }
