@@ -25,6 +25,13 @@
 //!    (with a follower cut off from its peers answering the probe first from its own copy,
 //!    and the operator cut off from the leader, SpurJobs waited 20 s and more for an id
 //!    while every round shared that follower's channel and every write on it was refused).
+//!    A round whose every candidate answered its probe and was passed over (the Service
+//!    handed out no other replica; with one replica, there is none) falls back to it
+//!    instead of failing its calls: it dials once more, passing over nothing, and shares
+//!    that channel if its probe is answered. Without the fallback, with a single replica
+//!    the round after every failed call failed at once, so each retry cost a second
+//!    failure. Whenever a candidate reaches another replica, or fails its dial or probe,
+//!    the pass-over stands (a round after rule 6 never falls back).
 //! 2. **A new channel serves a forwarded read before it is shared** ([`Rule::ProbeRedial`]):
 //!    each one dialed is asked for a job that cannot exist (GetJobs of id `u32::MAX`) within
 //!    the probe's bound. A follower whose forwards hang (its leader frozen, gone, or cut off
@@ -307,6 +314,12 @@ struct Round {
     /// The channel a patience round replaces, or the one a round after rule 6 or a failed
     /// call left: a candidate that reaches the same replica is no replacement.
     replaces: Option<DialId>,
+    /// The round passes over a failed call's replica (rule 1): when every candidate is
+    /// passed over, it falls back to that replica instead of failing its calls.
+    falls_back: bool,
+    /// Candidates whose probe was answered but that were passed over for reaching the
+    /// replica `replaces` reached.
+    passed_over: usize,
 }
 
 /// The state of the channel.
@@ -471,6 +484,8 @@ impl Policy {
             pending: BTreeSet::from([dial]),
             next_dial: self.rules.hedge.map(|hedge| now + hedge),
             replaces: None,
+            falls_back: false,
+            passed_over: 0,
         }
     }
 
@@ -505,6 +520,7 @@ impl Policy {
             Link::Closed => {
                 let mut round = self.start_round(now, Purpose::Fill, out);
                 round.replaces = self.failed_on.take();
+                round.falls_back = round.replaces.is_some();
                 self.link = Link::Connecting(round);
             }
             Link::Connecting(_) => {}
@@ -580,6 +596,7 @@ impl Policy {
             Some(mut round) => {
                 round.purpose = Purpose::Fill;
                 round.replaces = round.replaces.or(avoid);
+                round.falls_back = avoid.is_some();
                 Link::Connecting(round)
             }
             None => {
@@ -673,6 +690,9 @@ impl Policy {
         let Some(round) = self.round_mut() else {
             return;
         };
+        if same_replica && answered {
+            round.passed_over += 1;
+        }
         round.pending.remove(&dial);
         out.push(Command::Discard { dial });
         if !self.dial_again(now, Rule::ProbeRedial, out) {
@@ -751,6 +771,16 @@ impl Policy {
             return;
         }
         match &mut self.link {
+            // Rule 1's fallback: every candidate answered and reached the replica a failed
+            // call left, so no other is to be had; one more dial takes any replica.
+            Link::Connecting(round) if round.falls_back && round.passed_over == round.started => {
+                round.falls_back = false;
+                round.replaces = None;
+                let dial = self.next_dial;
+                self.next_dial += 1;
+                round.pending.insert(dial);
+                out.push(Command::Dial { dial });
+            }
             Link::Connecting(_) => {
                 self.link = Link::Closed;
                 let waiting: Vec<CallId> = self

@@ -196,6 +196,155 @@ fn the_round_after_a_failed_call_passes_over_the_replica_that_failed_it() {
     );
 }
 
+/// Call 1 fails on dial 0's channel, which its Ping names replica 7, and call 2 starts the
+/// round after it, with no hedge: dial 1.
+fn failed_on_replica_7() -> Bench {
+    let mut b = Bench::new(Rules {
+        hedge: None,
+        ..rules()
+    });
+    b.open(1);
+    b.ended(1, Ended::Failed);
+    b.on(Event::Named {
+        dial: 0,
+        replica: 7,
+    });
+    assert_eq!(b.on(Event::CallStarted { call: 2 }), [Dial { dial: 1 }]);
+    b.fired();
+    b
+}
+
+impl Bench {
+    /// Dial `dial` connects, its Ping names `replica`, and its probe is `answered`.
+    fn candidate(&mut self, dial: DialId, replica: ReplicaId, answered: bool) -> Vec<Command> {
+        assert_eq!(
+            self.on(Event::Dialed { dial, ok: true }),
+            [Probe { dial, named: true }]
+        );
+        self.on(Event::Named { dial, replica });
+        self.probed(dial, answered)
+    }
+}
+
+#[test]
+fn with_one_replica_the_round_after_a_failed_call_falls_back_to_it() {
+    let mut b = failed_on_replica_7();
+    // Every dial of the round reaches the only replica, and each is passed over.
+    for dial in 1..4 {
+        assert_eq!(
+            b.candidate(dial, 7, true),
+            [Discard { dial }, Dial { dial: dial + 1 }]
+        );
+    }
+    // No other replica was to be had: one more dial, passing over nothing, instead of
+    // failing call 2.
+    assert_eq!(
+        b.candidate(4, 7, true),
+        [Discard { dial: 4 }, Dial { dial: 5 }]
+    );
+    assert_eq!(
+        b.on(Event::Dialed { dial: 5, ok: true }),
+        [Probe {
+            dial: 5,
+            named: false
+        }]
+    );
+    assert_eq!(
+        b.probed(5, true),
+        [Share { dial: 5 }, Use { call: 2, dial: 5 }]
+    );
+    assert_eq!(
+        b.fired(),
+        [
+            Rule::Avoid,
+            Rule::ProbeRedial,
+            Rule::Avoid,
+            Rule::ProbeRedial,
+            Rule::Avoid,
+            Rule::ProbeRedial,
+            Rule::Avoid
+        ]
+    );
+}
+
+#[test]
+fn the_fallback_is_one_dial_and_when_its_probe_fails_the_calls_do() {
+    let mut b = failed_on_replica_7();
+    for dial in 1..4 {
+        b.candidate(dial, 7, true);
+    }
+    b.candidate(4, 7, true);
+    b.on(Event::Dialed { dial: 5, ok: true });
+    assert_eq!(b.probed(5, false), [Discard { dial: 5 }, Fail { call: 2 }]);
+    assert_eq!(b.policy.next_wake(), None);
+}
+
+#[test]
+fn with_two_replicas_the_round_after_a_failed_call_takes_the_other_and_never_falls_back() {
+    // The other replica answers: it is shared (the pass-over as it was).
+    let mut b = failed_on_replica_7();
+    assert_eq!(
+        b.candidate(1, 7, true),
+        [Discard { dial: 1 }, Dial { dial: 2 }]
+    );
+    assert_eq!(
+        b.candidate(2, 8, true),
+        [Share { dial: 2 }, Use { call: 2, dial: 2 }]
+    );
+
+    // The other replica is met but its probe fails: the round fails its call as before,
+    // with no fallback to the replica passed over.
+    let mut b = failed_on_replica_7();
+    assert_eq!(
+        b.candidate(1, 8, false),
+        [Discard { dial: 1 }, Dial { dial: 2 }]
+    );
+    for dial in 2..4 {
+        b.candidate(dial, 7, true);
+    }
+    assert_eq!(
+        b.candidate(4, 7, true),
+        [Discard { dial: 4 }, Fail { call: 2 }]
+    );
+
+    // So does a round one of whose connects failed: another replica may be behind it.
+    let mut b = failed_on_replica_7();
+    assert_eq!(
+        b.on(Event::Dialed { dial: 1, ok: false }),
+        [Dial { dial: 2 }]
+    );
+    for dial in 2..4 {
+        b.candidate(dial, 7, true);
+    }
+    assert_eq!(
+        b.candidate(4, 7, true),
+        [Discard { dial: 4 }, Fail { call: 2 }]
+    );
+}
+
+#[test]
+fn a_round_after_a_read_behind_never_falls_back() {
+    let mut b = Bench::new(Rules {
+        hedge: None,
+        ..rules()
+    });
+    b.open(1);
+    b.ended(1, Ended::Behind);
+    b.on(Event::Named {
+        dial: 0,
+        replica: 7,
+    });
+    b.on(Event::CallStarted { call: 2 });
+    for dial in 1..4 {
+        b.candidate(dial, 7, true);
+    }
+    // Rule 6's round that finds no other replica ends, as its doc says.
+    assert_eq!(
+        b.candidate(4, 7, true),
+        [Discard { dial: 4 }, Fail { call: 2 }]
+    );
+}
+
 #[test]
 fn with_avoid_off_a_failed_call_names_nothing_and_the_next_round_takes_any_replica() {
     let mut b = Bench::new(Rules {
