@@ -11,9 +11,9 @@ use std::time::Instant;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::profiles::Profile;
-use crate::report::{Merged, ScenarioRecord, Summary, Table};
 use crate::scenario::{Outcome, ScenarioConfig, run_isolated};
+use spur_judge::profiles::Profile;
+use spur_judge::report::{Merged, ScenarioRecord, Summary, Table};
 
 /// A seed range `A..B` (B excluded), or one seed.
 #[derive(Clone, Debug)]
@@ -252,56 +252,19 @@ pub fn compare_plot(
     profiles: &[Profile],
     records: &[Vec<ScenarioRecord>],
 ) -> String {
-    let series: Vec<crate::plot::Series<'_>> = profiles
+    let series: Vec<spur_judge::plot::Series<'_>> = profiles
         .iter()
         .zip(records)
-        .map(|(profile, records)| crate::plot::Series {
+        .map(|(profile, records)| spur_judge::plot::Series {
             name: profile.name(),
-            samples: lag_samples(records),
+            samples: spur_judge::report::lag_samples(records),
         })
         .collect();
     let title = format!(
         "Lags by profile, seeds {}..{} (spur-sim compare --plot)",
         seeds.start, seeds.end
     );
-    crate::plot::cdf_svg(&title, &lag_panels(), &series)
-}
-
-/// The lag metrics a picture of lags shows, with their deadlines, and each one's samples
-/// from `records`.
-pub fn lag_panels() -> [crate::plot::Panel<'static>; 4] {
-    use crate::plot::Panel;
-    let d = crate::scenario::Deadlines::default();
-    [
-        Panel {
-            title: "registration",
-            deadline: Some(d.registration),
-        },
-        Panel {
-            title: "submission",
-            deadline: Some(d.submission),
-        },
-        Panel {
-            title: "submission after a leader change",
-            deadline: Some(d.submission),
-        },
-        Panel {
-            title: "status",
-            deadline: Some(d.status),
-        },
-    ]
-}
-
-/// Every record's lags, per metric of [`lag_panels`].
-pub fn lag_samples(records: &[ScenarioRecord]) -> Vec<Vec<u64>> {
-    let mut samples = vec![Vec::new(); 4];
-    for r in records {
-        samples[0].extend(&r.lags_ms.registration);
-        samples[1].extend(&r.lags_ms.submission);
-        samples[2].extend(&r.lags_ms.failover_submission);
-        samples[3].extend(&r.lags_ms.status);
-    }
-    samples
+    spur_judge::plot::cdf_svg(&title, &spur_judge::report::lag_panels(), &series)
 }
 
 /// Runs `seeds` under `profile` on `jobs` threads; outcomes in seed order.
@@ -440,7 +403,7 @@ pub fn replay(args: ReplayArgs) -> anyhow::Result<bool> {
     let record = ScenarioRecord::from(&outcome);
     println!("{}", serde_json::to_string_pretty(&record)?);
     if let (Some(path), Some(timeline)) = (&args.html, &outcome.timeline) {
-        write_page(path, timeline)?;
+        spur_judge::timeline::html::write_page(path, timeline)?;
     }
     Ok(record.passed)
 }
@@ -460,27 +423,8 @@ pub fn install_subscriber(log: Option<tracing_subscriber::EnvFilter>, timeline: 
             .with_writer(std::io::stderr)
             .with_filter(filter)
     });
-    let calls = timeline.then(crate::timeline::calls::layer);
+    let calls = timeline.then(crate::timeline_calls::layer);
     tracing_subscriber::registry().with(fmt).with(calls).init();
-}
-
-/// Writes `timeline` as its HTML page to `path`, saying where on stderr.
-pub fn write_page(
-    path: &std::path::Path,
-    timeline: &crate::timeline::Timeline,
-) -> anyhow::Result<()> {
-    let page = crate::timeline::html::render(timeline);
-    std::fs::write(path, &page)
-        .map_err(|e| anyhow::anyhow!("writing the timeline to {}: {e}", path.display()))?;
-    eprintln!(
-        "timeline: {} ({} KiB; {} calls, {} faults, {} deadlines)",
-        path.display(),
-        page.len() / 1024,
-        timeline.calls.len(),
-        timeline.faults.len(),
-        timeline.deadlines.len()
-    );
-    Ok(())
 }
 
 pub fn compare(args: CompareArgs) -> anyhow::Result<bool> {
@@ -654,7 +598,7 @@ pub fn measure_nodes(nodes: usize, rtt_ms: u64) -> anyhow::Result<NodesLoad> {
     let ready_at = ready_at.expect("ready before done");
     let mut per_replica: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
     let answered =
-        crate::controller::calls::answered(&sim.world.trace().events(), Duration::ZERO, done_at);
+        spur_fakes::model::calls::answered(&sim.world.trace().events(), Duration::ZERO, done_at);
     for ((replica, method), count) in answered {
         let entry = per_replica.entry(replica).or_default();
         entry.1 += count;
@@ -776,7 +720,7 @@ pub fn measure_active_jobs(jobs: usize) -> anyhow::Result<ActiveJobsLoad> {
     }
     by_method.retain(|_, count| *count > 0);
     let mut answered: BTreeMap<String, usize> = BTreeMap::new();
-    for ((_, method), count) in crate::controller::calls::answered(
+    for ((_, method), count) in spur_fakes::model::calls::answered(
         &sim.world.trace().events(),
         window_start,
         window_start + WINDOW,

@@ -30,43 +30,22 @@
 //!   `std::time::Instant` directly. Nothing the trace records depends on either; tokio's
 //!   clock is turmoil's.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+pub use spur_fakes::clock::{EPOCH, epoch, rng_for, sim_elapsed, sim_now};
+use spur_fakes::clock::{HostWorld, install_host_world};
 
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-
-/// Wall-clock time at the start of every simulation: 2026-01-01T00:00:00Z. Fixed so that
-/// timestamps in the trace are the same in every run.
-pub const EPOCH: Duration = Duration::from_secs(1_767_225_600);
-
-/// The fixed epoch as a `SystemTime`.
-pub fn epoch() -> SystemTime {
-    UNIX_EPOCH + EPOCH
-}
-
-/// Simulated time since the start of the simulation, as seen by the current host.
-/// Outside a simulation (the real-TCP `controllers` command) it is zero.
-pub fn sim_elapsed() -> Duration {
-    turmoil::sim_elapsed().unwrap_or_default()
-}
-
-/// The simulated wall clock: the fixed epoch plus the simulated time.
-pub fn sim_now() -> SystemTime {
-    epoch() + sim_elapsed()
-}
-
-/// An RNG for one purpose (e.g. `"service"`, `"election"`), derived from the seed.
-/// Each purpose gets its own ChaCha stream, so draws for one purpose do not depend on how
-/// many draws another purpose made.
-pub fn rng_for(seed: u64, purpose: &str) -> ChaCha8Rng {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    rng.set_stream(crate::trace::fnv1a(purpose.as_bytes()));
-    rng
+/// Gives the fakes turmoil's answers for this process: the simulated time on the current
+/// host, and which host an address belongs to (they may not link turmoil themselves).
+pub fn install_turmoil_host_world() {
+    install_host_world(HostWorld {
+        elapsed: turmoil::sim_elapsed,
+        peer_host: crate::net::peer_host,
+    });
 }
 
 /// Seeds the process-level generators that cannot be handed a seed (fastrand's
 /// thread-local one) for a world on the current thread.
 pub fn seed_process(seed: u64) {
+    install_turmoil_host_world();
     fastrand::seed(seed);
 }
 

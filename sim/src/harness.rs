@@ -12,21 +12,17 @@ use serde_json::{Value, json};
 use spur_operator::Handles;
 use spur_operator::SpurJob;
 
-use crate::index::ObjectIndex;
-use crate::kube_api::clock::TimeSource;
-use crate::kube_api::install::{install_operator_identity, operator_rbac};
-use crate::kube_api::store::StoreConfig;
-use crate::kube_api::{ApiServer, ApiServerConfig, seed};
-use crate::leases::LeaseHistory;
 use crate::operator::{KUBE_API_HOST, KUBE_API_PORT, config_from_flags, run_operator};
-use crate::trace::fnv1a;
 use crate::world::{World, WorldConfig};
+use spur_fakes::api_server::clock::TimeSource;
+use spur_fakes::api_server::install::{install_operator_identity, operator_rbac};
+use spur_fakes::api_server::store::StoreConfig;
+use spur_fakes::api_server::{ApiServer, ApiServerConfig, seed};
+use spur_fakes::index::ObjectIndex;
+use spur_fakes::leases::LeaseHistory;
+use spur_judge::trace::fnv1a;
 
-/// The namespace the operator runs in (its Lease lives there).
-pub const OPERATOR_NAMESPACE: &str = "spur-system";
-/// The Lease the operator replicas elect their leader with (`--lease-name`'s default),
-/// as `namespace/name`.
-pub const OPERATOR_LEASE: &str = "spur-system/spur-operator";
+pub use spur_judge::hosts::{OPERATOR_LEASE, OPERATOR_NAMESPACE};
 
 /// Asks an operator replica to shut down as on SIGTERM (drain, release the lease, exit),
 /// and lets a restart run it again.
@@ -94,7 +90,7 @@ impl Sim {
             ..ApiServerConfig::default()
         });
         let index = ObjectIndex::attach(&api);
-        let leases = LeaseHistory::attach(&api, world.time());
+        let leases = spur_fakes::leases::attach(&api, world.time());
         api.create(json!({
             "apiVersion": "v1",
             "kind": "Namespace",
@@ -160,7 +156,7 @@ impl Sim {
             );
             let mut stopped = stop.0.subscribe();
             async move {
-                crate::timeline::calls::enter_host(&host);
+                crate::timeline_calls::enter_host(&host);
                 let (started, handles) = tokio::sync::oneshot::channel();
                 let shutdown = async move {
                     let _ = stopped.wait_for(|s| *s).await;
@@ -182,10 +178,10 @@ impl Sim {
     pub fn start_kubelet(&mut self) {
         let (api, index) = (self.api.clone(), self.index.clone());
         self.world.host("kubelet", move || {
-            crate::kubelet::run(
+            spur_fakes::kubelet::run(
                 api.clone(),
                 index.clone(),
-                crate::kubelet::KubeletConfig::default(),
+                spur_fakes::kubelet::KubeletConfig::default(),
             )
         });
     }
@@ -251,7 +247,7 @@ impl Sim {
 
     /// Operator replicas that currently act as leader, by their own flags (for tests of
     /// the flag; safety checks judge the API server's record instead, see
-    /// [`crate::scenario::acting`]).
+    /// [`spur_judge::checks::acting`]).
     pub fn leading_operators(&self) -> Vec<String> {
         self.operators
             .borrow()

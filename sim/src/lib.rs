@@ -14,24 +14,12 @@
 //! - [`smoke`]: `spur-sim world-smoke`, a fixed scenario printing its trace hash.
 
 pub mod cli;
-pub mod controller;
 pub mod determinism;
 pub mod harness;
-pub mod index;
-pub mod kube_api;
-pub mod kubelet;
-pub mod lab;
-pub mod leases;
 pub mod net;
 pub mod operator;
-pub mod plot;
 pub mod prober;
-pub mod profiles;
-pub mod real_peer;
-pub mod record_log;
-pub mod report;
 pub mod scenario;
 pub mod smoke;
-pub mod timeline;
-pub mod trace;
+pub mod timeline_calls;
 pub mod world;

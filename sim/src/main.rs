@@ -44,25 +44,25 @@ enum Command {
     },
     /// The simulated controller replicas over real TCP: three replicas and the `spurctld`
     /// Service on `--listen`, for local use and comparison with a real spurctld.
-    Controllers(spur_sim::controller::tcp::ControllersArgs),
+    Controllers(spur_fakes::model::tcp::ControllersArgs),
     /// The simulated replicas' shared state and servers, for replica processes
     /// (`spur-sim replica`) to serve through; what the lab runs without the real spurctld.
-    ReplicaState(spur_sim::controller::processes::StateArgs),
+    ReplicaState(spur_fakes::model::processes::StateArgs),
     /// One simulated replica as a process of its own on its pod's address (see
     /// `replica-state`).
-    Replica(spur_sim::controller::processes::ReplicaArgs),
+    Replica(spur_fakes::model::processes::ReplicaArgs),
     /// The named scenarios on real processes (real spurctld, the real operator binary) in
     /// a private network namespace, faults made by the kernel; `--compare-sim` sets each
     /// beside its simulated twin. Needs root.
-    Lab(spur_sim::lab::LabArgs),
+    Lab(spur_lab::LabArgs),
     /// The operator at scale against the real three replicas, in the lab: time to
     /// register many nodes, then the steady state with many active SpurJobs. Needs root.
-    LabBench(spur_sim::lab::bench::LabBenchArgs),
+    LabBench(spur_lab::bench::LabBenchArgs),
     /// How long after a network cut heals the kernel delivers what an open connection sent
     /// across it, against the simulation's delivery at the heal. Needs root.
-    LabHeal(spur_sim::lab::heal::LabHealArgs),
+    LabHeal(spur_lab::heal::LabHealArgs),
     /// Serve the simulated Kubernetes API server over TCP (and write a kubeconfig for it).
-    KubeApi(spur_sim::kube_api::cli::KubeApiArgs),
+    KubeApi(spur_fakes::api_server::cli::KubeApiArgs),
     /// Runs a small fixed scenario and prints its trace hash: the same seed must print the
     /// same hash in any process (the cross-process determinism test runs it).
     WorldSmoke {
@@ -93,26 +93,32 @@ fn run(command: Command) -> anyhow::Result<bool> {
         Command::Bench { seeds } => spur_sim::cli::bench(seeds),
         Command::BenchNodes { nodes, rtt_ms } => spur_sim::cli::bench_nodes(nodes, rtt_ms),
         Command::BenchJobs { jobs } => spur_sim::cli::bench_jobs(jobs),
-        Command::Lab(args) => spur_sim::lab::main(args),
-        Command::LabBench(args) => spur_sim::lab::bench::main(args),
-        Command::LabHeal(args) => spur_sim::lab::heal::main(args),
+        Command::Lab(args) => spur_lab::main(
+            args,
+            spur_lab::Twin {
+                run: spur_sim::scenario::run_plan,
+                catch_calls: || spur_sim::cli::install_subscriber(None, true),
+            },
+        ),
+        Command::LabBench(args) => spur_lab::bench::main(args),
+        Command::LabHeal(args) => spur_lab::heal::main(args),
         Command::Controllers(args) => {
-            spur_sim::controller::tcp::main(args)?;
+            spur_fakes::model::tcp::main(args)?;
             Ok(true)
         }
         Command::ReplicaState(args) => {
-            spur_sim::controller::processes::state_main(args)?;
+            spur_fakes::model::processes::state_main(args)?;
             Ok(true)
         }
         Command::Replica(args) => {
-            spur_sim::controller::processes::replica_main(args)?;
+            spur_fakes::model::processes::replica_main(args)?;
             Ok(true)
         }
         Command::KubeApi(args) => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            runtime.block_on(spur_sim::kube_api::cli::run(args))?;
+            runtime.block_on(spur_fakes::api_server::cli::run(args))?;
             Ok(true)
         }
         Command::WorldSmoke { seed } => {

@@ -14,12 +14,10 @@ use spur_operator::net::{Binder, Dialer};
 use spur_operator::{OperatorConfig, RunArgs};
 
 use crate::determinism::sim_now;
-use crate::kube_api::{ClientOptions, client_over_with};
 use crate::net::{ServiceDialer, SimListener};
+use spur_fakes::api_server::{ClientOptions, client_over_with};
 
-/// Where the simulated API server listens.
-pub const KUBE_API_HOST: &str = "kube-api";
-pub const KUBE_API_PORT: u16 = 6443;
+pub use spur_judge::hosts::{KUBE_API_HOST, KUBE_API_PORT};
 
 /// The operator's network in the simulation: dials through the `spurctld` Service like
 /// kube-proxy, listens on the simulated host.
@@ -99,4 +97,35 @@ pub async fn run_operator(
         seed,
     };
     spur_operator::run_with_handles(seams, config, shutdown, started).await
+}
+
+#[cfg(test)]
+mod tests {
+    use spur_judge::profiles::Profile;
+
+    use super::config_from_flags;
+
+    #[test]
+    fn every_profile_is_a_valid_operator_configuration() {
+        for profile in Profile::ALL {
+            let flags: Vec<String> = profile.flags().iter().map(|f| f.to_string()).collect();
+            let config =
+                config_from_flags("operator", &flags).unwrap_or_else(|e| panic!("{profile}: {e}"));
+            let channel = &config.controller.channel;
+            match profile {
+                Profile::Unbounded => {
+                    assert_eq!(channel.connect_probe, None);
+                    assert_eq!(channel.hedge(), None);
+                    assert_eq!(channel.connect_timeout, None);
+                    assert_eq!(channel.request_timeout, None);
+                    assert_eq!(channel.keepalive, None);
+                }
+                Profile::SeedFix | Profile::Default => {
+                    assert!(channel.connect_timeout.is_some() && channel.keepalive.is_some());
+                    assert_eq!(channel.connect_probe.is_some(), profile == Profile::Default);
+                }
+            }
+            assert_eq!(profile.name().parse::<Profile>(), Ok(profile));
+        }
+    }
 }

@@ -20,21 +20,20 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use spur_proto::SlurmControllerServer;
 
-use crate::controller::state::LogEntry;
-use crate::controller::{Clock, Cluster, ControllerConfig, Replica, scheduler};
 use crate::determinism::{epoch, rng_for, sim_elapsed};
 use crate::net::{
     FreezableListener, NetConfig, Network, ServiceDialer, SimListener, TurmoilDialer,
 };
-use crate::trace::Trace;
+pub use spur_fakes::clock::WorldTime;
+use spur_fakes::model::state::LogEntry;
+use spur_fakes::model::{Clock, Cluster, ControllerConfig, Replica, scheduler};
+use spur_judge::trace::Trace;
 
-/// The name of the controller's client Service.
-pub const CONTROLLER_SERVICE: &str = "spurctld";
+pub use spur_judge::hosts::CONTROLLER_SERVICE;
 
 /// Everything a world is built from, besides the seed.
 #[derive(Clone, Debug)]
@@ -101,59 +100,8 @@ pub struct World {
     landing: Duration,
 }
 
-/// A cut between two hosts that held what crossed it (a partition or a freeze; a silent
-/// kill's cut drops instead): a message sent across it while it lasted, or on its way when
-/// it began, lands when it heals. The checks that judge a message by when it arrived
-/// (`scenario::acting`) ask whether it came across one.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Cut {
-    /// The two hosts, in order.
-    pub hosts: (String, String),
-    pub from: Duration,
-    /// When it healed, if it has.
-    pub healed: Option<Duration>,
-    /// By when what it held has landed, once healed.
-    pub landed_by: Option<Duration>,
-}
-
-impl Cut {
-    /// Whether a message from `from` to `to` arriving at `at` may have been held by this
-    /// cut: the cut joins the two hosts and had healed just before `at`.
-    pub fn may_have_held(&self, from: &str, to: &str, at: Duration) -> bool {
-        let joins = self.hosts == ordered(from, to);
-        joins
-            && self
-                .healed
-                .zip(self.landed_by)
-                .is_some_and(|(healed, by)| healed <= at && at <= by)
-    }
-}
-
-fn ordered(a: &str, b: &str) -> (String, String) {
-    if a <= b {
-        (a.to_owned(), b.to_owned())
-    } else {
-        (b.to_owned(), a.to_owned())
-    }
-}
-
-/// The world's simulated time, readable from outside any turmoil host (a harness between
-/// steps, an action due at a time), where `turmoil::sim_elapsed` has no answer.
-#[derive(Clone, Debug, Default)]
-pub struct WorldTime(Arc<AtomicU64>);
-
-impl WorldTime {
-    pub fn elapsed(&self) -> Duration {
-        Duration::from_nanos(self.0.load(Ordering::Relaxed))
-    }
-
-    fn set(&self, elapsed: Duration) {
-        self.0.store(
-            u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-    }
-}
+pub use spur_judge::records::Cut;
+use spur_judge::records::ordered_pair;
 
 impl World {
     /// A world with the default configuration.
@@ -178,7 +126,7 @@ impl World {
         let cluster = Cluster::new(
             config.controller,
             rng_for(seed, "election"),
-            Some(net.clone()),
+            Some(Arc::new(net.clone())),
             trace.clone(),
         );
         trace.record(Duration::ZERO, "harness", format!("world seed={seed}"));
@@ -217,7 +165,7 @@ impl World {
     /// after the heal by when it was sent.
     fn record_cut(&mut self, a: &str, b: &str) {
         self.cuts.push(Cut {
-            hosts: ordered(a, b),
+            hosts: ordered_pair(a, b),
             from: self.sim.elapsed(),
             healed: None,
             landed_by: None,
@@ -226,7 +174,7 @@ impl World {
 
     fn record_heal(&mut self, a: &str, b: &str) {
         let now = self.sim.elapsed();
-        let hosts = ordered(a, b);
+        let hosts = ordered_pair(a, b);
         let landing = self.landing;
         if let Some(cut) = self
             .cuts
@@ -518,7 +466,7 @@ async fn serve_replica(
     );
     tokio::spawn(scheduler::run(replica.clone()));
     tonic::transport::Server::builder()
-        .layer(crate::controller::calls::recorder(cluster_calls, host))
+        .layer(spur_fakes::model::calls::recorder(cluster_calls, host))
         .add_service(SlurmControllerServer::new(replica))
         .serve_with_incoming(spur_operator::net::incoming(listener))
         .await?;

@@ -9,16 +9,16 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use spur_sim::lab::scenarios;
-use spur_sim::profiles::Profile;
-use spur_sim::scenario::plan::{Plan, PlannedFault};
+use spur_judge::catalogue;
+use spur_judge::plan::{Plan, PlannedFault};
+use spur_judge::profiles::Profile;
 use spur_sim::scenario::sabotage::Sabotage;
 use spur_sim::scenario::{Fault, LeaderChange, ScenarioConfig, run_plan};
 
 /// A short, fault-free plan: four nodes, the replicas up from the start, a handful of
 /// SpurJobs that run and end, then a quiet minute.
 fn calm() -> Plan {
-    let mut plan = scenarios::plan("leader-kill-graceful", Duration::from_secs(60)).expect("named");
+    let mut plan = catalogue::plan("leader-kill-graceful", Duration::from_secs(60)).expect("named");
     plan.faults.clear();
     plan.seed = 11;
     plan
@@ -182,7 +182,7 @@ fn lease_takeover_fires_when_the_standby_never_tries_in_time() {
 /// the same on the real spurctld (issue 18's closing note).
 #[test]
 fn node_liveness_fires_when_every_heartbeat_goes_to_a_leader_cut_off_from_its_peers() {
-    let plan = scenarios::plan(scenarios::LEADER_CUT_IDLE, Duration::from_secs(20)).expect("named");
+    let plan = catalogue::plan(catalogue::LEADER_CUT_IDLE, Duration::from_secs(20)).expect("named");
     assert_eq!(
         fired(&plan, &with_flags(&["--controller-rules-off", "rotate"])),
         BTreeSet::from(["node-liveness"])

@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use common::{channel, now, submit, wait_for_leader};
+use spur_fakes::model::RefusalKind;
 use spur_proto as pb;
-use spur_sim::controller::RefusalKind;
 use spur_sim::smoke::{FakeAgent, until_ok};
 use spur_sim::world::{KillMode, World};
 use tonic::Code;
@@ -255,7 +255,7 @@ fn a_follower_cut_off_serves_reads_from_its_stale_copy_and_catches_up_when_heale
 
 #[test]
 fn a_lost_reply_leaves_the_write_applied_and_only_the_next_reply_is_lost() {
-    use spur_sim::controller::LostReply;
+    use spur_fakes::model::LostReply;
 
     let mut world = World::new(26);
     world.start_controllers();

@@ -22,7 +22,7 @@ use kube::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use spur_sim::kube_api::{ApiServer, ApiServerConfig, ClientOptions, CutKind, OutageMode};
+use spur_fakes::api_server::{ApiServer, ApiServerConfig, ClientOptions, CutKind, OutageMode};
 use tokio::time::timeout;
 
 #[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize)]
@@ -1042,7 +1042,9 @@ async fn kube_runtime_recorder_creates_then_patches_an_event_series() {
 
 #[test]
 fn a_client_on_another_turmoil_host_talks_to_the_server() {
-    use spur_sim::kube_api::{client_over_with, transport::BareTurmoilDialer};
+    use spur_fakes::api_server::client_over_with;
+    use spur_sim::net::BareTurmoilDialer;
+    spur_sim::determinism::install_turmoil_host_world();
     let mut sim = turmoil::Builder::new()
         .simulation_duration(Duration::from_secs(120))
         .build();
@@ -1191,7 +1193,8 @@ async fn kubectl_against_the_tcp_mode() {
 
 /// Every change of one turmoil run, as the observer sees it.
 fn turmoil_trace(seed: u64) -> Vec<String> {
-    use spur_sim::kube_api::{client_over_with, store::StoreConfig, transport::BareTurmoilDialer};
+    use spur_fakes::api_server::{client_over_with, store::StoreConfig};
+    use spur_sim::net::BareTurmoilDialer;
     let server = ApiServer::new(ApiServerConfig {
         store: StoreConfig {
             seed,
@@ -1210,6 +1213,7 @@ fn turmoil_trace(seed: u64) -> Vec<String> {
         let line = format!("{} {} {}", change.rv, change.kind.as_str(), change.object);
         sink.lock().unwrap().push(line);
     });
+    spur_sim::determinism::install_turmoil_host_world();
     let mut sim = turmoil::Builder::new()
         .simulation_duration(Duration::from_secs(60))
         .rng_seed(seed)
@@ -1280,7 +1284,7 @@ impl spur_operator::net::Dialer for BlackHole {
 
 #[tokio::test(start_paused = true)]
 async fn connects_are_bounded_as_by_kubes_default_config() {
-    use spur_sim::kube_api::client_over;
+    use spur_fakes::api_server::client_over;
     let nodes: Api<Node> = Api::all(client_over(BlackHole, "kube-api", 6443));
     let start = tokio::time::Instant::now();
     let err = nodes.list(&ListParams::default()).await.unwrap_err();
@@ -1359,7 +1363,7 @@ async fn a_service_account_may_do_what_its_bindings_grant_and_no_more() {
 #[tokio::test]
 async fn allow_all_serves_a_client_without_a_token() {
     let server = ApiServer::new(ApiServerConfig {
-        authorization: spur_sim::kube_api::Authorization::AllowAll,
+        authorization: spur_fakes::api_server::Authorization::AllowAll,
         ..ApiServerConfig::default()
     });
     server.seed_nodes(1).unwrap();

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use serde_json::json;
-use spur_sim::controller::RefusalKind;
+use spur_fakes::model::RefusalKind;
+use spur_judge::checks::acting::ActingCheck;
 use spur_sim::harness::{OPERATOR_LEASE, Sim};
-use spur_sim::scenario::acting::ActingCheck;
 
 /// Fast heartbeats so a test sees several in a short run.
 const FLAGS: &[&str] = &["--heartbeat-interval", "5s"];
@@ -133,7 +133,7 @@ fn a_cordon_drains_the_node_with_its_reason_an_uncordon_lifts_it_and_an_admins_d
     cluster
         .propose(
             slot,
-            spur_sim::controller::state::Command::UpdateNode {
+            spur_fakes::model::state::Command::UpdateNode {
                 name: "node-1".into(),
                 state: Some(spur_proto::NodeState::NodeDrain),
                 reason: Some("admin: RMA 77".into()),
@@ -211,7 +211,11 @@ fn judge_acting(sim: &mut Sim, check: &mut ActingCheck, from: u64, until: u64) -
     let mut violations = Vec::new();
     for t in from + 1..=until {
         sim.world.run_until(secs(t)).unwrap();
-        violations.extend(check.sample(sim).iter().map(ToString::to_string));
+        violations.extend(
+            spur_sim::scenario::observe::judge_acting(check, sim)
+                .iter()
+                .map(ToString::to_string),
+        );
     }
     violations
 }
@@ -391,6 +395,9 @@ fn a_sigterm_during_launches_on_a_slow_api_server_leaves_no_write_outside_the_le
 }
 
 fn no_violations(check: &mut ActingCheck, sim: &mut Sim) {
-    let violations: Vec<String> = check.sample(sim).iter().map(ToString::to_string).collect();
+    let violations: Vec<String> = spur_sim::scenario::observe::judge_acting(check, sim)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     assert!(violations.is_empty(), "{violations:#?}");
 }

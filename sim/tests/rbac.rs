@@ -8,9 +8,9 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use spur_fakes::api_server::install::{RBAC_YAML, operator_rbac};
 use spur_proto as pb;
 use spur_sim::harness::{OPERATOR_NAMESPACE, Sim};
-use spur_sim::kube_api::install::{RBAC_YAML, operator_rbac};
 use tonic::transport::Endpoint;
 
 const RBAC_V1: &str = "rbac.authorization.k8s.io/v1";

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use spur_fakes::api_server::OutageMode;
 use spur_sim::harness::Sim;
-use spur_sim::kube_api::OutageMode;
 use spur_sim::world::WorldConfig;
 
 fn secs(s: u64) -> Duration {
@@ -53,7 +53,7 @@ fn readyz_follows_the_controller_and_the_api_server() {
 
 /// Runs `sim` to `until`, judging readiness every 250 ms as the scenarios do.
 fn judge(mut sim: Sim, until: Duration) -> (Vec<String>, usize) {
-    use spur_sim::scenario::readiness::ReadinessJudge;
+    use spur_judge::checks::readiness::ReadinessJudge;
     let probes = probe_operator(&mut sim, secs(5));
     let mut judge = ReadinessJudge::new(
         secs(15),
@@ -66,7 +66,10 @@ fn judge(mut sim: Sim, until: Duration) -> (Vec<String>, usize) {
     while now < until {
         now += Duration::from_millis(250);
         sim.world.run_until(now).unwrap();
-        violations.extend(judge.sample(&sim, now, true).map(|v| v.to_string()));
+        violations.extend(
+            spur_sim::scenario::observe::sample_readiness(&mut judge, &sim, now, true)
+                .map(|v| v.to_string()),
+        );
     }
     (violations, judge.judged)
 }

@@ -3,8 +3,8 @@
 //! change of behaviour the text has not caught up with; each failure names the command
 //! that rewrites it, or the page to update.
 
+use spur_judge::profiles::Profile;
 use spur_sim::cli::{compare_plot, compare_runs, compare_table_seeds, splice_compare_table};
-use spur_sim::profiles::Profile;
 
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use spur_judge::profiles::Profile;
 use spur_sim::cli::{Seeds, run_seeds, run_seeds_with};
-use spur_sim::profiles::Profile;
 use spur_sim::scenario::{ScenarioConfig, plan, run_isolated};
 
 fn seeds() -> Vec<u64> {
@@ -168,7 +168,7 @@ fn a_broken_second_replica_fails_the_checks() {
 /// making a sweep look harsher than it was).
 #[test]
 fn a_leader_kill_with_no_leader_is_not_counted_as_a_fault() {
-    use spur_sim::scenario::plan::PlannedFault;
+    use spur_judge::plan::PlannedFault;
     let config = ScenarioConfig::default();
     let mut planned = plan(3, &config);
     planned.controllers_at = Duration::from_secs(30);

@@ -12,10 +12,10 @@ mod common;
 use common::{run_until_true, s};
 
 use serde_json::{Value, json};
+use spur_fakes::model::{ControllerConfig, LostReply, RefusalKind};
+use spur_judge::profiles::Profile;
 use spur_operator::uid_in_comment;
-use spur_sim::controller::{ControllerConfig, LostReply, RefusalKind};
 use spur_sim::harness::Sim;
-use spur_sim::profiles::Profile;
 use spur_sim::scenario::ScenarioConfig;
 use spur_sim::world::{KillMode, WorldConfig};
 

@@ -5,17 +5,17 @@
 
 use std::time::Duration;
 
-use spur_sim::lab::scenarios;
-use spur_sim::profiles::Profile;
+use spur_judge::catalogue;
+use spur_judge::profiles::Profile;
+use spur_judge::timeline::Timeline;
 use spur_sim::scenario::{ScenarioConfig, run_plan};
-use spur_sim::timeline::Timeline;
 
 /// The seed's own story: the leader's pod is killed and its packets vanish, so a channel
 /// to it hangs. (A frozen leader no longer serves here: what the kernel of a stopped
 /// process took in is answered at the thaw, `spur_sim::net::Freezable`, so a 20 s freeze
 /// ends before seed-fix's 30 s request bound.)
 fn leader_kill(profile: Profile, timeline: bool) -> spur_sim::scenario::Outcome {
-    let mut plan = scenarios::plan("leader-kill-silent", Duration::from_secs(20)).expect("named");
+    let mut plan = catalogue::plan("leader-kill-silent", Duration::from_secs(20)).expect("named");
     plan.seed = 1;
     let config = ScenarioConfig {
         timeline,
@@ -25,7 +25,7 @@ fn leader_kill(profile: Profile, timeline: bool) -> spur_sim::scenario::Outcome 
 }
 
 fn drawn(profile: Profile) -> (spur_sim::scenario::Outcome, Timeline) {
-    spur_sim::timeline::calls::catch_in_this_process();
+    spur_sim::timeline_calls::catch_in_this_process();
     let outcome = leader_kill(profile, true);
     let timeline = *outcome.timeline.clone().expect("asked for a timeline");
     (outcome, timeline)
@@ -153,7 +153,7 @@ fn drawing_the_timeline_changes_nothing_the_simulation_observes() {
 #[test]
 fn the_page_of_a_ten_minute_seed_stays_small() {
     // Issue 21's bound: 10 minutes of simulated time with 20 SpurJobs under 2 MB.
-    spur_sim::timeline::calls::catch_in_this_process();
+    spur_sim::timeline_calls::catch_in_this_process();
     let config = ScenarioConfig {
         timeline: true,
         ..ScenarioConfig::default().with_intensity(spur_sim::scenario::Intensity {
@@ -165,6 +165,6 @@ fn the_page_of_a_ten_minute_seed_stays_small() {
     let timeline = outcome.timeline.expect("asked for");
     assert!(timeline.end_ms >= 600_000, "ran {} ms", timeline.end_ms);
     assert!(timeline.jobs.len() >= 20);
-    let page = spur_sim::timeline::html::render(&timeline);
+    let page = spur_judge::timeline::html::render(&timeline);
     assert!(page.len() < 2 << 20, "{} bytes", page.len());
 }

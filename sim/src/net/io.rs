@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 
 use futures::Stream;
 use futures::future::BoxFuture;
-use spur_operator::net::{Accepted, Listener};
+use spur_operator::net::{Accepted, Dialer, Listener};
 use turmoil::net::TcpStream;
 
 /// A turmoil TCP listener for tonic (`serve_with_incoming(listener.incoming())`), axum
@@ -69,4 +69,19 @@ impl axum::serve::Listener for SimListener {
 pub fn peer_host(peer: SocketAddr) -> Option<String> {
     turmoil::sim_elapsed()?;
     turmoil::reverse_lookup(peer.ip())
+}
+
+/// Dials over turmoil's simulated TCP from the calling host, bare: none of the world's network
+/// model (the kernel's SYN retries, partitions, Services) that [`TurmoilDialer`]
+/// adds. For the API server's own tests.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BareTurmoilDialer;
+
+impl Dialer for BareTurmoilDialer {
+    type Stream = turmoil::net::TcpStream;
+
+    fn dial(&self, host: &str, port: u16) -> BoxFuture<'static, io::Result<Self::Stream>> {
+        let host = host.to_owned();
+        Box::pin(async move { turmoil::net::TcpStream::connect((host.as_str(), port)).await })
+    }
 }

@@ -184,7 +184,8 @@ impl Dialer for ServiceDialer {
                                 tokio::time::sleep(rto).await;
                                 rto *= 2;
                                 if let Some(endpoint) = net.pick_endpoint(&service, sim_elapsed()) {
-                                    net.trace().record_here(
+                                    net.trace().record(
+                                        crate::determinism::sim_elapsed(),
                                         &local,
                                         format!("service {service} -> {endpoint} (a retransmit)"),
                                     );
@@ -192,7 +193,8 @@ impl Dialer for ServiceDialer {
                                 }
                             }
                             tokio::time::sleep(rto).await;
-                            net.trace().record_here(
+                            net.trace().record(
+                                crate::determinism::sim_elapsed(),
                                 &local,
                                 format!("connect to {host}:{port} timed out (kernel)"),
                             );
@@ -205,7 +207,8 @@ impl Dialer for ServiceDialer {
                                 format!("service {service}: no endpoint, SYN dropped"),
                             );
                             tokio::time::sleep(net.config().syn_timeout()).await;
-                            net.trace().record_here(
+                            net.trace().record(
+                                crate::determinism::sim_elapsed(),
                                 &local,
                                 format!("connect to {host}:{port} timed out (kernel)"),
                             );

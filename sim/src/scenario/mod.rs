@@ -2,11 +2,11 @@
 //! ([`plan`]), the real operator runs through them, and the checks of sim.md judge the
 //! world's ground truth ([`checks`]). A failure prints the command that replays it.
 
-pub mod acting;
-pub mod checks;
-pub mod plan;
-pub mod readiness;
+pub mod observe;
 pub mod sabotage;
+
+pub use spur_judge::checks;
+pub use spur_judge::plan;
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,110 +15,22 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::controller::LostReply;
 use crate::harness::{OPERATOR_LEASE, OperatorStop, Sim};
-use crate::kube_api::{ApiResult, OutageMode};
-use crate::leases::LeaseHistory;
-use crate::net::{NetConfig, ServiceSetup};
+use crate::net::NetConfig;
 use crate::operator::KUBE_API_HOST;
 use crate::prober::ProbeRule;
-use crate::profiles::Profile;
 use crate::world::{KillMode, World, WorldConfig};
 pub use checks::{Deadlines, Violation};
+use observe::{SampleSim, sample_readiness};
 pub use plan::{Fault, Intensity, LeaderChange, Plan, ScenarioConfig, plan};
-use readiness::ReadinessJudge;
+use spur_fakes::api_server::{ApiResult, OutageMode};
+use spur_fakes::leases::LeaseHistory;
+use spur_fakes::model::LostReply;
+use spur_judge::checks::readiness::ReadinessJudge;
+use spur_judge::profiles::Profile;
 
-/// The operator's host in every scenario.
-pub const OPERATOR: &str = "operator";
-/// The second operator replica's host, in scenarios that run two.
-pub const OPERATOR_B: &str = "operator-b";
-/// The host that probes the operator's `/readyz`, as a kubelet would.
-pub const PROBER: &str = "kubelet-prober";
-/// The host that probes the second replica's `/readyz`.
-pub const PROBER_B: &str = "kubelet-prober-b";
-/// How often the checks sample the world: the resolution of every measured lag.
-pub const SAMPLE: Duration = Duration::from_millis(250);
-/// A killed controller pod is replaced after this long, as a StatefulSet does.
-pub const REPLACE_AFTER: Duration = Duration::from_secs(10);
-
-/// Summary statistics of one lag, in milliseconds.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LagStats {
-    pub count: usize,
-    pub p50: u64,
-    pub p99: u64,
-    pub max: u64,
-}
-
-impl LagStats {
-    pub fn of(values: &[u64]) -> LagStats {
-        if values.is_empty() {
-            return LagStats::default();
-        }
-        let mut sorted = values.to_vec();
-        sorted.sort_unstable();
-        let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
-        LagStats {
-            count: sorted.len(),
-            p50: at(0.5),
-            p99: at(0.99),
-            max: *sorted.last().expect("not empty"),
-        }
-    }
-}
-
-/// What one scenario came to.
-#[derive(Clone, Debug)]
-pub struct Outcome {
-    pub seed: u64,
-    pub profile: Profile,
-    pub violations: Vec<Violation>,
-    pub trace_hash: String,
-    pub sim_secs: f64,
-    pub wall_ms: u128,
-    pub faults: Vec<String>,
-    pub registration_lags: Vec<u64>,
-    pub submission_lags: Vec<u64>,
-    pub status_lags: Vec<u64>,
-    pub failover_submission_lags: Vec<u64>,
-    /// Beyond the first, the controller jobs of one SpurJob that ran or may still run
-    /// (violations of `duplicate-submission`).
-    pub duplicates: usize,
-    /// Second jobs of SpurJobs that ended without running: stopped by the operator.
-    pub duplicates_stopped: usize,
-    /// Calls the operator made to the controller replicas (a forward is not a second call;
-    /// the readiness probe's Pings are calls).
-    pub rpcs: usize,
-    /// Leader-only writes applied from each operator replica.
-    pub acting_writes: BTreeMap<String, usize>,
-    /// Controller write calls received from each operator replica, each judged against
-    /// the Lease.
-    pub acting_calls: BTreeMap<String, usize>,
-    /// Of those writes and calls, the ones a cut held that landed outside their sender's
-    /// term when it healed (judged by when they may have been sent; `scenario::acting`).
-    pub landed_after_cut: BTreeMap<String, usize>,
-    /// The `spurctld` Service it ran behind (forced, or drawn from its seed); `None` for a
-    /// run on real processes, whose Service is the lab's own.
-    pub service: Option<ServiceSetup>,
-    /// The flags beyond seed and profile that replay it: a non-default intensity, and
-    /// always the Service it ran behind.
-    pub replay_args: String,
-    /// The run as a picture, when the config asked for one.
-    pub timeline: Option<Box<crate::timeline::Timeline>>,
-}
-
-impl Outcome {
-    pub fn passed(&self) -> bool {
-        self.violations.is_empty()
-    }
-
-    pub fn replay_command(&self) -> String {
-        format!(
-            "cargo run --release -p spur-sim -- replay --seed {} --profile {}{}",
-            self.seed, self.profile, self.replay_args
-        )
-    }
-}
+pub use spur_judge::hosts::{OPERATOR, OPERATOR_B, PROBER, PROBER_B, REPLACE_AFTER, SAMPLE};
+pub use spur_judge::outcome::{LagStats, Outcome};
 
 /// Runs the scenario of `seed` on a thread of its own, so per-thread state left by an
 /// earlier scenario (hash keys, the entropy stream) cannot change this one: a seed gives
@@ -295,7 +207,7 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
     if config.timeline {
         monitor = monitor.recording();
         // Calls an earlier run on this thread left.
-        crate::timeline::calls::take();
+        crate::timeline_calls::take();
     }
     let mut deletions: Vec<(Duration, String)> = plan
         .jobs
@@ -333,7 +245,7 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
             }
         }
         for judge in &mut readiness {
-            if let Some(v) = judge.sample(&sim, now, api_up.get()) {
+            if let Some(v) = sample_readiness(judge, &sim, now, api_up.get()) {
                 monitor.violations.push(v);
             }
         }
@@ -415,22 +327,22 @@ pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outco
 /// replica the run had and the API server; the plan's faults that struck, each over the
 /// lanes the harness named when it struck (the API server's for its own faults).
 fn scenario_timeline(
-    events: &[crate::trace::TraceEvent],
+    events: &[spur_judge::trace::TraceEvent],
     plan: &Plan,
     skipped: &BTreeSet<usize>,
-    recorder: crate::timeline::Recorder,
+    recorder: spur_judge::timeline::Recorder,
     (brackets, violations): (&[checks::Bracket], &[Violation]),
     end: Duration,
     (title, replay): (String, String),
-) -> crate::timeline::Timeline {
-    use crate::timeline::{FaultSpan, Timeline};
+) -> spur_judge::timeline::Timeline {
+    use spur_judge::timeline::{FaultSpan, Timeline};
     let mut replicas = BTreeSet::new();
     for event in events {
         if event.host.starts_with("spurctld") {
             replicas.insert(event.host.clone());
         }
     }
-    let lanes = crate::timeline::lanes(&plan.operators, replicas.iter().cloned());
+    let lanes = spur_judge::timeline::lanes(&plan.operators, replicas.iter().cloned());
     let faults = plan
         .faults
         .iter()
@@ -446,7 +358,7 @@ fn scenario_timeline(
                     | Fault::NodeResourcesChanged { .. }
                     | Fault::NodeDeleted { .. }
             );
-            let mut struck = crate::timeline::struck_at(events, planned.at);
+            let mut struck = spur_judge::timeline::struck_at(events, planned.at);
             if api_fault {
                 struck = vec![KUBE_API_HOST.to_owned()];
             } else if struck.is_empty() {
@@ -460,12 +372,12 @@ fn scenario_timeline(
             }
         })
         .collect();
-    let (mut spans, mut calls) = crate::timeline::from_trace(events, end);
+    let (mut spans, mut calls) = spur_judge::timeline::from_trace(events, end);
     let (terms, jobs) = recorder.finish(end);
     spans.extend(terms);
-    calls.extend(crate::timeline::calls::take());
+    calls.extend(crate::timeline_calls::take());
     calls.sort_by(|a, b| (a.from_ms, &a.lane).cmp(&(b.from_ms, &b.lane)));
-    let (deadlines, violations) = crate::timeline::deadlines(brackets, violations);
+    let (deadlines, violations) = spur_judge::timeline::deadlines(brackets, violations);
     Timeline {
         title,
         replay,
@@ -491,9 +403,9 @@ fn acting_operator(leases: &LeaseHistory, stops: &BTreeMap<String, OperatorStop>
 }
 
 /// Calls the operator replicas made to the controller, as the replicas answered them
-/// ([`crate::controller::calls::answered`]).
-fn controller_calls(events: &[crate::trace::TraceEvent]) -> usize {
-    crate::controller::calls::answered(events, Duration::ZERO, Duration::MAX)
+/// ([`spur_fakes::model::calls::answered`]).
+fn controller_calls(events: &[spur_judge::trace::TraceEvent]) -> usize {
+    spur_fakes::model::calls::answered(events, Duration::ZERO, Duration::MAX)
         .values()
         .sum()
 }
@@ -518,7 +430,8 @@ fn cut_from_peers(w: &mut World, slot: usize, heal_at: Duration) {
 /// A fault aimed at the leader, when there is none: in the trace, and not one of the
 /// scenario's faults.
 fn skipped_for_no_leader(w: &World, fault: &Fault, skip: impl FnOnce()) {
-    w.trace().record_here(
+    w.trace().record(
+        crate::determinism::sim_elapsed(),
         "harness",
         format!("{} skipped: no controller leader to strike", fault.name()),
     );
@@ -588,7 +501,8 @@ fn schedule_fault(
                         w.replace_replica(slot);
                     });
                 } else {
-                    w.trace().record_here(
+                    w.trace().record(
+                        crate::determinism::sim_elapsed(),
                         "harness",
                         format!("{} skipped: no controller follower to strike", fault.name()),
                     );
@@ -620,7 +534,9 @@ fn schedule_fault(
                     api_up.set(true);
                 });
             }
-            Fault::WatchCut => api.faults().cut_watches(crate::kube_api::CutKind::Abort),
+            Fault::WatchCut => api
+                .faults()
+                .cut_watches(spur_fakes::api_server::CutKind::Abort),
             Fault::StatusConflict { writes } => api.faults().conflict_next_status_writes(writes),
             // A replica that a leader change took down is already on its way back: its
             // restart is that fault's to make (restarting it early would also run it

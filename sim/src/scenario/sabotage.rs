@@ -8,29 +8,14 @@ use std::time::Duration;
 use serde_json::json;
 use spur_operator::uid_in_comment;
 
-use crate::controller::state::{Command, Effect};
-use crate::kube_api::ApiServer;
 use crate::world::World;
+use spur_fakes::api_server::ApiServer;
+use spur_fakes::model::state::{Command, Effect};
 
 /// The finalizer [`Sabotage::HoldFinalizer`] adds: nobody ever removes it.
 pub const HOLD: &str = "sim.spur.amd.com/hold";
 
-/// One break, by SpurJob name.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Sabotage {
-    /// Another writer clears the SpurJob's `status.spurJobId`.
-    ClearSpurJobId { job: String },
-    /// Another writer sets the SpurJob's `status.spurJobId` to the id of SpurJob `to`'s
-    /// controller job.
-    SpurJobIdOf { job: String, to: String },
-    /// Another controller's finalizer on the SpurJob: once deleted, it never goes.
-    HoldFinalizer { job: String },
-    /// A second controller job carrying the SpurJob's UID, submitted straight to the
-    /// controller leader (its spec copied from the first) and marked running there at
-    /// once, as if some agent had taken its launch: past what the operator can stop (it
-    /// refuses a duplicate's launch and cancels it, `jobs::duplicates`).
-    DuplicateJob { job: String },
-}
+pub use spur_judge::plan::Sabotage;
 
 /// Strikes `sabotage` now; panics (failing the seed with the message) when it finds
 /// nothing to break, so a test cannot pass on a sabotage that never happened.

@@ -33,7 +33,7 @@ pub async fn channel<D: Dialer>(
 }
 
 /// Waits (in simulated time) until the cluster has a leader; returns it.
-pub async fn wait_for_leader(cluster: &spur_sim::controller::Cluster) -> String {
+pub async fn wait_for_leader(cluster: &spur_fakes::model::Cluster) -> String {
     loop {
         if let Some(leader) = cluster.leader() {
             return leader;

@@ -11,12 +11,12 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use spur_fakes::model::ControllerConfig;
+use spur_lab::real_peer::{self, RealCluster, RealConfig};
 use spur_operator::net::Connector;
 use spur_proto as pb;
 use spur_proto::{SlurmAgentServer, SlurmControllerClient};
-use spur_sim::controller::ControllerConfig;
 use spur_sim::net::SimListener;
-use spur_sim::real_peer::{self, RealCluster, RealConfig};
 use spur_sim::world::{KillMode, World, WorldConfig};
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
@@ -54,7 +54,7 @@ enum Backend {
         world_dialer: spur_sim::net::ServiceDialer,
         hosts: Vec<String>,
         controls: Arc<Mutex<Vec<Control>>>,
-        cluster: spur_sim::controller::Cluster,
+        cluster: spur_fakes::model::Cluster,
     },
     Real(Arc<Mutex<RealCluster>>),
 }
@@ -255,7 +255,7 @@ type Case = Box<dyn Fn(Target) -> Pin<Box<dyn Future<Output = ()>>>>;
 
 /// Runs `case` on the model and on the real binary (as `replicas` says); `seed` decides
 /// the model's world. Without the real binary the case fails, naming it (see
-/// `spur_sim::real_peer`).
+/// `spur_lab::real_peer`).
 pub fn conformance<F, Fut>(seed: u64, replicas: Replicas, setup: Setup, case: F)
 where
     F: Fn(Target) -> Fut + 'static,

@@ -10,16 +10,16 @@ use std::time::Duration;
 
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
+use spur_fakes::api_server::cli::write_kubeconfig;
+use spur_fakes::api_server::install::{install_operator_identity, operator_rbac};
+use spur_fakes::api_server::{ApiServer, ApiServerConfig};
+use spur_fakes::index::ObjectIndex;
+use spur_fakes::kubelet::{self, KubeletConfig};
+use spur_fakes::model::Clock;
+use spur_lab::real_peer::{self, RealCluster, RealConfig};
 use spur_operator::SpurJob;
 use spur_proto as pb;
 use spur_proto::SlurmControllerClient;
-use spur_sim::controller::Clock;
-use spur_sim::index::ObjectIndex;
-use spur_sim::kube_api::cli::write_kubeconfig;
-use spur_sim::kube_api::install::{install_operator_identity, operator_rbac};
-use spur_sim::kube_api::{ApiServer, ApiServerConfig};
-use spur_sim::kubelet::{self, KubeletConfig};
-use spur_sim::real_peer::{self, RealCluster, RealConfig};
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
@@ -61,7 +61,7 @@ fn install_upstream_identity(api: &ApiServer) -> String {
         "metadata": {"name": "default", "namespace": UPSTREAM_NAMESPACE}});
     // Kubernetes makes every namespace's `default` account; the API server may have too.
     let _ = api.create(account);
-    let objects = spur_sim::kube_api::install::documents(UPSTREAM_RBAC, UPSTREAM_NAMESPACE)
+    let objects = spur_fakes::api_server::install::documents(UPSTREAM_RBAC, UPSTREAM_NAMESPACE)
         .expect("upstream-rbac.yaml parses");
     for object in objects {
         api.create(object).expect("apply upstream's RBAC");
@@ -169,7 +169,7 @@ impl Stack {
 
         // The API server, its CRD, its nodes, and the kubelet stand-in.
         let api = ApiServer::new(ApiServerConfig {
-            clock: Some(spur_sim::kube_api::clock::TimeSource::from_fn(
+            clock: Some(spur_fakes::api_server::clock::TimeSource::from_fn(
                 k8s_openapi::jiff::Timestamp::now,
             )),
             ..ApiServerConfig::default()

@@ -7,8 +7,8 @@
 use std::net::SocketAddr;
 
 use serde_json::{Value, json};
+use spur_fakes::api_server::ApiServer;
 use spur_proto as pb;
-use spur_sim::kube_api::ApiServer;
 use tonic::{Request, Response, Status};
 
 use super::stack::{NAMESPACE, SPURJOB};

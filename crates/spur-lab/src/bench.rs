@@ -1,0 +1,177 @@
+//! `spur-sim lab-bench`: the operator at scale against the real three replicas, in the
+//! lab's namespace. Registers every labelled node of the simulated API server and reports
+//! the time from the first leader to the last registration (and the controller's write
+//! rate that reveals), then keeps many SpurJobs active and reports the steady state's
+//! GetJobs rate and the operator's resident memory. A benchmark, not a test: it prints
+//! numbers and fails only when the world did not get there within its limits.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::world::{Lab, LabSetup};
+use spur_judge::hosts::OPERATOR;
+
+#[derive(Debug, clap::Args)]
+pub struct LabBenchArgs {
+    /// Labelled nodes to register.
+    #[arg(long, default_value_t = 5000)]
+    pub nodes: usize,
+    /// Active SpurJobs in the steady state.
+    #[arg(long, default_value_t = 10_000)]
+    pub jobs: usize,
+    /// How long the steady state is watched.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub steady: Duration,
+    /// Each phase (registration, submission) fails past this.
+    #[arg(long, default_value = "600s", value_parser = humantime::parse_duration)]
+    pub limit: Duration,
+}
+
+/// Resident memory of process `pid`, in MiB (`VmRSS` of /proc/PID/status).
+fn resident_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+pub fn main(args: LabBenchArgs) -> anyhow::Result<bool> {
+    if let Some(why) = super::kernel::missing_tools() {
+        anyhow::bail!("the lab cannot run here: {why}");
+    }
+    // Scale against the real peer: the simulated replicas are measured by `spur-sim bench`.
+    let (replicas, operator) = super::binaries(None, super::ReplicaKind::Real)?;
+    super::kernel::enter_private_network()?;
+    let dir = std::env::temp_dir().join(format!("spur-lab-bench-{}", std::process::id()));
+    let setup = LabSetup {
+        replicas,
+        operator,
+        dir: dir.clone(),
+        operator_flags: Vec::new(),
+        no_endpoint: super::kernel::NoEndpoint::Drop,
+        service: spur_judge::service::ServiceKind::ClusterIp,
+        operator_root: None,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(bench(setup, &args));
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+async fn bench(setup: LabSetup, args: &LabBenchArgs) -> anyhow::Result<bool> {
+    let mut lab = Lab::new(setup, args.nodes, &[OPERATOR]).await?;
+    lab.start_clock();
+    for slot in 0..lab.replica_count() {
+        lab.start_replica(slot)?;
+    }
+    lab.start_operator(OPERATOR, &[])?;
+    let pid = lab.operator_pid(OPERATOR).expect("just started");
+
+    // Registration: from the first leader to the last node the leader knows.
+    let mut first_leader = None;
+    let registered_at = loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        lab.tick().await?;
+        if first_leader.is_none() && lab.leader_slot().is_some() {
+            first_leader = Some(lab.now());
+        }
+        if first_leader.is_some() && lab.registered_count().await == Some(args.nodes) {
+            break lab.now();
+        }
+        if lab.now() > args.limit {
+            println!(
+                "registration: {} of {} nodes after {:?}",
+                lab.registered_count().await.unwrap_or(0),
+                args.nodes,
+                args.limit
+            );
+            return Ok(false);
+        }
+    };
+    let took = registered_at - first_leader.expect("set");
+    println!(
+        "{} nodes registered {:.1} s after the first leader: {:.0} registrations/s; operator RSS {:.0} MiB",
+        args.nodes,
+        took.as_secs_f64(),
+        args.nodes as f64 / took.as_secs_f64().max(0.001),
+        resident_mib(pid).unwrap_or(f64::NAN)
+    );
+
+    // Many active SpurJobs: pods that run for an hour.
+    let created = Instant::now();
+    for i in 0..args.jobs {
+        // A create that failed would shrink the load the figure claims: stop instead.
+        let name = format!("bench-{i:05}");
+        lab.api
+            .create(json!({
+                "apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"image": "busybox", "command": ["sleep", "3600"],
+                         "env": {"SIM_RUN_SECONDS": "3600"}},
+            }))
+            .map_err(|e| anyhow::anyhow!("creating SpurJob {name}: {} {}", e.code, e.message))?;
+    }
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        lab.tick().await?;
+        let submitted = lab
+            .index
+            .lock()
+            .spurjobs
+            .values()
+            .filter(|j| j.spur_job_id.is_some())
+            .count();
+        if submitted == args.jobs {
+            break;
+        }
+        if created.elapsed() > args.limit {
+            println!(
+                "submission: {submitted} of {} SpurJobs after {:?}",
+                args.jobs, args.limit
+            );
+            return Ok(false);
+        }
+    }
+    println!(
+        "{} SpurJobs submitted {:.1} s after they were created",
+        args.jobs,
+        created.elapsed().as_secs_f64()
+    );
+    let family = "spur_operator_controller_rpcs_total{method=\"GetJobs\"";
+    let before = lab.operator_metric(OPERATOR, family).await;
+    let all_before = lab
+        .operator_metric(OPERATOR, "spur_operator_controller_rpcs_total{")
+        .await;
+    let watch = Instant::now();
+    while watch.elapsed() < args.steady {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        lab.tick().await?;
+    }
+    let secs = watch.elapsed().as_secs_f64();
+    let after = lab.operator_metric(OPERATOR, family).await;
+    let all_after = lab
+        .operator_metric(OPERATOR, "spur_operator_controller_rpcs_total{")
+        .await;
+    let rate = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}", (b - a) / secs),
+        _ => "unknown (metrics unreadable)".into(),
+    };
+    println!(
+        "steady state over {secs:.0} s with {} active SpurJobs and {} nodes: GetJobs {}/s, all controller calls {}/s; operator RSS {:.0} MiB",
+        args.jobs,
+        args.nodes,
+        rate(before, after),
+        rate(all_before, all_after),
+        resident_mib(pid).unwrap_or(f64::NAN)
+    );
+    Ok(true)
+}
