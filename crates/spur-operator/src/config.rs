@@ -251,119 +251,10 @@ impl RunArgs {
                 flag: "--node-selector",
                 reason: e.to_string(),
             })?;
-        let agent_address = self
-            .agent
-            .agent_address
-            .clone()
-            .filter(|a| !a.trim().is_empty())
-            .ok_or(ConfigError::Invalid {
-                flag: "--agent-address",
-                reason:
-                    "required: the address spurctld dials back (the pod IP, from the Downward API)"
-                        .into(),
-            })?;
-        let agent_key = match (&self.agent.agent_auth_key_file, &self.agent.agent_auth_key) {
-            (Some(path), _) => Some(read_agent_key(path)?),
-            (None, Some(value)) => Some(agent_key_from(
-                "--agent-auth-key",
-                "the value",
-                value.as_bytes().to_vec(),
-            )?),
-            (None, None) => None,
-        };
-        if self.agent.agent_auth == AgentAuthMode::Required && agent_key.is_none() {
-            return Err(ConfigError::Invalid {
-                flag: "--agent-auth",
-                reason:
-                    "`required` needs --agent-auth-key-file (or --agent-auth-key): without a key no token can be verified"
-                        .into(),
-            });
-        }
-        if self.enable_quota {
-            return Err(ConfigError::Invalid {
-                flag: "--enable-quota",
-                reason: "upstream's quota reconciler (per-account Namespace, ResourceQuota, LimitRange and RBAC) is not part of this operator; run without the flag and keep quotas in your own manifests (docs/migrating.md)".into(),
-            });
-        }
-        if !(0.0..=1.0).contains(&self.retry.retry_jitter) {
-            return Err(ConfigError::Invalid {
-                flag: "--retry-jitter",
-                reason: "must be a fraction between 0 and 1".into(),
-            });
-        }
-        if self.retry.retry_initial.is_zero() || self.retry.retry_initial > self.retry.retry_max {
-            return Err(ConfigError::Invalid {
-                flag: "--retry-initial",
-                reason: "must be above zero and at most --retry-max".into(),
-            });
-        }
-        if self.jobs.status_poll_interval.is_zero() {
-            return Err(ConfigError::Invalid {
-                flag: "--status-poll-interval",
-                reason: "must be above zero".into(),
-            });
-        }
-        if !self.jobs.duplicate_watch.is_zero() && self.jobs.duplicate_watch_interval.is_zero() {
-            return Err(ConfigError::Invalid {
-                flag: "--duplicate-watch-interval",
-                reason: "must be above zero while --duplicate-watch is on".into(),
-            });
-        }
-        if self.agent.agent_launch_timeout.is_zero() {
-            return Err(ConfigError::Invalid {
-                flag: "--agent-launch-timeout",
-                reason: "must be above zero".into(),
-            });
-        }
-        if self.agent.agent_exec_timeout.is_zero() {
-            return Err(ConfigError::Invalid {
-                flag: "--agent-exec-timeout",
-                reason: "must be above zero".into(),
-            });
-        }
-        if self.agent.agent_exec_output_limit == 0 {
-            return Err(ConfigError::Invalid {
-                flag: "--agent-exec-output-limit",
-                reason: "must be above zero (a command's output would always be dropped)".into(),
-            });
-        }
-        if self.jobs.default_user.trim().is_empty() {
-            return Err(ConfigError::Invalid {
-                flag: "--default-user",
-                reason: "must name a user".into(),
-            });
-        }
-        if self.nodes.heartbeat_interval.is_zero() {
-            return Err(ConfigError::Invalid {
-                flag: "--heartbeat-interval",
-                reason: "must be above zero".into(),
-            });
-        }
-        let identity = self
-            .identity
-            .clone()
-            .or_else(|| std::env::var("HOSTNAME").ok())
-            .filter(|i| !i.is_empty())
-            .ok_or(ConfigError::Invalid {
-                flag: "--identity",
-                reason: "required when HOSTNAME is unset".into(),
-            })?;
-        let lease = LeaseConfig {
-            name: self.lease.lease_name.clone(),
-            namespace: self
-                .namespace
-                .clone()
-                .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
-            identity,
-            lease_duration: self.lease.lease_duration,
-            renew_deadline: self.lease.lease_renew_deadline,
-            retry_period: self.lease.lease_retry_period,
-            call_timeout: self.lease.kube_call_timeout,
-        };
-        lease.validate().map_err(|reason| ConfigError::Invalid {
-            flag: "--lease-*",
-            reason,
-        })?;
+        let agent_address = self.agent_address()?;
+        let agent_auth = self.agent_auth()?;
+        self.check_values()?;
+        let lease = self.lease_config()?;
         let retry = BackoffPolicy {
             initial: self.retry.retry_initial,
             max: self.retry.retry_max,
@@ -372,35 +263,14 @@ impl RunArgs {
         };
         Ok(OperatorConfig {
             controller,
-            agent_auth: AgentAuthConfig {
-                mode: self.agent.agent_auth,
-                key: agent_key,
-                leeway: self.agent.agent_auth_leeway,
-            },
+            agent_auth,
             kubeconfig: self.kubeconfig.clone(),
             node_selector,
             agent_listen: self.agent.agent_listen,
             health_listen: self.health_listen,
             probe_timeout: self.probe_timeout,
             retry,
-            node_sync: NodeSyncConfig {
-                concurrency: self.nodes.register_concurrency,
-                retry,
-                failure_log_interval: self.nodes.failure_log_interval,
-                agent: AgentEndpoint {
-                    address: agent_address,
-                    port: self.agent.agent_listen.port(),
-                },
-                version: concat!("spur-operator/", env!("CARGO_PKG_VERSION")).to_owned(),
-                not_ready: self.nodes.not_ready_node_state,
-                drain_conditions: self
-                    .nodes
-                    .drain_on_node_condition
-                    .iter()
-                    .map(|c| c.trim().to_owned())
-                    .filter(|c| !c.is_empty())
-                    .collect(),
-            },
+            node_sync: self.node_sync_config(agent_address, retry),
             heartbeat: HeartbeatConfig {
                 interval: self.nodes.heartbeat_interval,
                 concurrency: self.nodes.heartbeat_concurrency,
@@ -427,6 +297,164 @@ impl RunArgs {
             default_user: self.jobs.default_user.trim().to_owned(),
             event_series_window: self.event_series_window,
         })
+    }
+
+    /// The address spurctld dials back: without one no launch can reach this replica.
+    fn agent_address(&self) -> Result<String, ConfigError> {
+        self.agent
+            .agent_address
+            .clone()
+            .filter(|a| !a.trim().is_empty())
+            .ok_or(ConfigError::Invalid {
+                flag: "--agent-address",
+                reason:
+                    "required: the address spurctld dials back (the pod IP, from the Downward API)"
+                        .into(),
+            })
+    }
+
+    /// How the agent checks spurctld's tokens, with the key read from its file or flag.
+    fn agent_auth(&self) -> Result<AgentAuthConfig, ConfigError> {
+        let agent_key = match (&self.agent.agent_auth_key_file, &self.agent.agent_auth_key) {
+            (Some(path), _) => Some(read_agent_key(path)?),
+            (None, Some(value)) => Some(agent_key_from(
+                "--agent-auth-key",
+                "the value",
+                value.as_bytes().to_vec(),
+            )?),
+            (None, None) => None,
+        };
+        if self.agent.agent_auth == AgentAuthMode::Required && agent_key.is_none() {
+            return Err(ConfigError::Invalid {
+                flag: "--agent-auth",
+                reason:
+                    "`required` needs --agent-auth-key-file (or --agent-auth-key): without a key no token can be verified"
+                        .into(),
+            });
+        }
+        Ok(AgentAuthConfig {
+            mode: self.agent.agent_auth,
+            key: agent_key,
+            leeway: self.agent.agent_auth_leeway,
+        })
+    }
+
+    /// Refuses the first value that cannot work, in the order listed: each check is one
+    /// flag's (or two flags') own, so a table reads better than a chain of `if`s.
+    fn check_values(&self) -> Result<(), ConfigError> {
+        let (retry, jobs, agent) = (&self.retry, &self.jobs, &self.agent);
+        let refusals = [
+            (
+                self.enable_quota,
+                "--enable-quota",
+                "upstream's quota reconciler (per-account Namespace, ResourceQuota, LimitRange and RBAC) is not part of this operator; run without the flag and keep quotas in your own manifests (docs/migrating.md)",
+            ),
+            (
+                !(0.0..=1.0).contains(&retry.retry_jitter),
+                "--retry-jitter",
+                "must be a fraction between 0 and 1",
+            ),
+            (
+                retry.retry_initial.is_zero() || retry.retry_initial > retry.retry_max,
+                "--retry-initial",
+                "must be above zero and at most --retry-max",
+            ),
+            (
+                jobs.status_poll_interval.is_zero(),
+                "--status-poll-interval",
+                "must be above zero",
+            ),
+            (
+                !jobs.duplicate_watch.is_zero() && jobs.duplicate_watch_interval.is_zero(),
+                "--duplicate-watch-interval",
+                "must be above zero while --duplicate-watch is on",
+            ),
+            (
+                agent.agent_launch_timeout.is_zero(),
+                "--agent-launch-timeout",
+                "must be above zero",
+            ),
+            (
+                agent.agent_exec_timeout.is_zero(),
+                "--agent-exec-timeout",
+                "must be above zero",
+            ),
+            (
+                agent.agent_exec_output_limit == 0,
+                "--agent-exec-output-limit",
+                "must be above zero (a command's output would always be dropped)",
+            ),
+            (
+                jobs.default_user.trim().is_empty(),
+                "--default-user",
+                "must name a user",
+            ),
+            (
+                self.nodes.heartbeat_interval.is_zero(),
+                "--heartbeat-interval",
+                "must be above zero",
+            ),
+        ];
+        match refusals.into_iter().find(|(refused, _, _)| *refused) {
+            Some((_, flag, reason)) => Err(ConfigError::Invalid {
+                flag,
+                reason: reason.into(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The election's settings; the identity falls back to `HOSTNAME`, the pod's name.
+    fn lease_config(&self) -> Result<LeaseConfig, ConfigError> {
+        let identity = self
+            .identity
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .filter(|i| !i.is_empty())
+            .ok_or(ConfigError::Invalid {
+                flag: "--identity",
+                reason: "required when HOSTNAME is unset".into(),
+            })?;
+        let lease = LeaseConfig {
+            name: self.lease.lease_name.clone(),
+            namespace: self
+                .namespace
+                .clone()
+                .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
+            identity,
+            lease_duration: self.lease.lease_duration,
+            renew_deadline: self.lease.lease_renew_deadline,
+            retry_period: self.lease.lease_retry_period,
+            call_timeout: self.lease.kube_call_timeout,
+        };
+        lease.validate().map_err(|reason| ConfigError::Invalid {
+            flag: "--lease-*",
+            reason,
+        })?;
+        Ok(lease)
+    }
+
+    /// Node sync's settings: registrations name `agent_address` as the agent's, and a
+    /// failed node call backs off by `retry`, as every other object's does.
+    fn node_sync_config(&self, agent_address: String, retry: BackoffPolicy) -> NodeSyncConfig {
+        NodeSyncConfig {
+            concurrency: self.nodes.register_concurrency,
+            retry,
+            failure_log_interval: self.nodes.failure_log_interval,
+            agent: AgentEndpoint {
+                address: agent_address,
+                port: self.agent.agent_listen.port(),
+            },
+            version: concat!("spur-operator/", env!("CARGO_PKG_VERSION")).to_owned(),
+            not_ready: self.nodes.not_ready_node_state,
+            drain_conditions: self
+                .nodes
+                .drain_on_node_condition
+                .iter()
+                .map(|c| c.trim().to_owned())
+                .filter(|c| !c.is_empty())
+                .collect(),
+        }
     }
 }
 

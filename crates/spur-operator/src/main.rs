@@ -120,49 +120,55 @@ async fn main() -> ExitCode {
             print!("{}", spur_operator::crd_yaml());
             ExitCode::SUCCESS
         }
-        Command::ConfigTable { write } => {
-            let table = config_table(&run_command());
-            let Some(path) = write else {
-                print!("{table}");
-                return ExitCode::SUCCESS;
-            };
-            let written = std::fs::read_to_string(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|text| {
-                    splice(&text, &table)
-                        .ok_or_else(|| format!("no {README_BEGIN} ... {README_END} markers"))
-                })
-                .and_then(|text| std::fs::write(&path, text).map_err(|e| e.to_string()));
-            match written {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("spur-operator: {}: {e}", path.display());
-                    ExitCode::FAILURE
-                }
-            }
+        Command::ConfigTable { write } => config_table_command(write),
+        Command::CheckController(args) => check_controller_command(&args).await,
+    }
+}
+
+/// `config-table`: prints the table, or with `--write` replaces it in `write`'s file.
+fn config_table_command(write: Option<std::path::PathBuf>) -> ExitCode {
+    let table = config_table(&run_command());
+    let Some(path) = write else {
+        print!("{table}");
+        return ExitCode::SUCCESS;
+    };
+    let written = std::fs::read_to_string(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|text| {
+            splice(&text, &table)
+                .ok_or_else(|| format!("no {README_BEGIN} ... {README_END} markers"))
+        })
+        .and_then(|text| std::fs::write(&path, text).map_err(|e| e.to_string()));
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("spur-operator: {}: {e}", path.display());
+            ExitCode::FAILURE
         }
-        Command::CheckController(args) => {
-            let settings = match args.validate() {
-                Ok(settings) => settings,
-                Err(e) => {
-                    eprintln!("spur-operator: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            match check_controller(&settings, TcpNetwork).await {
-                Ok(report) => {
-                    println!("spurctld at {}: {report}", settings.addr);
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!(
-                        "spurctld at {} is not answering: {}",
-                        settings.addr,
-                        describe_failure(&e, &settings)
-                    );
-                    ExitCode::FAILURE
-                }
-            }
+    }
+}
+
+/// `check-controller`: one line on whether spurctld answers, and if not, why.
+async fn check_controller_command(args: &ControllerArgs) -> ExitCode {
+    let settings = match args.validate() {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("spur-operator: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match check_controller(&settings, TcpNetwork).await {
+        Ok(report) => {
+            println!("spurctld at {}: {report}", settings.addr);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!(
+                "spurctld at {} is not answering: {}",
+                settings.addr,
+                describe_failure(&e, &settings)
+            );
+            ExitCode::FAILURE
         }
     }
 }
