@@ -165,194 +165,149 @@ impl Metrics {
     }
 
     pub fn new() -> Metrics {
+        let mut metrics = Metrics {
+            // Replaced below, once every family is registered in it.
+            registry: Arc::default(),
+            rpcs: Family::<RpcLabels, Counter>::default(),
+            // 1 ms to ~65 s: an answer, a bound firing, and anything slower.
+            rpc_seconds: Family::<MethodLabels, Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 17))
+            }),
+            channel_connects: Counter::default(),
+            channel_connect_failures: Counter::default(),
+            channel_drops: Counter::default(),
+            channel_rules: Family::<RuleLabels, Counter>::default(),
+            nodes_registered: Gauge::default(),
+            nodes_drained: Family::<DrainLabels, Gauge>::default(),
+            registration_lag_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
+            heartbeat_failures: Counter::default(),
+            heartbeat_age_seconds: Family::<NodeLabels, Gauge<f64, AtomicU64>>::default(),
+            // 10 ms to ~5.5 min, as registration: a submission within a second, one held up
+            // by an election, and one held up for minutes all land in their own buckets.
+            submission_lag_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
+            spurjobs: Family::<SpurJobLabels, Gauge>::default(),
+            // 100 ms to ~27 min: a job that starts at once, one that queued for minutes.
+            start_lag_seconds: Histogram::new(exponential_buckets(0.1, 2.0, 15)),
+            launch_failures: Family::<LaunchFailureLabels, Counter>::default(),
+            gpu_seconds: Family::<NamespaceLabels, Counter<f64, AtomicU64>>::default(),
+            agent_calls: Family::<AgentCallLabels, Counter>::default(),
+            reconciles: Family::<ReconcileLabels, Counter>::default(),
+            reconcile_errors: Family::<ReconcileErrorLabels, Counter>::default(),
+            leader: Gauge::default(),
+            election_lock: Family::<LockLabels, Gauge>::default(),
+            election_blocked: Gauge::default(),
+            fence_refusals: Family::<FenceLabels, Counter>::default(),
+            duplicates_cancelled: Family::<DuplicateLabels, Counter>::default(),
+            ranks_stopped: Counter::default(),
+            job_restarts: Family::<RestartLabels, Counter>::default(),
+        };
+        // Registered in this order, which is the order /metrics lists them in.
         let mut registry = Registry::with_prefix("spur_operator");
-        let rpcs = Family::<RpcLabels, Counter>::default();
+        metrics.register_controller_channel(&mut registry);
+        metrics.register_nodes(&mut registry);
+        metrics.register_work(&mut registry);
+        metrics.register_leadership(&mut registry);
+        metrics.register_recovery(&mut registry);
+        metrics.registry = Arc::new(registry);
+        metrics
+    }
+
+    /// The calls to spurctld and the channel they share.
+    fn register_controller_channel(&self, registry: &mut Registry) {
         registry.register(
             "controller_rpcs",
             "Calls to spurctld by method and gRPC code",
-            rpcs.clone(),
+            self.rpcs.clone(),
         );
-        // 1 ms to ~65 s: an answer, a bound firing, and anything slower.
-        let rpc_seconds = Family::<MethodLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.001, 2.0, 17))
-        });
         registry.register(
             "controller_rpc_duration_seconds",
             "Latency of calls to spurctld, including the connect when one was needed",
-            rpc_seconds.clone(),
+            self.rpc_seconds.clone(),
         );
-        let channel_connects = Counter::default();
         registry.register(
             "controller_channel_connects",
             "Channels to spurctld opened",
-            channel_connects.clone(),
+            self.channel_connects.clone(),
         );
-        let channel_connect_failures = Counter::default();
         registry.register(
             "controller_channel_connect_failures",
             "Attempts to open a channel to spurctld that failed (timeout, refused, TLS)",
-            channel_connect_failures.clone(),
+            self.channel_connect_failures.clone(),
         );
-        let channel_drops = Counter::default();
         registry.register(
             "controller_channel_drops",
             "Channels to spurctld dropped after a transport failure",
-            channel_drops.clone(),
+            self.channel_drops.clone(),
         );
-        let channel_rules = Family::<RuleLabels, Counter>::default();
         registry.register(
             "controller_channel_rules",
             "Times each rule of the controller channel's policy fired",
-            channel_rules.clone(),
+            self.channel_rules.clone(),
         );
-        let nodes_registered = Gauge::default();
+    }
+
+    /// The nodes: registration, drains and heartbeats.
+    fn register_nodes(&self, registry: &mut Registry) {
         registry.register(
             "nodes_registered",
             "Kubernetes nodes the controller has accepted",
-            nodes_registered.clone(),
+            self.nodes_registered.clone(),
         );
-        let nodes_drained = Family::<DrainLabels, Gauge>::default();
-        registry.register(
-            "nodes_drained",
-            "Nodes spurctld holds from new work at the operator's word (DRAIN, or DOWN for not_ready if so configured), by reason: cordoned, condition, not_ready",
-            nodes_drained.clone(),
-        );
-        let registration_lag_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 16));
+        registry.register("nodes_drained", "Nodes spurctld holds from new work at the operator's word (DRAIN, or DOWN for not_ready if so configured), by reason: cordoned, condition, not_ready", self.nodes_drained.clone());
         registry.register(
             "node_registration_lag_seconds",
             "From a node needing registration to the controller accepting it",
-            registration_lag_seconds.clone(),
+            self.registration_lag_seconds.clone(),
         );
-        let heartbeat_failures = Counter::default();
         registry.register(
             "heartbeat_failures",
             "Node heartbeats that failed",
-            heartbeat_failures.clone(),
+            self.heartbeat_failures.clone(),
         );
-        let heartbeat_age_seconds = Family::<NodeLabels, Gauge<f64, AtomicU64>>::default();
-        registry.register(
-            "node_heartbeat_age_seconds",
-            "Seconds since spurctld last accepted the node's heartbeat, as of the latest round (spurctld marks a node DOWN, failing its jobs, past 90 s)",
-            heartbeat_age_seconds.clone(),
-        );
-        // 10 ms to ~5.5 min, as registration: a submission within a second, one held up
-        // by an election, and one held up for minutes all land in their own buckets.
-        let submission_lag_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 16));
-        registry.register(
-            "spurjob_submission_lag_seconds",
-            "From a SpurJob's creation to spurctld accepting its job (or the operator adopting the job a lost reply left)",
-            submission_lag_seconds.clone(),
-        );
-        let spurjobs = Family::<SpurJobLabels, Gauge>::default();
-        registry.register(
-            "spurjobs",
-            "SpurJobs by namespace and state (status.state; New before the operator wrote one), as of the status poller's latest round",
-            spurjobs.clone(),
-        );
-        // 100 ms to ~27 min: a job that starts at once, one that queued for minutes.
-        let start_lag_seconds = Histogram::new(exponential_buckets(0.1, 2.0, 15));
+        registry.register("node_heartbeat_age_seconds", "Seconds since spurctld last accepted the node's heartbeat, as of the latest round (spurctld marks a node DOWN, failing its jobs, past 90 s)", self.heartbeat_age_seconds.clone());
+    }
+
+    /// The SpurJobs, their launches, and every reconciliation.
+    fn register_work(&self, registry: &mut Registry) {
+        registry.register("spurjob_submission_lag_seconds", "From a SpurJob's creation to spurctld accepting its job (or the operator adopting the job a lost reply left)", self.submission_lag_seconds.clone());
+        registry.register("spurjobs", "SpurJobs by namespace and state (status.state; New before the operator wrote one), as of the status poller's latest round", self.spurjobs.clone());
         registry.register(
             "spurjob_start_lag_seconds",
             "From a SpurJob's creation to the status poller seeing its job Running",
-            start_lag_seconds.clone(),
+            self.start_lag_seconds.clone(),
         );
-        let launch_failures = Family::<LaunchFailureLabels, Counter>::default();
+        registry.register("launch_failures", "Launches that failed, by reason: the agent's refusal of a LaunchJob, or the waiting reason of a pod that will never start", self.launch_failures.clone());
+        registry.register("gpu_seconds", "GPU-seconds of the SpurJobs that ended (GPUs per node x nodes x spurctld's run time), by namespace", self.gpu_seconds.clone());
+        registry.register("agent_calls", "Calls to the virtual agent by token check result: verified, without_token (admitted by permissive), unchecked, refused", self.agent_calls.clone());
         registry.register(
-            "launch_failures",
-            "Launches that failed, by reason: the agent's refusal of a LaunchJob, or the waiting reason of a pod that will never start",
-            launch_failures.clone(),
+            "reconciles",
+            "Reconciliations by kind",
+            self.reconciles.clone(),
         );
-        let gpu_seconds = Family::<NamespaceLabels, Counter<f64, AtomicU64>>::default();
-        registry.register(
-            "gpu_seconds",
-            "GPU-seconds of the SpurJobs that ended (GPUs per node x nodes x spurctld's run time), by namespace",
-            gpu_seconds.clone(),
-        );
-        let agent_calls = Family::<AgentCallLabels, Counter>::default();
-        registry.register(
-            "agent_calls",
-            "Calls to the virtual agent by token check result: verified, without_token (admitted by permissive), unchecked, refused",
-            agent_calls.clone(),
-        );
-        let reconciles = Family::<ReconcileLabels, Counter>::default();
-        registry.register("reconciles", "Reconciliations by kind", reconciles.clone());
-        let reconcile_errors = Family::<ReconcileErrorLabels, Counter>::default();
         registry.register(
             "reconcile_errors",
             "Failed reconciliations by kind and error",
-            reconcile_errors.clone(),
+            self.reconcile_errors.clone(),
         );
-        let leader = Gauge::default();
+    }
+
+    /// The election and the fence on writes made for it.
+    fn register_leadership(&self, registry: &mut Registry) {
         registry.register(
             "leader",
             "1 while this replica holds the operator's lease and acts",
-            leader.clone(),
+            self.leader.clone(),
         );
-        let election_lock = Family::<LockLabels, Gauge>::default();
-        registry.register(
-            "election_lock",
-            "1 for the object the leader election uses: lease, or configmap where RBAC refuses leases",
-            election_lock.clone(),
-        );
-        let election_blocked = Gauge::default();
-        registry.register(
-            "election_blocked",
-            "1 while this replica cannot take part in the leader election (RBAC refuses both lock kinds, or its namespace is missing): it never acts; /readyz and the log name what to add",
-            election_blocked.clone(),
-        );
-        let fence_refusals = Family::<FenceLabels, Counter>::default();
-        registry.register(
-            "fence_refusals",
-            "Writes on behalf of leadership refused because this replica's hold on the Lease had ended, ran out, or was closed for shutdown",
-            fence_refusals.clone(),
-        );
-        let duplicates_cancelled = Family::<DuplicateLabels, Counter>::default();
-        registry.register(
-            "duplicate_jobs_cancelled",
-            "Second controller jobs of one SpurJob (a SubmitJob given up on and applied later) cancelled, by where they were found",
-            duplicates_cancelled.clone(),
-        );
-        let ranks_stopped = Counter::default();
-        registry.register(
-            "ranks_stopped",
-            "Pods of multi-node jobs stopped by the job's failure policy (FailJob) after another node's pod of the same run failed",
-            ranks_stopped.clone(),
-        );
-        let job_restarts = Family::<RestartLabels, Counter>::default();
-        registry.register(
-            "job_restarts",
-            "Jobs requeued in spurctld under the same id by their failure policy (maxRestarts), by what failed: PodFailed or StartTimeout",
-            job_restarts.clone(),
-        );
-        Metrics {
-            registry: Arc::new(registry),
-            rpcs,
-            rpc_seconds,
-            channel_connects,
-            channel_connect_failures,
-            channel_drops,
-            channel_rules,
-            nodes_registered,
-            nodes_drained,
-            spurjobs,
-            start_lag_seconds,
-            launch_failures,
-            gpu_seconds,
-            registration_lag_seconds,
-            heartbeat_failures,
-            heartbeat_age_seconds,
-            agent_calls,
-            submission_lag_seconds,
-            reconciles,
-            reconcile_errors,
-            leader,
-            election_lock,
-            election_blocked,
-            fence_refusals,
-            duplicates_cancelled,
-            ranks_stopped,
-            job_restarts,
-        }
+        registry.register("election_lock", "1 for the object the leader election uses: lease, or configmap where RBAC refuses leases", self.election_lock.clone());
+        registry.register("election_blocked", "1 while this replica cannot take part in the leader election (RBAC refuses both lock kinds, or its namespace is missing): it never acts; /readyz and the log name what to add", self.election_blocked.clone());
+        registry.register("fence_refusals", "Writes on behalf of leadership refused because this replica's hold on the Lease had ended, ran out, or was closed for shutdown", self.fence_refusals.clone());
+    }
+
+    /// What the operator undid or redid: duplicates, stopped ranks, restarts.
+    fn register_recovery(&self, registry: &mut Registry) {
+        registry.register("duplicate_jobs_cancelled", "Second controller jobs of one SpurJob (a SubmitJob given up on and applied later) cancelled, by where they were found", self.duplicates_cancelled.clone());
+        registry.register("ranks_stopped", "Pods of multi-node jobs stopped by the job's failure policy (FailJob) after another node's pod of the same run failed", self.ranks_stopped.clone());
+        registry.register("job_restarts", "Jobs requeued in spurctld under the same id by their failure policy (maxRestarts), by what failed: PodFailed or StartTimeout", self.job_restarts.clone());
     }
 
     /// Counts one restart of a job by its failure policy, after `reason`.

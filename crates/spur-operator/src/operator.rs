@@ -4,6 +4,7 @@
 //! network and its own clock.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -90,49 +91,185 @@ pub async fn run_with_handles<N: Sockets>(
     // elector (the Lease itself) and the readiness probe use the unfenced client.
     let fence = Fence::with_metrics(metrics.clone());
     let acting_kube = fence.kube_client(seams.kube.clone());
+    let controller = controller_client(&seams, &config, &metrics, &fence)?;
+    let events = EventPublisher::new(
+        acting_kube.clone(),
+        seams.clock.clone(),
+        config.lease.identity.clone(),
+    )
+    .with_series_window(config.event_series_window);
+    let (jobs_tx, jobs_rx) = watch::channel::<Option<Store<SpurJob>>>(None);
+    let registered = Registered::default();
+    let parts = Parts {
+        kube: &acting_kube,
+        controller: &controller,
+        metrics: &metrics,
+        entropy: &entropy,
+        registered: &registered,
+        events: &events,
+        jobs_tx: &jobs_tx,
+    };
+
+    let mut standing = Standing::start(&seams, &config, &parts, &fence, jobs_rx).await?;
+    let _ = started.send(Handles {
+        metrics: metrics.clone(),
+        controller: controller.clone(),
+        leading: standing.leading.clone(),
+        registered: registered.clone(),
+    });
+    tokio::pin!(shutdown);
+    act_while_leading(
+        &seams,
+        &config,
+        &parts,
+        &mut standing.leading,
+        shutdown.as_mut(),
+    )
+    .await;
+    // No SpurJob store from here on: the agent refuses new launches.
+    let _ = jobs_tx.send(None);
+    standing.stop(config.shutdown_grace, &fence).await;
+    Ok(())
+}
+
+/// What runs for the replica's whole life, leading or not: health, the agent and the
+/// elector, with the switches that stop them.
+struct Standing {
+    /// Stops health and the agent from serving.
+    stopping: watch::Sender<bool>,
+    health: tokio::task::JoinHandle<()>,
+    /// The agent's calls in flight, drained before the Lease is released.
+    agent_calls: Agent,
+    agent: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    /// Whether this replica holds the Lease.
+    leading: watch::Receiver<bool>,
+    /// Releases the Lease.
+    release: watch::Sender<bool>,
+    elector: tokio::task::JoinHandle<()>,
+}
+
+impl Standing {
+    /// Binds and serves health and the agent, then campaigns for the Lease.
+    async fn start<N: Sockets>(
+        seams: &Seams<N>,
+        config: &OperatorConfig,
+        parts: &Parts<'_>,
+        fence: &Fence,
+        jobs: watch::Receiver<Option<Store<SpurJob>>>,
+    ) -> Result<Standing, RunError> {
+        let (stopping_tx, stopping) = watch::channel(false);
+        let health_listener = listen(&seams.network, config.health_listen, "health").await?;
+        let (elector, election) = Elector::new(
+            seams.kube.clone(),
+            config.lease.clone(),
+            seams.clock.clone(),
+            parts.metrics.clone(),
+            fence.clone(),
+        );
+        let health = serve_health(
+            seams,
+            config,
+            parts.metrics,
+            parts.controller,
+            &election.status,
+            health_listener,
+            stopping.clone(),
+        );
+        let agent_listener = listen(&seams.network, config.agent_listen, "the agent").await?;
+        let agent = Agent::new(parts.kube.clone(), jobs, parts.registered.clone())
+            .with_launch_timeout(config.agent_launch_timeout)
+            .with_exec_limits(config.agent_exec)
+            .with_metrics(parts.metrics.clone())
+            .with_controller(parts.controller.clone());
+        let agent_calls = agent.clone();
+        let agent_task = serve_agent(
+            seams,
+            config,
+            agent,
+            parts.metrics.clone(),
+            agent_listener,
+            stopping,
+        );
+        let leading = election.leading.clone();
+        let (release, released) = watch::channel(false);
+        let elector = tokio::spawn(elector.run(wait_for(released)));
+        Ok(Standing {
+            stopping: stopping_tx,
+            health,
+            agent_calls,
+            agent: agent_task,
+            leading,
+            release,
+            elector,
+        })
+    }
+
+    /// Stops everything, in an order that leaves no write unled: the agent stops taking
+    /// calls and lets those in flight finish while the hold lasts; then no write passes,
+    /// and those in flight are answered, before the Lease is released (a pod created after
+    /// the release would be a write nobody leads); then health and the agent stop serving.
+    async fn stop(self, grace: std::time::Duration, fence: &Fence) {
+        drain_writes(grace, &self.agent_calls, fence).await;
+        let _ = self.release.send(true);
+        let _ = self.elector.await;
+        let _ = self.stopping.send(true);
+        let _ = self.health.await;
+        if let Ok(Err(e)) = self.agent.await {
+            tracing::warn!(error = %e, "the agent server ended with an error");
+        }
+    }
+}
+
+/// The one client every call to spurctld goes through, its leader-only calls fenced.
+fn controller_client<N: Sockets>(
+    seams: &Seams<N>,
+    config: &OperatorConfig,
+    metrics: &Metrics,
+    fence: &Fence,
+) -> Result<ControllerClient, RunError> {
     let settings = &config.controller;
-    let controller = ControllerClient::new(
+    Ok(ControllerClient::new(
         settings.addr.clone(),
         settings.channel.clone(),
         settings.token.as_deref(),
         seams.network.clone(),
     )?
     .with_metrics(metrics.clone())
-    .with_fence(fence.clone());
+    .with_fence(fence.clone()))
+}
 
-    let (stopping_tx, stopping) = watch::channel(false);
-    let health_listener = listen(&seams.network, config.health_listen, "health").await?;
-    let (elector, election) = Elector::new(
-        seams.kube.clone(),
-        config.lease.clone(),
-        seams.clock.clone(),
-        metrics.clone(),
-        fence.clone(),
-    );
+/// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until `stopping`.
+fn serve_health<N: Sockets>(
+    seams: &Seams<N>,
+    config: &OperatorConfig,
+    metrics: &Metrics,
+    controller: &ControllerClient,
+    election: &watch::Receiver<ElectionStatus>,
+    listener: <N as crate::net::Binder>::Listener,
+    stopping: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
     let health = Health::new(
         metrics.clone(),
         readiness_probes(
             seams.kube.clone(),
             controller.clone(),
-            election.status.clone(),
+            election.clone(),
             config.probe_timeout,
         ),
         config.probe_timeout,
     );
-    let health_task = tokio::spawn(serve_http(
-        health_listener,
-        health.router(),
-        wait_for(stopping.clone()),
-    ));
+    tokio::spawn(serve_http(listener, health.router(), wait_for(stopping)))
+}
 
-    let (jobs_tx, jobs_rx) = watch::channel::<Option<Store<SpurJob>>>(None);
-    let registered = Registered::default();
-    let agent_listener = listen(&seams.network, config.agent_listen, "the agent").await?;
-    let agent = Agent::new(acting_kube.clone(), jobs_rx, registered.clone())
-        .with_launch_timeout(config.agent_launch_timeout)
-        .with_exec_limits(config.agent_exec)
-        .with_metrics(metrics.clone())
-        .with_controller(controller.clone());
+/// Serves the agent on `listener`, checking spurctld's tokens, until `stopping`.
+fn serve_agent<N: Sockets>(
+    seams: &Seams<N>,
+    config: &OperatorConfig,
+    agent: Agent,
+    metrics: Metrics,
+    listener: <N as crate::net::Binder>::Listener,
+    stopping: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<(), tonic::transport::Error>> {
     let auth = &config.agent_auth;
     let agent_auth = AgentAuth::new(
         auth.mode,
@@ -140,48 +277,32 @@ pub async fn run_with_handles<N: Sockets>(
         auth.leeway,
         seams.clock.clone(),
     );
-    let agent_calls = agent.clone();
-    let agent_task = tokio::spawn(crate::agent::serve(
+    tokio::spawn(crate::agent::serve(
         agent,
         agent_auth,
-        metrics.clone(),
-        agent_listener,
-        wait_for(stopping.clone()),
-    ));
+        metrics,
+        listener,
+        wait_for(stopping),
+    ))
+}
 
-    let mut leading = election.leading.clone();
-    let (release_tx, release) = watch::channel(false);
-    let elector_task = tokio::spawn(elector.run(wait_for(release)));
-    let events = EventPublisher::new(
-        acting_kube.clone(),
-        seams.clock.clone(),
-        config.lease.identity.clone(),
-    )
-    .with_series_window(config.event_series_window);
-    let _ = started.send(Handles {
-        metrics: metrics.clone(),
-        controller: controller.clone(),
-        leading: leading.clone(),
-        registered: registered.clone(),
-    });
-
-    tokio::pin!(shutdown);
+/// Whenever this replica leads, runs the leader's tasks until it stops leading (they stop
+/// at once, before another replica may start) or `shutdown` completes (they get the
+/// shutdown grace to finish the calls in flight).
+async fn act_while_leading<N: Sockets>(
+    seams: &Seams<N>,
+    config: &OperatorConfig,
+    parts: &Parts<'_>,
+    leading: &mut watch::Receiver<bool>,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+) {
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             result = leading.wait_for(|l| *l) => if result.is_err() { break },
         }
         let (drain_tx, drain) = watch::channel(false);
-        let parts = Parts {
-            kube: &acting_kube,
-            controller: &controller,
-            metrics: &metrics,
-            entropy: &entropy,
-            registered: &registered,
-            events: &events,
-            jobs_tx: &jobs_tx,
-        };
-        let mut tasks = start_leader_tasks(&seams, &config, &parts, drain);
+        let mut tasks = start_leader_tasks(seams, config, parts, drain);
         let shutting_down = tokio::select! {
             () = &mut shutdown => true,
             _ = leading.wait_for(|l| !*l) => false,
@@ -201,36 +322,26 @@ pub async fn run_with_handles<N: Sockets>(
             break;
         }
         // Lost the lease: stop at once, before another replica may start.
-        let _ = jobs_tx.send(None);
+        let _ = parts.jobs_tx.send(None);
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
         tracing::info!("stopped acting: no longer the leader");
     }
-    // The agent stops taking calls and lets those in flight finish while the hold lasts;
-    // then no write passes, and those in flight are answered, before the Lease is
-    // released: a pod created after the release would be a write nobody leads.
-    let _ = jobs_tx.send(None);
-    if tokio::time::timeout(config.shutdown_grace, agent_calls.drained())
+}
+
+/// Lets the agent's calls in flight finish, then closes the fence and lets the writes in
+/// flight be answered, each within `grace`: after this no write passes.
+async fn drain_writes(grace: std::time::Duration, agent_calls: &Agent, fence: &Fence) {
+    if tokio::time::timeout(grace, agent_calls.drained())
         .await
         .is_err()
     {
         tracing::warn!("agent calls still in flight after the shutdown grace period");
     }
     fence.close();
-    if tokio::time::timeout(config.shutdown_grace, fence.drained())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(grace, fence.drained()).await.is_err() {
         tracing::warn!("writes still in flight after the shutdown grace period");
     }
-    let _ = release_tx.send(true);
-    let _ = elector_task.await;
-    let _ = stopping_tx.send(true);
-    let _ = health_task.await;
-    if let Ok(Err(e)) = agent_task.await {
-        tracing::warn!(error = %e, "the agent server ended with an error");
-    }
-    Ok(())
 }
 
 /// How many reconciliations of one kind run at once.
@@ -250,24 +361,37 @@ struct Parts<'a> {
     jobs_tx: &'a watch::Sender<Option<Store<SpurJob>>>,
 }
 
+/// Starts the leader's tasks, each stopping at `drain`: SpurJobs, pod reports, nodes.
 fn start_leader_tasks<N: Sockets>(
     seams: &Seams<N>,
     config: &OperatorConfig,
     parts: &Parts<'_>,
     drain: watch::Receiver<bool>,
 ) -> JoinSet<()> {
+    let mut tasks = JoinSet::new();
+    start_spurjob_tasks(seams, config, parts, &drain, &mut tasks);
+    start_pod_reports(seams, config, parts, &drain, &mut tasks);
+    start_node_tasks(config, parts, drain, &mut tasks);
+    tasks
+}
+
+/// SpurJobs: submit, record, cancel on deletion; then mirror state by polling.
+fn start_spurjob_tasks<N: Sockets>(
+    seams: &Seams<N>,
+    config: &OperatorConfig,
+    parts: &Parts<'_>,
+    drain: &watch::Receiver<bool>,
+    tasks: &mut JoinSet<()>,
+) {
     let Parts {
         kube,
         controller,
         metrics,
         entropy,
-        registered,
         events,
         jobs_tx,
+        ..
     } = *parts;
-    let mut tasks = JoinSet::new();
-
-    // SpurJobs: submit, record, cancel on deletion; then mirror state by polling.
     let jobs_ctx = Arc::new(
         JobsContext::new(
             kube.clone(),
@@ -308,8 +432,24 @@ fn start_leader_tasks<N: Sockets>(
         drain.clone(),
         crate::jobs::orphans::delete_orphans(kube.clone(), store),
     ));
+}
 
-    // Pods: report each one's end, upstream's operator's pods included (a swap adopts them).
+/// Pods: report each one's end, upstream's operator's pods included (a swap adopts them).
+fn start_pod_reports<N: Sockets>(
+    seams: &Seams<N>,
+    config: &OperatorConfig,
+    parts: &Parts<'_>,
+    drain: &watch::Receiver<bool>,
+    tasks: &mut JoinSet<()>,
+) {
+    let Parts {
+        kube,
+        controller,
+        metrics,
+        entropy,
+        events,
+        ..
+    } = *parts;
     let pods = crate::jobs::reports::run(
         ReportContext {
             kube: kube.clone(),
@@ -324,7 +464,24 @@ fn start_leader_tasks<N: Sockets>(
         config.retry.start(entropy.clone()),
     );
     tasks.spawn(until_drained(drain.clone(), pods));
+}
 
+/// Nodes: keep the labelled ones registered and their availability sent, and heartbeat
+/// every registered one; a node sync forgets is no longer heartbeated.
+fn start_node_tasks(
+    config: &OperatorConfig,
+    parts: &Parts<'_>,
+    drain: watch::Receiver<bool>,
+    tasks: &mut JoinSet<()>,
+) {
+    let Parts {
+        kube,
+        controller,
+        metrics,
+        entropy,
+        registered,
+        ..
+    } = *parts;
     let (forgotten_tx, forgotten_rx) = mpsc::unbounded_channel();
     let nodes = Api::<Node>::all(kube.clone());
     let watch_backoff = config.retry.start(entropy.clone());
@@ -349,7 +506,6 @@ fn start_leader_tasks<N: Sockets>(
         forgotten_tx,
     );
     tasks.spawn(until_drained(drain, beats));
-    tasks
 }
 
 fn readiness_probes(
