@@ -64,6 +64,63 @@ pub fn job_spec_as(
     default_user: &str,
 ) -> Result<pb::JobSpec, ValidationError> {
     let spec = &job.spec;
+    let Checked {
+        name,
+        num_tasks,
+        memory_per_node_mb,
+        time_limit,
+    } = check_spec(job)?;
+    let gpus_per_node = gpus_per_node(spec);
+    let argv = spec.command.iter().chain(&spec.args).cloned().collect();
+    Ok(pb::JobSpec {
+        name,
+        partition: spec.partition.clone().unwrap_or_default(),
+        account: spec.account.clone().unwrap_or_default(),
+        user: job_user(job, default_user),
+        num_nodes: spec.num_nodes,
+        num_tasks,
+        tasks_per_node: spec.tasks_per_node,
+        cpus_per_task: spec.cpus_per_task,
+        memory_per_node_mb,
+        gpus_per_node,
+        argv,
+        environment: spec.env.clone(),
+        time_limit: time_limit.map(|secs| pb::Duration {
+            seconds: secs as i64,
+            nanos: 0,
+        }),
+        dependency: spec.dependencies.clone(),
+        array_spec: spec.array_spec.clone().unwrap_or_default(),
+        comment: format!("{UID_TAG}{uid}"),
+        host_network: spec.host_network,
+        privileged: spec.privileged,
+        host_ipc: spec.host_ipc,
+        shm_size: spec.shm_size.clone().unwrap_or_default(),
+        container_image: spec.image.clone(),
+        // Only what the pods mount: spurctld shows them, and a malformed one mounts nothing.
+        container_mounts: spec
+            .volumes
+            .iter()
+            .filter(|v| parse_volume(v).is_ok())
+            .cloned()
+            .collect(),
+        extra_resources: spec.extra_resources.clone(),
+        ..Default::default()
+    })
+}
+
+/// What [`check_spec`] read from a spec while checking it.
+struct Checked {
+    name: String,
+    num_tasks: u32,
+    memory_per_node_mb: u64,
+    time_limit: Option<u64>,
+}
+
+/// Checks `job`'s spec before anything is sent: the first invalid field, in the order
+/// of the spec's fields, or the values read from the checked ones.
+fn check_spec(job: &SpurJob) -> Result<Checked, ValidationError> {
+    let spec = &job.spec;
     let name = match &spec.name {
         Some(name) if name.trim().is_empty() => return Err(invalid("name", "must not be empty")),
         Some(name) => name.clone(),
@@ -107,58 +164,32 @@ pub fn job_spec_as(
     }
     super::failure::check_policy(spec)
         .map_err(|(field, reason)| invalid(format!("failurePolicy.{field}"), reason))?;
-    // GPUs in exactly one form: spurctld refuses a `gpu:` gres entry together with
-    // gpus_per_node (INVALID_ARGUMENT "only one GPU request form ..."). Both mean the same
-    // to its scheduler (spur-core gpu_request.rs `resolve_gpu_demand_for`: each becomes
-    // `GpuDemand::PerNode { counts: vec![count; num_nodes] }`, which spur-sched's backfill
-    // places per node); gpus_per_node is the explicit form: typed, with no string to parse,
-    // and "any type" is an empty gpu_type (`None`) rather than the literal type name "any"
-    // a gres entry would carry. It is also what upstream's own Kubernetes job controller
-    // sends (spur-k8s job_controller.rs). `gpus` would be a job total, spread unevenly.
-    let gpus_per_node = spec
-        .gpus
+    Ok(Checked {
+        name,
+        num_tasks,
+        memory_per_node_mb,
+        time_limit,
+    })
+}
+
+/// The spec's GPUs as spurctld takes them, or `None` for none.
+///
+/// GPUs in exactly one form: spurctld refuses a `gpu:` gres entry together with
+/// gpus_per_node (INVALID_ARGUMENT "only one GPU request form ..."). Both mean the same
+/// to its scheduler (spur-core gpu_request.rs `resolve_gpu_demand_for`: each becomes
+/// `GpuDemand::PerNode { counts: vec![count; num_nodes] }`, which spur-sched's backfill
+/// places per node); gpus_per_node is the explicit form: typed, with no string to parse,
+/// and "any type" is an empty gpu_type (`None`) rather than the literal type name "any"
+/// a gres entry would carry. It is also what upstream's own Kubernetes job controller
+/// sends (spur-k8s job_controller.rs). `gpus` would be a job total, spread unevenly.
+fn gpus_per_node(spec: &SpurJobSpec) -> Option<pb::GpuRequest> {
+    spec.gpus
         .as_ref()
         .filter(|g| g.count > 0)
         .map(|g| pb::GpuRequest {
             count: g.count,
             gpu_type: g.gpu_type.clone().unwrap_or_default(),
-        });
-    let argv = spec.command.iter().chain(&spec.args).cloned().collect();
-    Ok(pb::JobSpec {
-        name,
-        partition: spec.partition.clone().unwrap_or_default(),
-        account: spec.account.clone().unwrap_or_default(),
-        user: job_user(job, default_user),
-        num_nodes: spec.num_nodes,
-        num_tasks,
-        tasks_per_node: spec.tasks_per_node,
-        cpus_per_task: spec.cpus_per_task,
-        memory_per_node_mb,
-        gpus_per_node,
-        argv,
-        environment: spec.env.clone(),
-        time_limit: time_limit.map(|secs| pb::Duration {
-            seconds: secs as i64,
-            nanos: 0,
-        }),
-        dependency: spec.dependencies.clone(),
-        array_spec: spec.array_spec.clone().unwrap_or_default(),
-        comment: format!("{UID_TAG}{uid}"),
-        host_network: spec.host_network,
-        privileged: spec.privileged,
-        host_ipc: spec.host_ipc,
-        shm_size: spec.shm_size.clone().unwrap_or_default(),
-        container_image: spec.image.clone(),
-        // Only what the pods mount: spurctld shows them, and a malformed one mounts nothing.
-        container_mounts: spec
-            .volumes
-            .iter()
-            .filter(|v| parse_volume(v).is_ok())
-            .cloned()
-            .collect(),
-        extra_resources: spec.extra_resources.clone(),
-        ..Default::default()
-    })
+        })
 }
 
 /// A wall-time limit in seconds, in any form a SpurJob written for upstream's operator or a

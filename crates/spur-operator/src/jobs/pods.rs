@@ -156,18 +156,111 @@ pub fn build_pod(
     let spec = &job.spec;
     let Placement { rank, nodes } = placement(launch)?;
     let name = pod_name(launch.job_id, rank, launch.run_attempt, generation);
-    let uid = job.uid().unwrap_or_default();
     let num_nodes = nodes.len();
+    let labels = pod_labels(job, launch);
+    let annotations = pod_annotations(spec, launch, num_nodes)?;
+    let allocated = launch.allocated.clone().unwrap_or_default();
+    let gpus = gpu_count(&allocated, spec);
+    let env = pod_env(
+        job,
+        launch,
+        &Rendezvous {
+            rank,
+            nodes: &nodes,
+            namespace: job.namespace().as_deref().unwrap_or("default"),
+        },
+        &GpuEnv {
+            count: gpus,
+            resource: gpu_resource,
+        },
+    );
 
+    let resources = container_resources(spec, launch, &allocated, gpus, gpu_resource);
+    let (volumes, mounts) = pod_volumes(spec);
+    let container = job_container(spec, env, resources, mounts);
+    let tolerations = pod_tolerations(spec);
+    let multi_node = num_nodes > 1;
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: job.namespace(),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: Some(vec![owner_reference(job)]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            // spurctld placed the job: pin the pod to that node, bypassing the scheduler.
+            node_name: Some(launch.target_node.clone()),
+            restart_policy: Some("Never".to_owned()),
+            containers: vec![container],
+            volumes: (!volumes.is_empty()).then_some(volumes),
+            tolerations: (!tolerations.is_empty()).then_some(tolerations),
+            node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
+            host_network: spec.host_network.then_some(true),
+            host_ipc: spec.host_ipc.then_some(true),
+            priority_class_name: spec.priority_class.clone(),
+            service_account_name: spec.service_account.clone(),
+            hostname: multi_node.then(|| format!("node-{rank}")),
+            subdomain: multi_node.then(|| service_name(launch.job_id)),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// The pod's one container: the spec's image and command, with `env`, `resources` as both
+/// requests and limits, and `mounts`.
+fn job_container(
+    spec: &SpurJobSpec,
+    env: Vec<EnvVar>,
+    resources: BTreeMap<String, Quantity>,
+    mounts: Vec<VolumeMount>,
+) -> Container {
+    Container {
+        name: CONTAINER.to_owned(),
+        image: Some(spec.image.clone()),
+        command: Some(container_command(&spec.command, &spec.args)),
+        env: Some(env),
+        resources: Some(ResourceRequirements {
+            requests: Some(resources.clone()),
+            limits: Some(resources),
+            ..Default::default()
+        }),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        security_context: spec.privileged.then(|| SecurityContext {
+            privileged: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The pod's labels: its job id and its SpurJob's UID, which the pod reports and the
+/// orphan sweep select by; this operator as its manager; and the SpurJob's name and the
+/// node, as upstream's operator labels them.
+fn pod_labels(job: &SpurJob, launch: &pb::LaunchJobRequest) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
     labels.insert(LABEL_JOB_ID.to_owned(), launch.job_id.to_string());
     labels.insert(LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned());
-    labels.insert(LABEL_SPURJOB_UID.to_owned(), uid.clone());
+    labels.insert(LABEL_SPURJOB_UID.to_owned(), job.uid().unwrap_or_default());
     labels.insert(LABEL_JOB_NAME.to_owned(), label_value(&job.name_any()));
     labels.insert(
         LABEL_TARGET_NODE.to_owned(),
         label_value(&launch.target_node),
     );
+    labels
+}
+
+/// The annotations the pod reports read back once the pod ends: its run attempt and
+/// target node, and the failure policy it was launched under (so a SpurJob edited while
+/// the pod runs does not change what its end means). An error names the spec field that
+/// does not parse.
+fn pod_annotations(
+    spec: &SpurJobSpec,
+    launch: &pb::LaunchJobRequest,
+    num_nodes: usize,
+) -> Result<BTreeMap<String, String>, String> {
     let mut annotations = BTreeMap::new();
     annotations.insert(
         ANNOTATION_RUN_ATTEMPT.to_owned(),
@@ -203,50 +296,23 @@ pub fn build_pod(
                 .to_owned(),
         );
     }
+    Ok(annotations)
+}
 
-    let allocated = launch.allocated.clone().unwrap_or_default();
-    let gpus = allocated
+/// The GPUs the pod gets: those spurctld allocated on the node, else the spec's count.
+fn gpu_count(allocated: &pb::ResourceAllocations, spec: &SpurJobSpec) -> u64 {
+    allocated
         .devices
         .get("gpu")
         .map(|d| d.devices.iter().map(|a| a.count.max(1)).sum::<u64>())
         .filter(|n| *n > 0)
         .or_else(|| spec.gpus.as_ref().map(|g| u64::from(g.count)))
-        .unwrap_or(0);
-    let env = pod_env(
-        job,
-        launch,
-        &Rendezvous {
-            rank,
-            nodes: &nodes,
-            namespace: job.namespace().as_deref().unwrap_or("default"),
-        },
-        &GpuEnv {
-            count: gpus,
-            resource: gpu_resource,
-        },
-    );
+        .unwrap_or(0)
+}
 
-    let resources = container_resources(spec, launch, &allocated, gpus, gpu_resource);
-    let (volumes, mounts) = pod_volumes(spec);
-    let container = Container {
-        name: CONTAINER.to_owned(),
-        image: Some(spec.image.clone()),
-        command: Some(container_command(&spec.command, &spec.args)),
-        env: Some(env),
-        resources: Some(ResourceRequirements {
-            requests: Some(resources.clone()),
-            limits: Some(resources),
-            ..Default::default()
-        }),
-        volume_mounts: (!mounts.is_empty()).then_some(mounts),
-        security_context: spec.privileged.then(|| SecurityContext {
-            privileged: Some(true),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let tolerations: Vec<K8sToleration> = spec
-        .tolerations
+/// The spec's tolerations, as Kubernetes types.
+fn pod_tolerations(spec: &SpurJobSpec) -> Vec<K8sToleration> {
+    spec.tolerations
         .iter()
         .map(|t| K8sToleration {
             key: t.key.clone(),
@@ -255,35 +321,7 @@ pub fn build_pod(
             effect: t.effect.clone(),
             toleration_seconds: t.toleration_seconds,
         })
-        .collect();
-    let multi_node = num_nodes > 1;
-    Ok(Pod {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: job.namespace(),
-            labels: Some(labels),
-            annotations: Some(annotations),
-            owner_references: Some(vec![owner_reference(job)]),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            // spurctld placed the job: pin the pod to that node, bypassing the scheduler.
-            node_name: Some(launch.target_node.clone()),
-            restart_policy: Some("Never".to_owned()),
-            containers: vec![container],
-            volumes: (!volumes.is_empty()).then_some(volumes),
-            tolerations: (!tolerations.is_empty()).then_some(tolerations),
-            node_selector: (!spec.node_selector.is_empty()).then(|| spec.node_selector.clone()),
-            host_network: spec.host_network.then_some(true),
-            host_ipc: spec.host_ipc.then_some(true),
-            priority_class_name: spec.priority_class.clone(),
-            service_account_name: spec.service_account.clone(),
-            hostname: multi_node.then(|| format!("node-{rank}")),
-            subdomain: multi_node.then(|| service_name(launch.job_id)),
-            ..Default::default()
-        }),
-        status: None,
-    })
+        .collect()
 }
 
 /// The container's resources, requests equal to limits: the allocation is what spurctld
@@ -443,48 +481,73 @@ pub fn pod_env(
     gpus: &GpuEnv<'_>,
 ) -> Vec<EnvVar> {
     let spec = &job.spec;
-    let unset = pb::JobSpec::default();
-    let controller_spec = launch.spec.as_ref().unwrap_or(&unset);
+    let built = built_env(spec, launch, at, gpus);
+    let named_by_user = |name: &str| {
+        spec.env.contains_key(name)
+            || spec
+                .secret_env
+                .get(name)
+                .is_some_and(|r| convert::parse_secret_ref(r).is_ok())
+    };
+    let mut env: Vec<EnvVar> = built
+        .into_iter()
+        .filter(|(name, _)| !named_by_user(name))
+        .map(|(name, value)| EnvVar {
+            name,
+            value: Some(value),
+            ..Default::default()
+        })
+        .collect();
+    env.extend(user_env(spec));
+    env
+}
+
+/// The user's `env`, then a reference to a Secret's key for each `secretEnv` entry. A
+/// malformed reference is left out, as upstream leaves it out; the reconciler tells the
+/// user which.
+fn user_env(spec: &SpurJobSpec) -> Vec<EnvVar> {
+    let mut env: Vec<EnvVar> = spec
+        .env
+        .iter()
+        .map(|(k, v)| EnvVar {
+            name: k.clone(),
+            value: Some(v.clone()),
+            ..Default::default()
+        })
+        .collect();
+    for (var, reference) in &spec.secret_env {
+        let Ok((secret, key)) = convert::parse_secret_ref(reference) else {
+            continue;
+        };
+        env.push(EnvVar {
+            name: var.clone(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret,
+                    key,
+                    optional: Some(true),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    env
+}
+
+/// What the operator sets itself, before the user's: the scheduler's variables
+/// ([`scheduler_env`]), ours and torchrun's, the rendezvous for a multi-node job, and the
+/// GPU runtime's.
+fn built_env(
+    spec: &SpurJobSpec,
+    launch: &pb::LaunchJobRequest,
+    at: &Rendezvous<'_>,
+    gpus: &GpuEnv<'_>,
+) -> Vec<(String, String)> {
     let per_node = tasks_per_node(launch.spec.as_ref());
     let num_nodes = at.nodes.len();
-    let nodelist = at.nodes.join(",");
     let multi_node = num_nodes > 1;
-    let num_tasks = if controller_spec.num_tasks > 0 {
-        controller_spec.num_tasks
-    } else {
-        per_node.saturating_mul(u32::try_from(num_nodes).unwrap_or(u32::MAX))
-    };
-    let cpus_on_node = per_node.saturating_mul(controller_spec.cpus_per_task.max(1));
-    let mut twins = vec![
-        ("JOB_ID", launch.job_id.to_string()),
-        ("JOBID", launch.job_id.to_string()),
-        ("JOB_NAME", controller_spec.name.clone()),
-        ("JOB_PARTITION", controller_spec.partition.clone()),
-        ("JOB_ACCOUNT", controller_spec.account.clone()),
-        ("JOB_QOS", controller_spec.qos.clone()),
-        ("NNODES", num_nodes.to_string()),
-        ("JOB_NUM_NODES", num_nodes.to_string()),
-        ("NTASKS", num_tasks.to_string()),
-        ("NPROCS", num_tasks.to_string()),
-        ("CPUS_PER_TASK", controller_spec.cpus_per_task.to_string()),
-        ("CPUS_ON_NODE", cpus_on_node.to_string()),
-        ("TASKS_PER_NODE", per_node.to_string()),
-        ("NODEID", at.rank.to_string()),
-        ("NODELIST", nodelist.clone()),
-        ("JOB_NODELIST", nodelist),
-    ];
-    if launch.array_job_id > 0 {
-        twins.push(("ARRAY_JOB_ID", launch.array_job_id.to_string()));
-        twins.push(("ARRAY_TASK_ID", launch.array_task_id.to_string()));
-    }
-    // Each as SPUR_<name> and SLURM_<name>; the node's name as SPURD_/SLURMD_NODENAME.
-    let mut built: Vec<(String, String)> = Vec::new();
-    for (name, value) in twins {
-        built.push((format!("SPUR_{name}"), value.clone()));
-        built.push((format!("SLURM_{name}"), value));
-    }
-    built.push(("SPURD_NODENAME".into(), launch.target_node.clone()));
-    built.push(("SLURMD_NODENAME".into(), launch.target_node.clone()));
+    let mut built = scheduler_env(launch, at, per_node);
     built.extend(
         [
             ("SPUR_NODE_RANK", at.rank.to_string()),
@@ -525,47 +588,57 @@ pub fn pod_env(
             built.push(("NCCL_SOCKET_IFNAME".into(), "eth0".to_owned()));
         }
     }
-    let named_by_user = |name: &str| {
-        spec.env.contains_key(name)
-            || spec
-                .secret_env
-                .get(name)
-                .is_some_and(|r| convert::parse_secret_ref(r).is_ok())
+    built
+}
+
+/// `SPUR_*` with their `SLURM_*` twins, read from the job as spurctld sent it, and the
+/// node's name as `SPURD_NODENAME` and `SLURMD_NODENAME`.
+fn scheduler_env(
+    launch: &pb::LaunchJobRequest,
+    at: &Rendezvous<'_>,
+    per_node: u32,
+) -> Vec<(String, String)> {
+    let unset = pb::JobSpec::default();
+    let controller_spec = launch.spec.as_ref().unwrap_or(&unset);
+    let num_nodes = at.nodes.len();
+    let nodelist = at.nodes.join(",");
+    let num_tasks = if controller_spec.num_tasks > 0 {
+        controller_spec.num_tasks
+    } else {
+        per_node.saturating_mul(u32::try_from(num_nodes).unwrap_or(u32::MAX))
     };
-    let mut env: Vec<EnvVar> = built
-        .into_iter()
-        .filter(|(name, _)| !named_by_user(name))
-        .map(|(name, value)| EnvVar {
-            name,
-            value: Some(value),
-            ..Default::default()
-        })
-        .collect();
-    env.extend(spec.env.iter().map(|(k, v)| EnvVar {
-        name: k.clone(),
-        value: Some(v.clone()),
-        ..Default::default()
-    }));
-    // A malformed reference is left out, as upstream leaves it out; the reconciler tells
-    // the user which.
-    for (var, reference) in &spec.secret_env {
-        let Ok((secret, key)) = convert::parse_secret_ref(reference) else {
-            continue;
-        };
-        env.push(EnvVar {
-            name: var.clone(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret,
-                    key,
-                    optional: Some(true),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
+    let cpus_on_node = per_node.saturating_mul(controller_spec.cpus_per_task.max(1));
+    let mut twins = vec![
+        ("JOB_ID", launch.job_id.to_string()),
+        ("JOBID", launch.job_id.to_string()),
+        ("JOB_NAME", controller_spec.name.clone()),
+        ("JOB_PARTITION", controller_spec.partition.clone()),
+        ("JOB_ACCOUNT", controller_spec.account.clone()),
+        ("JOB_QOS", controller_spec.qos.clone()),
+        ("NNODES", num_nodes.to_string()),
+        ("JOB_NUM_NODES", num_nodes.to_string()),
+        ("NTASKS", num_tasks.to_string()),
+        ("NPROCS", num_tasks.to_string()),
+        ("CPUS_PER_TASK", controller_spec.cpus_per_task.to_string()),
+        ("CPUS_ON_NODE", cpus_on_node.to_string()),
+        ("TASKS_PER_NODE", per_node.to_string()),
+        ("NODEID", at.rank.to_string()),
+        ("NODELIST", nodelist.clone()),
+        ("JOB_NODELIST", nodelist),
+    ];
+    if launch.array_job_id > 0 {
+        twins.push(("ARRAY_JOB_ID", launch.array_job_id.to_string()));
+        twins.push(("ARRAY_TASK_ID", launch.array_task_id.to_string()));
     }
-    env
+    // Each as SPUR_<name> and SLURM_<name>; the node's name as SPURD_/SLURMD_NODENAME.
+    let mut built: Vec<(String, String)> = Vec::new();
+    for (name, value) in twins {
+        built.push((format!("SPUR_{name}"), value.clone()));
+        built.push((format!("SLURM_{name}"), value));
+    }
+    built.push(("SPURD_NODENAME".into(), launch.target_node.clone()));
+    built.push(("SLURMD_NODENAME".into(), launch.target_node.clone()));
+    built
 }
 
 /// The container's command, as upstream's operator runs it (so a SpurJob written for it

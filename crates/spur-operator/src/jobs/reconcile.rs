@@ -341,32 +341,7 @@ async fn apply(
     let now = ctx.clock.timestamp().to_string();
     let spec = match convert::job_spec_as(job, &uid, &ctx.default_user) {
         Ok(spec) => spec,
-        Err(invalid) => {
-            let message = invalid.to_string();
-            let already_reported = own_end(&status) == Some(INVALID_REASON)
-                && status.observed_generation == generation
-                && status.message.as_deref() == Some(message.as_str());
-            if !already_reported {
-                // `Failed`, as upstream's users' tooling knows it; `Invalid` in the reason.
-                let mut next = status.clone();
-                end_here(&mut next, INVALID_REASON, &message, &message, &now);
-                next.observed_generation = generation;
-                set_condition(
-                    &mut next.conditions,
-                    "Submitted",
-                    false,
-                    "InvalidSpec",
-                    &message,
-                    &now,
-                );
-                patch_status(api, &job.name_any(), &next).await?;
-                ctx.events.warning(job, "InvalidSpec", &message).await;
-                ctx.metrics.reconcile_error("spurjob", "invalid_spec");
-                tracing::warn!(spurjob = %job.name_any(), %message, "SpurJob is invalid; waiting for its spec to change");
-            }
-            // Not retried until the generation changes: the watch brings the edit.
-            return Ok(Action::await_change());
-        }
+        Err(invalid) => return invalid_spec(job, api, ctx, &status, &invalid, &now).await,
     };
     let gated = gate(
         &status,
@@ -398,36 +373,11 @@ async fn apply(
             .submission_lag_seconds
             .observe(lag.as_secs_f64().max(0.0));
     }
-    let mut next = SpurJobStatus {
-        state: Some(state_name(pb::JobState::JobPending).to_owned()),
-        spur_job_id: Some(job_id),
-        message: None,
-        observed_generation: generation,
-        ..status
-    };
-    clear_unsubmitted_end(&mut next);
     let how = match submission {
         Submission::Submitted(_) => "Submitted",
         Submission::Adopted(_) => "Adopted",
     };
-    set_condition(
-        &mut next.conditions,
-        "Submitted",
-        true,
-        how,
-        &format!("spurctld job {job_id}"),
-        &now,
-    );
-    // What the poller's first look will say of a job waiting for no named reason, so
-    // that look costs no write.
-    set_condition(
-        &mut next.conditions,
-        "Queued",
-        true,
-        "Pending",
-        &super::status::queued_message("Pending"),
-        &now,
-    );
+    let next = submitted_status(status, job_id, generation, how, &now);
     patch_status(api, &job.name_any(), &next).await?;
     tracing::info!(spurjob = %job.name_any(), job_id, how, "SpurJob submitted");
     ctx.events
@@ -437,6 +387,81 @@ async fn apply(
         return Ok(Action::requeue(ctx.tuning.duplicate_watch_interval));
     }
     Ok(Action::await_change())
+}
+
+/// Records that `job`'s spec is `invalid` on the SpurJob, once per generation, and waits
+/// for an edit: submitting it again would be refused the same way.
+async fn invalid_spec(
+    job: &SpurJob,
+    api: &Api<SpurJob>,
+    ctx: &JobsContext,
+    status: &SpurJobStatus,
+    invalid: &convert::ValidationError,
+    now: &str,
+) -> Result<Action, ReconcileError> {
+    let generation = job.metadata.generation;
+    let message = invalid.to_string();
+    let already_reported = own_end(status) == Some(INVALID_REASON)
+        && status.observed_generation == generation
+        && status.message.as_deref() == Some(message.as_str());
+    if !already_reported {
+        // `Failed`, as upstream's users' tooling knows it; `Invalid` in the reason.
+        let mut next = status.clone();
+        end_here(&mut next, INVALID_REASON, &message, &message, now);
+        next.observed_generation = generation;
+        set_condition(
+            &mut next.conditions,
+            "Submitted",
+            false,
+            "InvalidSpec",
+            &message,
+            now,
+        );
+        patch_status(api, &job.name_any(), &next).await?;
+        ctx.events.warning(job, "InvalidSpec", &message).await;
+        ctx.metrics.reconcile_error("spurjob", "invalid_spec");
+        tracing::warn!(spurjob = %job.name_any(), %message, "SpurJob is invalid; waiting for its spec to change");
+    }
+    // Not retried until the generation changes: the watch brings the edit.
+    Ok(Action::await_change())
+}
+
+/// `status` once spurctld took the job as `job_id` (`how`: submitted, or adopted after a
+/// lost reply): Pending, with the `Submitted` and `Queued` conditions set.
+fn submitted_status(
+    status: SpurJobStatus,
+    job_id: u32,
+    generation: Option<i64>,
+    how: &str,
+    now: &str,
+) -> SpurJobStatus {
+    let mut next = SpurJobStatus {
+        state: Some(state_name(pb::JobState::JobPending).to_owned()),
+        spur_job_id: Some(job_id),
+        message: None,
+        observed_generation: generation,
+        ..status
+    };
+    clear_unsubmitted_end(&mut next);
+    set_condition(
+        &mut next.conditions,
+        "Submitted",
+        true,
+        how,
+        &format!("spurctld job {job_id}"),
+        now,
+    );
+    // What the poller's first look will say of a job waiting for no named reason, so
+    // that look costs no write.
+    set_condition(
+        &mut next.conditions,
+        "Queued",
+        true,
+        "Pending",
+        &super::status::queued_message("Pending"),
+        now,
+    );
+    next
 }
 
 /// The condition naming the `volumes` and `secretEnv` entries left out of a job's pods.
@@ -607,6 +632,29 @@ async fn refused(
 /// parent id has no job of its own to cancel (fidelity row 16).
 async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileError> {
     let uid = job.uid().unwrap_or_default();
+    let (jobs, duplicates_found) = jobs_to_cancel(job, ctx, &uid).await?;
+    for &(job_id, live) in &jobs {
+        if !live {
+            continue;
+        }
+        cancel_left_job(job, ctx, job_id, duplicates_found.contains(&job_id)).await?;
+    }
+    let namespace = job.namespace().unwrap_or_default();
+    for &(job_id, _) in &jobs {
+        delete_job_objects(&ctx.kube, &namespace, job_id, JobPods::All).await?;
+    }
+    ctx.watch.forget(&uid);
+    Ok(Action::await_change())
+}
+
+/// The jobs a deleted SpurJob leaves, sorted by id, each with whether it may still need
+/// cancelling; and the second jobs of a watched submission among them, counted once
+/// cancelled.
+async fn jobs_to_cancel(
+    job: &SpurJob,
+    ctx: &JobsContext,
+    uid: &str,
+) -> Result<(Vec<(u32, bool)>, Vec<u32>), ReconcileError> {
     let recorded = job.status.as_ref().and_then(|s| s.spur_job_id);
     let terminal = job
         .status
@@ -618,7 +666,7 @@ async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileEr
     // Second jobs of a watched submission, counted once cancelled.
     let mut duplicates_found: Vec<u32> = Vec::new();
     if job.spec.array_spec.is_some() {
-        let found = jobs_of(&ctx.controller, &super::status::job_name(job), &uid).await?;
+        let found = jobs_of(&ctx.controller, &super::status::job_name(job), uid).await?;
         jobs.extend(found.iter().map(|j| {
             (
                 j.job_id,
@@ -628,7 +676,7 @@ async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileEr
         if let Some(id) = recorded {
             jobs.push((id, false));
         }
-    } else if let (Some(id), false) = (recorded, ctx.watch.is_watched(&uid)) {
+    } else if let (Some(id), false) = (recorded, ctx.watch.is_watched(uid)) {
         jobs.push((id, !terminal));
     } else {
         // A submission whose status write was lost must still be cancelled, and so must a
@@ -636,8 +684,8 @@ async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileEr
         if let Some(id) = recorded {
             jobs.push((id, !terminal));
         }
-        if let Ok(spec) = convert::job_spec_as(job, &uid, &ctx.default_user) {
-            for found in jobs_of(&ctx.controller, &spec.name, &uid).await? {
+        if let Ok(spec) = convert::job_spec_as(job, uid, &ctx.default_user) {
+            for found in jobs_of(&ctx.controller, &spec.name, uid).await? {
                 if Some(found.job_id) == recorded {
                     continue;
                 }
@@ -651,55 +699,57 @@ async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileEr
     }
     jobs.sort_unstable();
     jobs.dedup_by_key(|(id, _)| *id);
-    for &(job_id, live) in &jobs {
-        if !live {
-            continue;
+    Ok((jobs, duplicates_found))
+}
+
+/// Cancels `job_id`, one of the deleted `job`'s jobs (a `duplicate` is counted as such).
+/// A job already ended, or unknown for longer than a stale replica explains
+/// (`--job-lost-after`), has nothing left to cancel.
+async fn cancel_left_job(
+    job: &SpurJob,
+    ctx: &JobsContext,
+    job_id: u32,
+    duplicate: bool,
+) -> Result<(), ReconcileError> {
+    match ctx
+        .controller
+        .cancel_job(pb::CancelJobRequest {
+            job_id,
+            signal: 0,
+            user: String::new(),
+        })
+        .await
+    {
+        Ok(()) => {
+            if duplicate {
+                ctx.metrics.duplicate_cancelled("deletion");
+            }
+            tracing::info!(spurjob = %job.name_any(), job_id, "job cancelled")
         }
-        match ctx
-            .controller
-            .cancel_job(pb::CancelJobRequest {
-                job_id,
-                signal: 0,
-                user: String::new(),
-            })
-            .await
-        {
-            Ok(()) => {
-                if duplicates_found.contains(&job_id) {
-                    ctx.metrics.duplicate_cancelled("deletion");
+        Err(e) => {
+            let refusal = cancel_refusal(&e, job_id);
+            let unknown_for = {
+                let mut since = ctx.not_found_since.lock().expect("not-found lock");
+                if refusal == CancelRefusal::Unknown {
+                    let now = tokio::time::Instant::now();
+                    now.saturating_duration_since(*since.entry(job_id).or_insert(now))
+                } else {
+                    since.remove(&job_id);
+                    std::time::Duration::ZERO
                 }
-                tracing::info!(spurjob = %job.name_any(), job_id, "job cancelled")
+            };
+            if !cancel_is_final(refusal, unknown_for, ctx.tuning.lost_after) {
+                return Err(e.into());
             }
-            Err(e) => {
-                let refusal = cancel_refusal(&e, job_id);
-                let unknown_for = {
-                    let mut since = ctx.not_found_since.lock().expect("not-found lock");
-                    if refusal == CancelRefusal::Unknown {
-                        let now = tokio::time::Instant::now();
-                        now.saturating_duration_since(*since.entry(job_id).or_insert(now))
-                    } else {
-                        since.remove(&job_id);
-                        std::time::Duration::ZERO
-                    }
-                };
-                if !cancel_is_final(refusal, unknown_for, ctx.tuning.lost_after) {
-                    return Err(e.into());
-                }
-                // Already ended, or unknown for long enough: nothing to cancel.
-                ctx.not_found_since
-                    .lock()
-                    .expect("not-found lock")
-                    .remove(&job_id);
-                tracing::info!(spurjob = %job.name_any(), job_id, error = %e, "nothing left to cancel");
-            }
+            // Already ended, or unknown for long enough: nothing to cancel.
+            ctx.not_found_since
+                .lock()
+                .expect("not-found lock")
+                .remove(&job_id);
+            tracing::info!(spurjob = %job.name_any(), job_id, error = %e, "nothing left to cancel");
         }
     }
-    let namespace = job.namespace().unwrap_or_default();
-    for &(job_id, _) in &jobs {
-        delete_job_objects(&ctx.kube, &namespace, job_id, JobPods::All).await?;
-    }
-    ctx.watch.forget(&uid);
-    Ok(Action::await_change())
+    Ok(())
 }
 
 /// Which of a job's pods [`delete_job_objects`] deletes.

@@ -233,20 +233,9 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
     if annotations.contains_key(ANNOTATION_REPORTED) || pod.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let (end, start_missed) = match pod_end(&pod) {
-        Some(end) => (end, false),
-        None => match start_check(&pod, ctx.clock.timestamp()) {
-            StartCheck::Nothing => return Ok(Action::await_change()),
-            StartCheck::Wait(left) => return Ok(Action::requeue(left)),
-            StartCheck::Missed(why) => {
-                let end = PodEnd {
-                    exit_code: 1,
-                    message: why,
-                    oom: false,
-                };
-                (end, true)
-            }
-        },
+    let (end, start_missed) = match ending(&pod, &ctx.clock) {
+        Ok(ending) => ending,
+        Err(action) => return Ok(action),
     };
     let Some(job_id) = pod
         .labels()
@@ -290,20 +279,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
     };
     let mut stopped = Vec::new();
     if !restart {
-        let request = pb::ReportJobStatusRequest {
-            job_id,
-            state: if end.exit_code == 0 {
-                pb::JobState::JobCompleted
-            } else {
-                pb::JobState::JobFailed
-            } as i32,
-            exit_code: end.exit_code,
-            signal: if end.oom { OOM_KILLED_SIGNAL } else { 0 },
-            message: end.message.clone(),
-            reporting_node: node.clone(),
-            run_attempt: run_attempt(&pod),
-            ..Default::default()
-        };
+        let request = end_report(&pod, job_id, &node, &end);
         let reported = report(&ctx, &pod, request).await?;
         if end.exit_code != 0 && OnRankFailure::of_pod(&pod) == Some(OnRankFailure::FailJob) {
             stopped = stop_other_ranks(&ctx, &pods, &pod, &node, &end).await?;
@@ -318,8 +294,66 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
     }
     // Told once the pod is done with (a failed step above retries the whole reconcile, which
     // would tell it twice).
+    tell_failure(&ctx, &pod, &node, &end, &stopped).await;
+    if start_missed {
+        ctx.metrics.launch_failed("StartTimeout");
+    }
+    if let Some(reason) = never_starts(&pod) {
+        ctx.metrics.launch_failed(reason);
+    }
+    tracing::info!(pod = %pod.name_any(), job_id, node = %node, exit_code = end.exit_code, message = %end.message, restart, "the pod's end is handled");
+    Ok(Action::await_change())
+}
+
+/// How `pod` ended, and whether by missing its start timeout; `Err`, with what to do
+/// instead, while there is nothing to report yet.
+fn ending(pod: &Pod, clock: &WallClock) -> Result<(PodEnd, bool), Action> {
+    match pod_end(pod) {
+        Some(end) => Ok((end, false)),
+        None => match start_check(pod, clock.timestamp()) {
+            StartCheck::Nothing => Err(Action::await_change()),
+            StartCheck::Wait(left) => Err(Action::requeue(left)),
+            StartCheck::Missed(why) => {
+                let end = PodEnd {
+                    exit_code: 1,
+                    message: why,
+                    oom: false,
+                };
+                Ok((end, true))
+            }
+        },
+    }
+}
+
+/// The report of `pod`'s `end` on `node`, for the run it was launched for.
+fn end_report(pod: &Pod, job_id: u32, node: &str, end: &PodEnd) -> pb::ReportJobStatusRequest {
+    pb::ReportJobStatusRequest {
+        job_id,
+        state: if end.exit_code == 0 {
+            pb::JobState::JobCompleted
+        } else {
+            pb::JobState::JobFailed
+        } as i32,
+        exit_code: end.exit_code,
+        signal: if end.oom { OOM_KILLED_SIGNAL } else { 0 },
+        message: end.message.clone(),
+        reporting_node: node.to_owned(),
+        run_attempt: run_attempt(pod),
+        ..Default::default()
+    }
+}
+
+/// Tells the SpurJob of a failed pod that it failed, and which pods of its run were
+/// `stopped` for it.
+async fn tell_failure(
+    ctx: &ReportContext,
+    pod: &Pod,
+    node: &str,
+    end: &PodEnd,
+    stopped: &[String],
+) {
     if end.exit_code != 0
-        && let Some(owner) = owner_of(&pod)
+        && let Some(owner) = owner_of(pod)
     {
         // No pod name in the note: the same node failing on each run of the job is one
         // event series ("x3").
@@ -343,14 +377,6 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
             ctx.events.warning_about(owner, "RanksStopped", &note).await;
         }
     }
-    if start_missed {
-        ctx.metrics.launch_failed("StartTimeout");
-    }
-    if let Some(reason) = never_starts(&pod) {
-        ctx.metrics.launch_failed(reason);
-    }
-    tracing::info!(pod = %pod.name_any(), job_id, node = %node, exit_code = end.exit_code, message = %end.message, restart, "the pod's end is handled");
-    Ok(Action::await_change())
 }
 
 /// A run that failed, as one of its pods tells.
@@ -395,11 +421,10 @@ async fn restart_run(
 ) -> Result<Restart, ReportError> {
     let FailedRun {
         pod,
-        pods,
         job_id,
         node,
-        end,
         failure,
+        ..
     } = run;
     let info = match ctx.controller.get_job(job_id).await {
         Ok(info) => info,
@@ -417,31 +442,8 @@ async fn restart_run(
         return Ok(Restart::NotYet(ctx.tuning.report_refusal_delay));
     }
     if !already {
-        if !live {
+        if !live || !requeue(ctx, pod, job_id, &info.user).await? {
             return Ok(Restart::Refused);
-        }
-        let request = pb::RequeueJobRequest {
-            job_id,
-            user: info.user.clone(),
-            hold: false,
-        };
-        match ctx.controller.requeue_job(request).await {
-            Ok(_) => {}
-            // Another node's pod of the run asked first.
-            Err(e)
-                if e.code() == Code::FailedPrecondition
-                    && (e.message().contains("already pending")
-                        || e.message().contains("already being requeued")) => {}
-            Err(e)
-                if matches!(
-                    e.code(),
-                    Code::FailedPrecondition | Code::PermissionDenied | Code::NotFound
-                ) =>
-            {
-                tracing::warn!(pod = %pod.name_any(), job_id, error = %e, "spurctld would not requeue the job; reporting the pod's end instead");
-                return Ok(Restart::Refused);
-            }
-            Err(e) => return Err(e.into()),
         }
         ctx.metrics.job_restarted(failure.reason());
         if let Some(owner) = owner_of(pod) {
@@ -456,6 +458,57 @@ async fn restart_run(
         }
         tracing::info!(pod = %pod.name_any(), job_id, node, restart, max, reason = failure.reason(), "asked spurctld to run the job again");
     }
+    end_run(ctx, run).await?;
+    Ok(Restart::Done)
+}
+
+/// Asks spurctld to run `job_id` again: whether it will (another node's pod of the run may
+/// have asked first); `false` when it refuses for good, which the pod's report then says.
+async fn requeue(
+    ctx: &ReportContext,
+    pod: &Pod,
+    job_id: u32,
+    user: &str,
+) -> Result<bool, ReportError> {
+    let request = pb::RequeueJobRequest {
+        job_id,
+        user: user.to_owned(),
+        hold: false,
+    };
+    match ctx.controller.requeue_job(request).await {
+        Ok(_) => Ok(true),
+        // Another node's pod of the run asked first.
+        Err(e)
+            if e.code() == Code::FailedPrecondition
+                && (e.message().contains("already pending")
+                    || e.message().contains("already being requeued")) =>
+        {
+            Ok(true)
+        }
+        Err(e)
+            if matches!(
+                e.code(),
+                Code::FailedPrecondition | Code::PermissionDenied | Code::NotFound
+            ) =>
+        {
+            tracing::warn!(pod = %pod.name_any(), job_id, error = %e, "spurctld would not requeue the job; reporting the pod's end instead");
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Ends a requeued run's pods: the others still running are stopped, and the failed one
+/// is kept, marked, for its logs (one past its start timeout is deleted).
+async fn end_run(ctx: &ReportContext, run: FailedRun<'_>) -> Result<(), ReportError> {
+    let FailedRun {
+        pod,
+        pods,
+        job_id,
+        node,
+        end,
+        failure,
+    } = run;
     // spurctld tells the agents to stop the run too, but a lost CancelJob is never sent
     // again: the run's pods still running are stopped here.
     let siblings = job_pods(pods, &job_id.to_string()).await?;
@@ -480,7 +533,7 @@ async fn restart_run(
     } else {
         mark_reported(pods, pod, &format!("restarted: run {}", run_attempt(pod))).await?;
     }
-    Ok(Restart::Done)
+    Ok(())
 }
 
 /// Sends `request` for `pod`; the value for the pod's reported mark once spurctld took it

@@ -5,6 +5,7 @@
 //! call every 2 s instead of 5,000 a second.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{Patch, PatchParams};
@@ -207,23 +208,7 @@ fn progress_conditions(
     let reason = info.state_reason.trim();
     let reason = (!reason.is_empty() && reason != "None").then_some(reason);
     let waiting = matches!(state, pb::JobState::JobPending | pb::JobState::JobRequeued);
-    let (queued_reason, queued_message) = if waiting {
-        let why = reason.unwrap_or("Pending");
-        (why, queued_message(why))
-    } else {
-        (
-            state_name(state),
-            format!("left the queue: {}", state_name(state)),
-        )
-    };
-    set_condition(
-        &mut next.conditions,
-        "Queued",
-        waiting,
-        queued_reason,
-        &queued_message,
-        now,
-    );
+    set_queued(&mut next.conditions, state, reason, waiting, now);
     let was_started = matches!(
         current.state.as_deref(),
         Some("Running") | Some("Completing") | Some("Suspended")
@@ -250,6 +235,40 @@ fn progress_conditions(
             now,
         );
     }
+    set_scheduled(next, waiting, put_back, now);
+}
+
+/// `Queued`: True while the job waits in the queue (`waiting`), naming spurctld's `reason`;
+/// False, naming its `state`, once it left.
+fn set_queued(
+    conditions: &mut Vec<Condition>,
+    state: pb::JobState,
+    reason: Option<&str>,
+    waiting: bool,
+    now: &str,
+) {
+    let (queued_reason, queued_message) = if waiting {
+        let why = reason.unwrap_or("Pending");
+        (why, queued_message(why))
+    } else {
+        (
+            state_name(state),
+            format!("left the queue: {}", state_name(state)),
+        )
+    };
+    set_condition(
+        conditions,
+        "Queued",
+        waiting,
+        queued_reason,
+        &queued_message,
+        now,
+    );
+}
+
+/// `Scheduled`: True once the job, no longer `waiting`, has nodes; False again once it
+/// was `put_back` in the queue after being scheduled.
+fn set_scheduled(next: &mut SpurJobStatus, waiting: bool, put_back: bool, now: &str) {
     let allocated = !waiting && !next.assigned_nodes.is_empty();
     if allocated {
         set_condition(
@@ -494,32 +513,137 @@ impl Poller {
         let mut memory = PollMemory::new(lost_after);
         loop {
             ticks.tick().await;
-            poll_once(
-                &self.store,
-                &self.kube,
-                &self.controller,
-                &self.clock,
-                &self.metrics,
-                &self.events,
-                &mut memory,
-            )
+            self.poll_once(&mut memory).await;
+        }
+    }
+
+    /// One round: counts the SpurJobs by state, reads every active job's state (and every
+    /// array's tasks) and writes what changed.
+    pub async fn poll_once(&self, memory: &mut PollMemory) {
+        count_by_state(&self.store, &self.metrics);
+        let active = active_jobs(&self.store);
+        let job_ids: Vec<u32> = active.iter().map(|(id, _)| *id).collect();
+        memory.retain(&job_ids);
+        if active.is_empty() {
+            return;
+        }
+        let tasks = array_tasks_of(&self.controller, &active).await;
+        let answer = match self
+            .controller
+            .get_jobs(pb::GetJobsRequest {
+                job_ids,
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(answer) => answer,
+            Err(e) => {
+                tracing::warn!(error = %e, jobs = active.len(), "could not read job states; trying again next round");
+                return;
+            }
+        };
+        let now = self.clock.timestamp().to_string();
+        let answered = self
+            .mirror_answer(&active, answer.jobs, tasks.as_deref(), &now, memory)
             .await;
+        self.ask_about_missing(&active, &answered, &now, memory)
+            .await;
+    }
+
+    /// Mirrors each job of GetJobs' answer, `infos`, into every SpurJob of `active` tracking
+    /// it; an array's from its `tasks` too. Whether each of `active` was answered for.
+    async fn mirror_answer(
+        &self,
+        active: &[(u32, Arc<SpurJob>)],
+        mut infos: Vec<pb::JobInfo>,
+        tasks: Option<&[pb::JobInfo]>,
+        now: &str,
+        memory: &mut PollMemory,
+    ) -> Vec<bool> {
+        let mut answered = vec![false; active.len()];
+        infos.sort_by_key(|info| info.job_id);
+        infos.dedup_by_key(|info| info.job_id);
+        for info in infos {
+            // Every SpurJob tracking this id (there should be one), sorted by id.
+            let first = active.partition_point(|(id, _)| *id < info.job_id);
+            for (i, (id, job)) in active.iter().enumerate().skip(first) {
+                if *id != info.job_id {
+                    break;
+                }
+                answered[i] = true;
+                memory.seen(info.job_id);
+                if let Err(e) = nodes_of(&info.nodelist) {
+                    tracing::warn!(spurjob = %job.name_any(), job_id = info.job_id, nodelist = %info.nodelist, error = %e, "spurctld's nodelist does not parse; the nodes shown are left as they were");
+                }
+                let current = job.status.clone().unwrap_or_default();
+                let mut next = mirrored(&current, &info, now).unwrap_or_else(|| current.clone());
+                let mut used = None;
+                if job.spec.array_spec.is_some()
+                    && let Some(tasks) = tasks
+                {
+                    next.array_tasks = array_tasks(tasks, &job.uid().unwrap_or_default());
+                    used = Some(array_gpu_seconds(job, tasks));
+                }
+                if next != current {
+                    let written = Written {
+                        job_id: info.job_id,
+                        gpu_seconds: used,
+                    };
+                    self.write(job, &next, written).await;
+                }
+            }
+        }
+        answered
+    }
+
+    /// Missing from GetJobs: ended and evicted long ago, or not yet visible through a
+    /// lagging follower. Asked about once missing for a while; NOT_FOUND is final.
+    async fn ask_about_missing(
+        &self,
+        active: &[(u32, Arc<SpurJob>)],
+        answered: &[bool],
+        now: &str,
+        memory: &mut PollMemory,
+    ) {
+        for (i, (job_id, job)) in active.iter().enumerate() {
+            if answered[i] || !memory.missed(*job_id, tokio::time::Instant::now()) {
+                continue;
+            }
+            match self.controller.get_job(*job_id).await {
+                Err(e) if e.code() == tonic::Code::NotFound => {
+                    let current = job.status.clone().unwrap_or_default();
+                    if let Some(next) = lost(&current, *job_id, now) {
+                        let written = Written {
+                            job_id: *job_id,
+                            gpu_seconds: None,
+                        };
+                        self.write(job, &next, written).await;
+                    }
+                }
+                Ok(info) if info.job_id == *job_id => {
+                    memory.seen(*job_id);
+                    let current = job.status.clone().unwrap_or_default();
+                    if let Some(next) = mirrored(&current, &info, now) {
+                        let written = Written {
+                            job_id: *job_id,
+                            gpu_seconds: None,
+                        };
+                        self.write(job, &next, written).await;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(spurjob = %job.name_any(), job_id, error = %e, "could not read a job missing from GetJobs; trying again next round");
+                }
+            }
         }
     }
 }
 
-pub async fn poll_once(
-    store: &Store<SpurJob>,
-    kube: &kube::Client,
-    controller: &ControllerClient,
-    clock: &WallClock,
-    metrics: &Metrics,
-    events: &EventPublisher,
-    memory: &mut PollMemory,
-) {
-    count_by_state(store, metrics);
-    // The store iterates in no fixed order; sort so calls and writes are reproducible.
-    let mut active: Vec<(u32, std::sync::Arc<SpurJob>)> = store
+/// The SpurJobs whose jobs are still active, by job id. The store iterates in no fixed
+/// order; sorted so calls and writes are reproducible.
+fn active_jobs(store: &Store<SpurJob>) -> Vec<(u32, Arc<SpurJob>)> {
+    let mut active: Vec<(u32, Arc<SpurJob>)> = store
         .state()
         .into_iter()
         .filter(|job| job.metadata.deletion_timestamp.is_none())
@@ -534,118 +658,38 @@ pub async fn poll_once(
         a.0.cmp(&b.0)
             .then_with(|| a.1.name_any().cmp(&b.1.name_any()))
     });
-    let job_ids: Vec<u32> = active.iter().map(|(id, _)| *id).collect();
-    memory.retain(&job_ids);
-    if active.is_empty() {
-        return;
-    }
-    // An array's parent id has no record of its own: GetJobs answers for it with the
-    // tasks' aggregate, and the tasks themselves are found by name and UID.
-    let arrays: Vec<&std::sync::Arc<SpurJob>> = active
+    active
+}
+
+/// The tasks of the arrays among `active`, read by name; `None` when there are none or
+/// the read failed. An array's parent id has no record of its own: GetJobs answers for it
+/// with the tasks' aggregate, and the tasks themselves are found by name and UID.
+async fn array_tasks_of(
+    controller: &ControllerClient,
+    active: &[(u32, Arc<SpurJob>)],
+) -> Option<Vec<pb::JobInfo>> {
+    let arrays: Vec<&Arc<SpurJob>> = active
         .iter()
         .map(|(_, job)| job)
         .filter(|job| job.spec.array_spec.is_some())
         .collect();
-    let tasks = if arrays.is_empty() {
-        None
-    } else {
-        let mut names: Vec<String> = arrays.iter().map(|job| job_name(job)).collect();
-        names.sort();
-        names.dedup();
-        match controller
-            .get_jobs(pb::GetJobsRequest {
-                name: names.join(","),
-                ..Default::default()
-            })
-            .await
-        {
-            Ok(answer) => Some(answer.jobs),
-            Err(e) => {
-                tracing::warn!(error = %e, "could not read array tasks; trying again next round");
-                None
-            }
-        }
-    };
-    let answer = match controller
+    if arrays.is_empty() {
+        return None;
+    }
+    let mut names: Vec<String> = arrays.iter().map(|job| job_name(job)).collect();
+    names.sort();
+    names.dedup();
+    match controller
         .get_jobs(pb::GetJobsRequest {
-            job_ids,
+            name: names.join(","),
             ..Default::default()
         })
         .await
     {
-        Ok(answer) => answer,
+        Ok(answer) => Some(answer.jobs),
         Err(e) => {
-            tracing::warn!(error = %e, jobs = active.len(), "could not read job states; trying again next round");
-            return;
-        }
-    };
-    let now = clock.timestamp().to_string();
-    let mut answered = vec![false; active.len()];
-    let mut infos = answer.jobs;
-    infos.sort_by_key(|info| info.job_id);
-    infos.dedup_by_key(|info| info.job_id);
-    for info in infos {
-        // Every SpurJob tracking this id (there should be one), sorted by id.
-        let first = active.partition_point(|(id, _)| *id < info.job_id);
-        for (i, (id, job)) in active.iter().enumerate().skip(first) {
-            if *id != info.job_id {
-                break;
-            }
-            answered[i] = true;
-            memory.seen(info.job_id);
-            if let Err(e) = nodes_of(&info.nodelist) {
-                tracing::warn!(spurjob = %job.name_any(), job_id = info.job_id, nodelist = %info.nodelist, error = %e, "spurctld's nodelist does not parse; the nodes shown are left as they were");
-            }
-            let current = job.status.clone().unwrap_or_default();
-            let mut next = mirrored(&current, &info, &now).unwrap_or_else(|| current.clone());
-            let mut used = None;
-            if job.spec.array_spec.is_some()
-                && let Some(tasks) = &tasks
-            {
-                next.array_tasks = array_tasks(tasks, &job.uid().unwrap_or_default());
-                used = Some(array_gpu_seconds(job, tasks));
-            }
-            if next != current {
-                let written = Written {
-                    job_id: info.job_id,
-                    gpu_seconds: used,
-                };
-                write(kube, job, &next, written, clock, metrics, events).await;
-            }
-        }
-    }
-    // Missing from GetJobs: ended and evicted long ago, or not yet visible through a
-    // lagging follower. Asked about once missing for a while; NOT_FOUND is final.
-    for (i, (job_id, job)) in active.iter().enumerate() {
-        if answered[i] || !memory.missed(*job_id, tokio::time::Instant::now()) {
-            continue;
-        }
-        match controller.get_job(*job_id).await {
-            Err(e) if e.code() == tonic::Code::NotFound => {
-                let current = job.status.clone().unwrap_or_default();
-                if let Some(next) = lost(&current, *job_id, &now) {
-                    let written = Written {
-                        job_id: *job_id,
-                        gpu_seconds: None,
-                    };
-                    write(kube, job, &next, written, clock, metrics, events).await;
-                }
-            }
-            Ok(info) if info.job_id == *job_id => {
-                memory.seen(*job_id);
-                let current = job.status.clone().unwrap_or_default();
-                if let Some(next) = mirrored(&current, &info, &now) {
-                    let written = Written {
-                        job_id: *job_id,
-                        gpu_seconds: None,
-                    };
-                    write(kube, job, &next, written, clock, metrics, events).await;
-                }
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(spurjob = %job.name_any(), job_id, error = %e, "could not read a job missing from GetJobs; trying again next round");
-            }
+            tracing::warn!(error = %e, "could not read array tasks; trying again next round");
+            None
         }
     }
 }
@@ -692,36 +736,32 @@ struct Written {
     gpu_seconds: Option<f64>,
 }
 
-async fn write(
-    kube: &kube::Client,
-    job: &SpurJob,
-    next: &SpurJobStatus,
-    written: Written,
-    clock: &WallClock,
-    metrics: &Metrics,
-    events: &EventPublisher,
-) {
-    let Written {
-        job_id,
-        gpu_seconds: array_used,
-    } = written;
-    let api: Api<SpurJob> = Api::namespaced(kube.clone(), &job.namespace().unwrap_or_default());
-    match patch_status(&api, &job.name_any(), next).await {
-        Ok(()) => {
-            tracing::info!(spurjob = %job.name_any(), job_id, state = ?next.state, "mirrored the job's state");
-            let before = job.status.clone().unwrap_or_default();
-            record_transition(job, &before, next, array_used, clock, metrics);
-            if let Some((warning, reason, note)) = state_event(&before, next, job_id) {
-                if warning {
-                    events.warning(job, &reason, &note).await;
-                } else {
-                    events.normal(job, &reason, &note).await;
+impl Poller {
+    /// Writes `next` as `job`'s status, then counts and tells what changed.
+    async fn write(&self, job: &SpurJob, next: &SpurJobStatus, written: Written) {
+        let Written {
+            job_id,
+            gpu_seconds: array_used,
+        } = written;
+        let api: Api<SpurJob> =
+            Api::namespaced(self.kube.clone(), &job.namespace().unwrap_or_default());
+        match patch_status(&api, &job.name_any(), next).await {
+            Ok(()) => {
+                tracing::info!(spurjob = %job.name_any(), job_id, state = ?next.state, "mirrored the job's state");
+                let before = job.status.clone().unwrap_or_default();
+                record_transition(job, &before, next, array_used, &self.clock, &self.metrics);
+                if let Some((warning, reason, note)) = state_event(&before, next, job_id) {
+                    if warning {
+                        self.events.warning(job, &reason, &note).await;
+                    } else {
+                        self.events.normal(job, &reason, &note).await;
+                    }
                 }
             }
-        }
-        Err(e) => {
-            metrics.reconcile_error("spurjob", "status_patch");
-            tracing::warn!(spurjob = %job.name_any(), error = %e, "could not write status; next round tries again");
+            Err(e) => {
+                self.metrics.reconcile_error("spurjob", "status_patch");
+                tracing::warn!(spurjob = %job.name_any(), error = %e, "could not write status; next round tries again");
+            }
         }
     }
 }

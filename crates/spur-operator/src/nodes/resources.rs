@@ -74,32 +74,8 @@ pub fn registration(
             .get(GPU_TYPE_LABEL)
             .cloned()
             .unwrap_or_else(|| vendor.to_owned());
-        let memory_mb = match labels.get(GPU_MEMORY_LABEL).map(|v| v.parse::<u64>()) {
-            Some(Ok(mb)) => mb,
-            Some(Err(_)) => {
-                warnings.push(FieldWarning {
-                    field: format!("metadata.labels[{GPU_MEMORY_LABEL}]"),
-                    reason: "not a whole number of MiB".into(),
-                });
-                0
-            }
-            None => 0,
-        };
-        let link_type = match labels.get(GPU_LINK_LABEL).map(|v| v.to_ascii_lowercase()) {
-            None => pb::GpuLinkType::GpuLinkPcie,
-            Some(link) => match link.as_str() {
-                "pcie" => pb::GpuLinkType::GpuLinkPcie,
-                "xgmi" | "infinity-fabric" => pb::GpuLinkType::GpuLinkXgmi,
-                "nvlink" => pb::GpuLinkType::GpuLinkNvlink,
-                _ => {
-                    warnings.push(FieldWarning {
-                        field: format!("metadata.labels[{GPU_LINK_LABEL}]"),
-                        reason: format!("`{link}` is not pcie, xgmi or nvlink"),
-                    });
-                    pb::GpuLinkType::GpuLinkPcie
-                }
-            },
-        };
+        let memory_mb = gpu_memory_mb(&labels, &mut warnings);
+        let link_type = gpu_link(&labels, &mut warnings);
         // A GPU count beyond a node's physical slots is a typo, not hardware.
         let count = count.min(64) as u32;
         for device_id in 0..count {
@@ -133,6 +109,44 @@ pub fn registration(
         join_token: String::new(),
     };
     (request, warnings)
+}
+
+/// Each GPU's memory in MiB, from the node's label; 0 without one, or with one that does
+/// not parse.
+fn gpu_memory_mb(labels: &BTreeMap<String, String>, warnings: &mut Vec<FieldWarning>) -> u64 {
+    match labels.get(GPU_MEMORY_LABEL).map(|v| v.parse::<u64>()) {
+        Some(Ok(mb)) => mb,
+        Some(Err(_)) => {
+            warnings.push(FieldWarning {
+                field: format!("metadata.labels[{GPU_MEMORY_LABEL}]"),
+                reason: "not a whole number of MiB".into(),
+            });
+            0
+        }
+        None => 0,
+    }
+}
+
+/// How the node's GPUs are linked, from its label; PCIe (no peers) without one.
+fn gpu_link(
+    labels: &BTreeMap<String, String>,
+    warnings: &mut Vec<FieldWarning>,
+) -> pb::GpuLinkType {
+    match labels.get(GPU_LINK_LABEL).map(|v| v.to_ascii_lowercase()) {
+        None => pb::GpuLinkType::GpuLinkPcie,
+        Some(link) => match link.as_str() {
+            "pcie" => pb::GpuLinkType::GpuLinkPcie,
+            "xgmi" | "infinity-fabric" => pb::GpuLinkType::GpuLinkXgmi,
+            "nvlink" => pb::GpuLinkType::GpuLinkNvlink,
+            _ => {
+                warnings.push(FieldWarning {
+                    field: format!("metadata.labels[{GPU_LINK_LABEL}]"),
+                    reason: format!("`{link}` is not pcie, xgmi or nvlink"),
+                });
+                pb::GpuLinkType::GpuLinkPcie
+            }
+        },
+    }
 }
 
 /// Whether the controller should schedule onto the node.
