@@ -10,7 +10,7 @@
 # IMAGE_RUN_HOSTS set to a file, that file is the image's /etc/hosts, as the kubelet mounts
 # the pod's (hostAliases included). ci/image.sh
 # runs the image's smoke tests with it. The lab (spur-sim lab --operator-root) does the same
-# mounts in Rust (sim/src/lab/kernel.rs, ImageRoot): it must enter the root before each
+# mounts in Rust (crates/spur-lab/src/kernel.rs, ImageRoot): it must enter the root before each
 # pod's change of user and set the pod's death signal after it, which `chroot --userspec`
 # here would clear.
 set -eu

@@ -38,7 +38,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "real peer"
 # The conformance suite and the end-to-end cases run against the real spurctld
-# (sim/src/real_peer.rs finds it the same way). Without it those cases fail, naming it (a
+# (crates/spur-lab/src/real_peer.rs finds it the same way). Without it those cases fail, naming it (a
 # case that cannot run is never reported as passed), so the run stops here instead.
 spurctld="${SPURCTLD:-../shared/peers/spurctld/spurctld}"
 if [ -x "$spurctld" ]; then
@@ -108,7 +108,7 @@ cargo build -p spur-sim --bin spur-sim --locked
 timeout --kill-after=30s 300s bash ci/pictures.sh target/debug/spur-sim target/pictures
 
 step "lab, beside the moving seed window"
-# The named scenarios (sim/src/lab/scenarios.rs) on real processes: real spurctld
+# The named scenarios (crates/spur-judge/src/catalogue.rs) on real processes: real spurctld
 # replicas and the real operator binary, each scenario in a private network namespace of
 # its own, faults made by nftables and signals, four at a time; each beside its simulated
 # twin (the fidelity table). The operators run from the image just built, as it ships. Each scenario is killed past its plan's end plus 60 s; the
