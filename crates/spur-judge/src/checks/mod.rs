@@ -9,8 +9,7 @@ pub mod readiness;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use spur_operator::is_terminal;
-use spur_operator::uid_in_comment;
+use spur_names::{is_terminal, uid_in_comment};
 
 use crate::hosts::OPERATOR_LEASE;
 use crate::records::SpurJobView;
@@ -1042,7 +1041,7 @@ mod tests {
     fn duplicate_submission_fires_when_two_jobs_of_one_spurjob_ran_or_may_still_run() {
         let job = |id: u32, uid: &str, ran: bool, live: bool| AcceptedJob {
             id,
-            comment: format!("k8s {}{uid}", spur_operator::UID_TAG),
+            comment: format!("k8s {}{uid}", spur_names::UID_TAG),
             ran,
             live,
         };

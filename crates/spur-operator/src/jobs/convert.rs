@@ -6,8 +6,7 @@ use spur_proto as pb;
 use super::crd::{SpurJob, SpurJobSpec};
 use crate::quantity;
 
-/// The comment tag that finds a submission again (see `jobs::submit`).
-pub const UID_TAG: &str = "spurjob-uid=";
+pub use spur_names::{UID_TAG, uid_in_comment};
 
 /// The SpurJob annotation naming the user its job runs as at spurctld (`JobSpec.user`).
 pub const ANNOTATION_USER: &str = "spur.amd.com/user";
@@ -390,14 +389,6 @@ pub fn parse_secret_ref(input: &str) -> Result<(String, String), String> {
         }
         _ => Err(format!("`{input}` is not secret-name/key")),
     }
-}
-
-/// The uid a JobSpec comment carries, if it carries one.
-pub fn uid_in_comment(comment: &str) -> Option<&str> {
-    comment
-        .split([' ', ',', ';'])
-        .find_map(|word| word.strip_prefix(UID_TAG))
-        .filter(|uid| !uid.is_empty())
 }
 
 #[cfg(test)]

@@ -20,40 +20,13 @@ use crate::controller::ControllerClient;
 use crate::events::EventPublisher;
 use crate::metrics::Metrics;
 
-/// The ends this operator writes without spurctld's word: the spec cannot be submitted
-/// (`Invalid`), spurctld refused the submission (`Refused`: INVALID_ARGUMENT,
-/// FAILED_PRECONDITION, PERMISSION_DENIED), or spurctld no longer knows the job (`Lost`: it
-/// evicts ended jobs after an hour, fidelity row 17). Each is written as upstream's state
-/// `Failed` (the only names tooling written for upstream's operator knows), with the name
-/// as the reason of the `Finished` and `Failed` conditions. Earlier versions wrote these
-/// names as the state itself, so such a state is read as final too.
-pub const INVALID_REASON: &str = "Invalid";
-pub const REFUSED_REASON: &str = "Refused";
-pub const LOST_REASON: &str = "Lost";
-const OWN_ENDS: [&str; 3] = [INVALID_REASON, REFUSED_REASON, LOST_REASON];
+pub use spur_names::{INVALID_REASON, LOST_REASON, OWN_ENDS, REFUSED_REASON, is_terminal};
 
 /// The state as status shows it: spurctld's own names (`Running`, `NodeFail`,
 /// `OutOfMemory`), which upstream's operator writes too, so `kubectl wait
 /// --for=jsonpath='{.status.state}'=Completed` and dashboards written for it match.
 pub fn state_name(state: pb::JobState) -> &'static str {
     state.spurctld_name()
-}
-
-/// Whether a state (as status shows it) is final. As spurctld has it: PREEMPTED and
-/// REQUEUED end a run but send the job back to PENDING, so they are not final (the job
-/// is still mirrored, and cancelled when its SpurJob is deleted). The names earlier
-/// versions wrote count too (`COMPLETED`, `NODE_FAIL`, and our own `Invalid`, `Refused`,
-/// `Lost`), so a job that ended before an upgrade is not polled again.
-pub fn is_terminal(state: &str) -> bool {
-    let folded: String = state
-        .chars()
-        .filter(|c| *c != '_')
-        .map(|c| c.to_ascii_lowercase())
-        .collect();
-    matches!(
-        folded.as_str(),
-        "completed" | "failed" | "cancelled" | "timeout" | "nodefail" | "deadline" | "outofmemory"
-    ) || OWN_ENDS.contains(&state)
 }
 
 /// Which of this operator's own ends ([`INVALID_REASON`], [`REFUSED_REASON`],
