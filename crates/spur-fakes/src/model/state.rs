@@ -218,6 +218,28 @@ pub struct Job {
 }
 
 impl Job {
+    /// A job just submitted: PENDING for "Priority", never started.
+    fn pending(id: u32, spec: pb::JobSpec, submit_time: SystemTime) -> Self {
+        Self {
+            id,
+            spec,
+            state: pb::JobState::JobPending,
+            state_reason: "Priority".to_owned(),
+            submit_time,
+            start_time: None,
+            end_time: None,
+            nodes: Vec::new(),
+            reports: BTreeMap::new(),
+            oom_killed: false,
+            exit_code: 0,
+            attempt: 0,
+            requeue_count: 0,
+            begin_time: None,
+            held: false,
+            array: None,
+        }
+    }
+
     /// Whether the job ended (PREEMPTED and REQUEUED come back to PENDING, so they are not).
     pub fn is_terminal(&self) -> bool {
         matches!(
@@ -250,6 +272,20 @@ impl Job {
             exit_code: self.exit_code,
             comment: self.spec.comment.clone(),
         }
+    }
+
+    /// The state, reason and exit code of a job every node reported: its first node's
+    /// exit decides, whatever the others exited with, unless any node was OOM-killed.
+    fn reported_result(&self) -> (pb::JobState, &'static str, i32) {
+        let primary = self.reports[&self.nodes[0]];
+        let (state, reason) = if self.oom_killed {
+            (pb::JobState::JobOutOfMemory, OOM_REASON)
+        } else if primary == 0 {
+            (pb::JobState::JobCompleted, "")
+        } else {
+            (pb::JobState::JobFailed, "")
+        };
+        (state, reason, primary)
     }
 
     fn end(&mut self, state: pb::JobState, reason: &str, exit_code: i32, at: SystemTime) {
@@ -316,7 +352,7 @@ fn is_stale(run_attempt: u32, current: u32) -> bool {
 }
 
 /// The task indices of an array spec such as `0-3`, `1,4,7`, `0-10:2`, with an optional
-/// `%N` concurrency limit (ignored here); `None` when it does not parse.
+/// `%N` concurrency limit (ignored here); an error when it does not parse.
 pub fn array_tasks(spec: &str) -> Result<Vec<u32>, String> {
     let body = spec.split('%').next().unwrap_or_default().trim();
     if body.is_empty() {
@@ -433,201 +469,34 @@ impl StateMachine {
                 port,
                 resources,
                 labels,
-            } => {
-                let node = self.nodes.entry(name.clone()).or_insert_with(|| Node {
-                    address: String::new(),
-                    port: 0,
-                    resources: pb::ResourceSet::default(),
-                    labels: BTreeMap::new(),
-                    state: pb::NodeState::NodeIdle,
-                    reason: String::new(),
-                    running_job: None,
-                    admin_locked: false,
-                });
-                node.address = address.clone();
-                // Port 0 means the agent's default.
-                node.port = if *port == 0 {
-                    u32::from(spur_proto::AGENT_PORT)
-                } else {
-                    *port
-                };
-                node.resources = resources.clone();
-                node.labels = labels.clone();
-                Effect::Done
-            }
+            } => self.register_node(name, address, *port, resources, labels),
             Command::UpdateNode {
                 name,
                 state,
                 reason,
                 labels,
                 remove_labels,
-            } => {
-                let Some(node) = self.nodes.get_mut(name) else {
-                    return Effect::Done;
-                };
-                if let Some(reason) = reason {
-                    node.reason = reason.clone();
-                }
-                node.labels.extend(labels.clone());
-                for key in remove_labels {
-                    node.labels.remove(key);
-                }
-                if let Some(state) = *state {
-                    node.state = state;
-                    node.admin_locked = is_admin_hold(state);
-                    if fails_running_jobs(state) {
-                        // The agent is not told (spurctld's UpdateNode path sends nothing).
-                        self.fail_jobs_on(std::slice::from_ref(name), "NodeDown", None);
-                    }
-                }
-                Effect::Done
-            }
-            Command::SubmitJob { spec, at } => {
-                let id = self.next_job_id;
-                self.next_job_id += 1;
-                let job = |id: u32, spec: pb::JobSpec| Job {
-                    id,
-                    spec,
-                    state: pb::JobState::JobPending,
-                    state_reason: "Priority".to_owned(),
-                    submit_time: *at,
-                    start_time: None,
-                    end_time: None,
-                    nodes: Vec::new(),
-                    reports: BTreeMap::new(),
-                    oom_killed: false,
-                    exit_code: 0,
-                    attempt: 0,
-                    requeue_count: 0,
-                    begin_time: None,
-                    held: false,
-                    array: None,
-                };
-                if spec.array_spec.is_empty() {
-                    self.jobs.insert(id, job(id, spec.as_ref().clone()));
-                } else {
-                    // The parent id has no record of its own; each task is a full clone
-                    // (name and comment too) with the next id.
-                    let tasks = array_tasks(&spec.array_spec).unwrap_or_default();
-                    for index in tasks {
-                        let task_id = self.next_job_id;
-                        self.next_job_id += 1;
-                        let mut task = spec.as_ref().clone();
-                        task.array_spec.clear();
-                        let mut record = job(task_id, task);
-                        record.array = Some((id, index));
-                        self.jobs.insert(task_id, record);
-                    }
-                }
-                Effect::JobId(id)
-            }
-            Command::CancelJob { job_id, at } => {
-                let Some(job) = self.jobs.get_mut(job_id) else {
-                    return Effect::Done;
-                };
-                if job.is_terminal() {
-                    return Effect::Done;
-                }
-                job.end(pb::JobState::JobCancelled, "cancelled", job.exit_code, *at);
-                let nodes = std::mem::take(&mut job.nodes);
-                Effect::Stop(self.release_nodes(*job_id, &nodes, 0))
-            }
+            } => self.update_node(name, *state, reason.as_deref(), labels, remove_labels),
+            Command::SubmitJob { spec, at } => self.submit_job(spec, *at),
+            Command::CancelJob { job_id, at } => self.cancel_job(*job_id, *at),
             Command::RequeueJob {
                 job_id,
                 defer_until,
                 ..
-            } => {
-                let Some(job) = self.jobs.get_mut(job_id) else {
-                    return Effect::Done;
-                };
-                let live = matches!(
-                    job.state,
-                    pb::JobState::JobRunning | pb::JobState::JobSuspended
-                );
-                if !live && !job.is_terminal() {
-                    return Effect::Done;
-                }
-                job.state = pb::JobState::JobPending;
-                job.start_time = None;
-                job.end_time = None;
-                job.exit_code = 0;
-                job.reports.clear();
-                job.oom_killed = false;
-                if !live {
-                    // Its nodes were freed when it ended.
-                    job.state_reason = "None".to_owned();
-                    return Effect::Done;
-                }
-                job.state_reason = "BeginTime".to_owned();
-                job.begin_time = Some(*defer_until);
-                let nodes = std::mem::take(&mut job.nodes);
-                Effect::Stop(self.release_nodes(*job_id, &nodes, 0))
-            }
+            } => self.requeue_job(*job_id, *defer_until),
             Command::StartJob {
                 job_id,
                 nodes,
                 attempt,
                 at,
-            } => {
-                let Some(job) = self.jobs.get_mut(job_id) else {
-                    return Effect::Done;
-                };
-                if !matches!(
-                    job.state,
-                    pb::JobState::JobPending | pb::JobState::JobRunning
-                ) || !job.nodes.is_empty()
-                {
-                    return Effect::Done;
-                }
-                job.state = pb::JobState::JobRunning;
-                job.state_reason = String::new();
-                job.start_time.get_or_insert(*at);
-                job.nodes = nodes.clone();
-                job.reports.clear();
-                job.oom_killed = false;
-                job.attempt = *attempt;
-                for name in nodes {
-                    if let Some(node) = self.nodes.get_mut(name) {
-                        node.running_job = Some(*job_id);
-                        if node.state == pb::NodeState::NodeIdle {
-                            node.state = pb::NodeState::NodeAllocated;
-                        }
-                    }
-                }
-                Effect::Done
-            }
-            Command::JobRunning { job_id, at } => {
-                if let Some(job) = self.jobs.get_mut(job_id)
-                    && job.state == pb::JobState::JobPending
-                {
-                    job.state = pb::JobState::JobRunning;
-                    job.state_reason = String::new();
-                    job.start_time = Some(*at);
-                }
-                Effect::Done
-            }
+            } => self.start_job(*job_id, nodes, *attempt, *at),
+            Command::JobRunning { job_id, at } => self.job_running(*job_id, *at),
             Command::DispatchFailed {
                 job_id,
                 detail,
                 retry_at,
                 max_requeue,
-            } => {
-                let Some(job) = self.jobs.get_mut(job_id) else {
-                    return Effect::Done;
-                };
-                if job.state != pb::JobState::JobPending {
-                    return Effect::Done;
-                }
-                job.requeue_count += 1;
-                job.begin_time = Some(*retry_at);
-                if job.requeue_count >= *max_requeue {
-                    job.held = true;
-                    job.state_reason = "JobHoldMaxRequeue".to_owned();
-                } else {
-                    job.state_reason = format!("JobLaunchFailure ({detail})");
-                }
-                Effect::Done
-            }
+            } => self.dispatch_failed(*job_id, detail, *retry_at, *max_requeue),
             Command::ReportJobStatus {
                 job_id,
                 node,
@@ -635,65 +504,9 @@ impl StateMachine {
                 oom,
                 run_attempt,
                 at,
-            } => {
-                let Some(job) = self.jobs.get_mut(job_id) else {
-                    return Effect::Done;
-                };
-                // A finished job, or a report of an older attempt, is ignored.
-                if job.is_terminal() || is_stale(*run_attempt, job.attempt) {
-                    return Effect::Done;
-                }
-                if !job.nodes.contains(node) {
-                    return Effect::Done;
-                }
-                job.reports.insert(node.clone(), *exit_code);
-                job.oom_killed |= *oom;
-                if job.state == pb::JobState::JobRunning {
-                    job.state = pb::JobState::JobCompleting;
-                    job.end_time = Some(*at);
-                }
-                let all_reported = job.nodes.iter().all(|n| job.reports.contains_key(n));
-                if all_reported {
-                    // The job's result is its first node's, whatever the others exited
-                    // with, unless any node was OOM-killed.
-                    let primary = job.reports[&job.nodes[0]];
-                    let (state, reason) = if job.oom_killed {
-                        (pb::JobState::JobOutOfMemory, OOM_REASON)
-                    } else if primary == 0 {
-                        (pb::JobState::JobCompleted, "")
-                    } else {
-                        (pb::JobState::JobFailed, "")
-                    };
-                    job.end(state, reason, primary, *at);
-                    let nodes = job.nodes.clone();
-                    self.release_nodes(*job_id, &nodes, 0);
-                }
-                Effect::Done
-            }
-            Command::NodesNotResponding { names, at } => {
-                for name in names {
-                    if let Some(node) = self.nodes.get_mut(name) {
-                        node.state = pb::NodeState::NodeDown;
-                        node.reason = "Not responding".to_owned();
-                    }
-                }
-                Effect::Stop(self.fail_jobs_on(names, "NodeDown", Some((*at, 9))))
-            }
-            Command::NodesRecovered { names } => {
-                for name in names {
-                    if let Some(node) = self.nodes.get_mut(name)
-                        && node.recoverable()
-                    {
-                        node.state = if node.running_job.is_some() {
-                            pb::NodeState::NodeAllocated
-                        } else {
-                            pb::NodeState::NodeIdle
-                        };
-                        node.reason.clear();
-                    }
-                }
-                Effect::Done
-            }
+            } => self.report_job_status(*job_id, node, *exit_code, *oom, *run_attempt, *at),
+            Command::NodesNotResponding { names, at } => self.nodes_not_responding(names, *at),
+            Command::NodesRecovered { names } => self.nodes_recovered(names),
             Command::EvictJobs { before } => {
                 self.jobs.retain(|_, job| {
                     !job.is_terminal() || job.end_time.is_none_or(|t| t >= *before)
@@ -705,6 +518,272 @@ impl StateMachine {
                 Effect::Done
             }
         }
+    }
+
+    /// [`Command::RegisterNode`]: a new node starts IDLE; one registering again keeps its
+    /// state and takes the new address and resources.
+    fn register_node(
+        &mut self,
+        name: &str,
+        address: &str,
+        port: u32,
+        resources: &pb::ResourceSet,
+        labels: &BTreeMap<String, String>,
+    ) -> Effect {
+        let node = self.nodes.entry(name.to_owned()).or_insert_with(|| Node {
+            address: String::new(),
+            port: 0,
+            resources: pb::ResourceSet::default(),
+            labels: BTreeMap::new(),
+            state: pb::NodeState::NodeIdle,
+            reason: String::new(),
+            running_job: None,
+            admin_locked: false,
+        });
+        node.address = address.to_owned();
+        // Port 0 means the agent's default.
+        node.port = if port == 0 {
+            u32::from(spur_proto::AGENT_PORT)
+        } else {
+            port
+        };
+        node.resources = resources.clone();
+        node.labels = labels.clone();
+        Effect::Done
+    }
+
+    /// [`Command::UpdateNode`]: a hold state locks the node, and DOWN (ERROR, SUSPENDED)
+    /// fails its running jobs.
+    fn update_node(
+        &mut self,
+        name: &String,
+        state: Option<pb::NodeState>,
+        reason: Option<&str>,
+        labels: &BTreeMap<String, String>,
+        remove_labels: &[String],
+    ) -> Effect {
+        let Some(node) = self.nodes.get_mut(name) else {
+            return Effect::Done;
+        };
+        if let Some(reason) = reason {
+            node.reason = reason.to_owned();
+        }
+        node.labels.extend(labels.clone());
+        for key in remove_labels {
+            node.labels.remove(key);
+        }
+        if let Some(state) = state {
+            node.state = state;
+            node.admin_locked = is_admin_hold(state);
+            if fails_running_jobs(state) {
+                // The agent is not told (spurctld's UpdateNode path sends nothing).
+                self.fail_jobs_on(std::slice::from_ref(name), "NodeDown", None);
+            }
+        }
+        Effect::Done
+    }
+
+    /// [`Command::SubmitJob`]: the job takes the next id; an array's parent takes it and
+    /// each task the ids after it.
+    fn submit_job(&mut self, spec: &pb::JobSpec, at: SystemTime) -> Effect {
+        let id = self.next_job_id;
+        self.next_job_id += 1;
+        if spec.array_spec.is_empty() {
+            self.jobs.insert(id, Job::pending(id, spec.clone(), at));
+        } else {
+            // The parent id has no record of its own; each task is a full clone
+            // (name and comment too) with the next id.
+            let tasks = array_tasks(&spec.array_spec).unwrap_or_default();
+            for index in tasks {
+                let task_id = self.next_job_id;
+                self.next_job_id += 1;
+                let mut task = spec.clone();
+                task.array_spec.clear();
+                let mut record = Job::pending(task_id, task, at);
+                record.array = Some((id, index));
+                self.jobs.insert(task_id, record);
+            }
+        }
+        Effect::JobId(id)
+    }
+
+    /// [`Command::CancelJob`]: a live job ends CANCELLED and its agents are told to stop.
+    fn cancel_job(&mut self, job_id: u32, at: SystemTime) -> Effect {
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return Effect::Done;
+        };
+        if job.is_terminal() {
+            return Effect::Done;
+        }
+        job.end(pb::JobState::JobCancelled, "cancelled", job.exit_code, at);
+        let nodes = std::mem::take(&mut job.nodes);
+        Effect::Stop(self.release_nodes(job_id, &nodes, 0))
+    }
+
+    /// [`Command::RequeueJob`]: a running job re-pends not before `defer_until` and its
+    /// agents are told to stop; an ended one re-pends at once.
+    fn requeue_job(&mut self, job_id: u32, defer_until: SystemTime) -> Effect {
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return Effect::Done;
+        };
+        let live = matches!(
+            job.state,
+            pb::JobState::JobRunning | pb::JobState::JobSuspended
+        );
+        if !live && !job.is_terminal() {
+            return Effect::Done;
+        }
+        job.state = pb::JobState::JobPending;
+        job.start_time = None;
+        job.end_time = None;
+        job.exit_code = 0;
+        job.reports.clear();
+        job.oom_killed = false;
+        if !live {
+            // Its nodes were freed when it ended.
+            job.state_reason = "None".to_owned();
+            return Effect::Done;
+        }
+        job.state_reason = "BeginTime".to_owned();
+        job.begin_time = Some(defer_until);
+        let nodes = std::mem::take(&mut job.nodes);
+        Effect::Stop(self.release_nodes(job_id, &nodes, 0))
+    }
+
+    /// [`Command::StartJob`]: a pending or just-running job without nodes takes `nodes`
+    /// for run attempt `attempt`.
+    fn start_job(&mut self, job_id: u32, nodes: &[String], attempt: u32, at: SystemTime) -> Effect {
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return Effect::Done;
+        };
+        if !matches!(
+            job.state,
+            pb::JobState::JobPending | pb::JobState::JobRunning
+        ) || !job.nodes.is_empty()
+        {
+            return Effect::Done;
+        }
+        job.state = pb::JobState::JobRunning;
+        job.state_reason = String::new();
+        job.start_time.get_or_insert(at);
+        job.nodes = nodes.to_vec();
+        job.reports.clear();
+        job.oom_killed = false;
+        job.attempt = attempt;
+        for name in nodes {
+            if let Some(node) = self.nodes.get_mut(name) {
+                node.running_job = Some(job_id);
+                if node.state == pb::NodeState::NodeIdle {
+                    node.state = pb::NodeState::NodeAllocated;
+                }
+            }
+        }
+        Effect::Done
+    }
+
+    /// [`Command::JobRunning`]: a pending job is RUNNING from `at`.
+    fn job_running(&mut self, job_id: u32, at: SystemTime) -> Effect {
+        if let Some(job) = self.jobs.get_mut(&job_id)
+            && job.state == pb::JobState::JobPending
+        {
+            job.state = pb::JobState::JobRunning;
+            job.state_reason = String::new();
+            job.start_time = Some(at);
+        }
+        Effect::Done
+    }
+
+    /// [`Command::DispatchFailed`]: the pending job waits until `retry_at`, or is held
+    /// after `max_requeue` failures.
+    fn dispatch_failed(
+        &mut self,
+        job_id: u32,
+        detail: &str,
+        retry_at: SystemTime,
+        max_requeue: u32,
+    ) -> Effect {
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return Effect::Done;
+        };
+        if job.state != pb::JobState::JobPending {
+            return Effect::Done;
+        }
+        job.requeue_count += 1;
+        job.begin_time = Some(retry_at);
+        if job.requeue_count >= max_requeue {
+            job.held = true;
+            job.state_reason = "JobHoldMaxRequeue".to_owned();
+        } else {
+            job.state_reason = format!("JobLaunchFailure ({detail})");
+        }
+        Effect::Done
+    }
+
+    /// [`Command::ReportJobStatus`]: records one node's exit; the first report moves a
+    /// running job to COMPLETING, the last one ends it and frees its nodes.
+    fn report_job_status(
+        &mut self,
+        job_id: u32,
+        node: &String,
+        exit_code: i32,
+        oom: bool,
+        run_attempt: u32,
+        at: SystemTime,
+    ) -> Effect {
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return Effect::Done;
+        };
+        // A finished job, or a report of an older attempt, is ignored.
+        if job.is_terminal() || is_stale(run_attempt, job.attempt) {
+            return Effect::Done;
+        }
+        if !job.nodes.contains(node) {
+            return Effect::Done;
+        }
+        job.reports.insert(node.clone(), exit_code);
+        job.oom_killed |= oom;
+        if job.state == pb::JobState::JobRunning {
+            job.state = pb::JobState::JobCompleting;
+            job.end_time = Some(at);
+        }
+        let all_reported = job.nodes.iter().all(|n| job.reports.contains_key(n));
+        if all_reported {
+            let (state, reason, primary) = job.reported_result();
+            job.end(state, reason, primary, at);
+            let nodes = job.nodes.clone();
+            self.release_nodes(job_id, &nodes, 0);
+        }
+        Effect::Done
+    }
+
+    /// [`Command::NodesNotResponding`]: the nodes go DOWN and their jobs NODE_FAIL, their
+    /// agents told to stop with SIGKILL.
+    fn nodes_not_responding(&mut self, names: &[String], at: SystemTime) -> Effect {
+        for name in names {
+            if let Some(node) = self.nodes.get_mut(name) {
+                node.state = pb::NodeState::NodeDown;
+                node.reason = "Not responding".to_owned();
+            }
+        }
+        Effect::Stop(self.fail_jobs_on(names, "NodeDown", Some((at, 9))))
+    }
+
+    /// [`Command::NodesRecovered`]: each recoverable node is IDLE again, or ALLOCATED
+    /// while a job holds it.
+    fn nodes_recovered(&mut self, names: &[String]) -> Effect {
+        for name in names {
+            if let Some(node) = self.nodes.get_mut(name)
+                && node.recoverable()
+            {
+                node.state = if node.running_job.is_some() {
+                    pb::NodeState::NodeAllocated
+                } else {
+                    pb::NodeState::NodeIdle
+                };
+                node.reason.clear();
+            }
+        }
+        Effect::Done
     }
 
     /// Fails every running job on `names` (NODE_FAIL, exit -1) and frees their nodes; with
