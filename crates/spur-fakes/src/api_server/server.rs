@@ -42,7 +42,7 @@ use super::{
     resources::{ResourceKey, ResourceType},
     seed,
     selectors::{FieldSelector, Filter, LabelSelector},
-    store::{Change, Preconditions, Store, StoreConfig},
+    store::{Change, ListPage, Preconditions, Store, StoreConfig},
     transport::memory_pair,
     watch::{WatchRequest, partial_metadata, watch_stream},
     writes::{WriteLog, WriteMethod, WriteRecord, lease_holder},
@@ -429,37 +429,15 @@ fn shape(headers: &HeaderMap) -> Shape {
     }
 }
 
+/// Answers one authorised request: a pod's exec or log, discovery, or a resource path.
 async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
-    {
-        let path = req.uri().path().to_owned();
-        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-        if let Some((ns, name, sub)) = pod_io::pod_subresource(&segments) {
-            let (ns, name) = (ns.to_owned(), name.to_owned());
-            if sub == "exec" {
-                return pod_io::exec_response(shared, &ns, &name, req);
-            }
-            let query: BTreeMap<String, String> = Query::try_from_uri(req.uri())
-                .map(|q| q.0)
-                .map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?;
-            let follow = matches!(query.get("follow").map(String::as_str), Some("true" | "1"));
-            return pod_io::log_response(
-                shared,
-                &ns,
-                &name,
-                query.get("container").map(String::as_str),
-                follow,
-            );
-        }
+    let path = req.uri().path().to_owned();
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    if let Some((ns, name, sub)) = pod_io::pod_subresource(&segments) {
+        return pod_subresource_response(shared, ns, name, sub, req);
     }
     let (parts, body) = req.into_parts();
-    let peer = parts.extensions.get::<Peer>().and_then(|p| p.0.clone());
-    let user = parts.extensions.get::<UserInfo>().cloned();
-    let path = parts.uri.path().to_owned();
-    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let query: BTreeMap<String, String> = Query::try_from_uri(&parts.uri)
-        .map(|q| q.0)
-        .map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?;
-
+    let query = query_params(&parts.uri)?;
     let (group, version, rest) = match segments.as_slice() {
         ["api", "v1", rest @ ..] if !rest.is_empty() => ("", "v1", rest),
         ["apis", group, version, rest @ ..] if !rest.is_empty() => (*group, *version, rest),
@@ -478,6 +456,48 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
             "dryRun is not supported by spur-sim's API server",
         ));
     }
+    serve_resource(shared, &parts, &body, &query, target)
+}
+
+/// The query string's parameters; 400 when it does not parse.
+fn query_params(uri: &http::Uri) -> ApiResult<BTreeMap<String, String>> {
+    Query::try_from_uri(uri)
+        .map(|q| q.0)
+        .map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))
+}
+
+/// A pod's `exec` or `log` subresource.
+fn pod_subresource_response(
+    shared: Arc<Shared>,
+    ns: &str,
+    name: &str,
+    sub: &str,
+    req: Request,
+) -> ApiResult<Response> {
+    if sub == "exec" {
+        return pod_io::exec_response(shared, ns, name, req);
+    }
+    let query = query_params(req.uri())?;
+    let follow = matches!(query.get("follow").map(String::as_str), Some("true" | "1"));
+    pod_io::log_response(
+        shared,
+        ns,
+        name,
+        query.get("container").map(String::as_str),
+        follow,
+    )
+}
+
+/// Answers a request on a resource path by its method: read, list or watch, or write.
+fn serve_resource(
+    shared: Arc<Shared>,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    query: &BTreeMap<String, String>,
+    target: Target,
+) -> ApiResult<Response> {
+    let peer = parts.extensions.get::<Peer>().and_then(|p| p.0.clone());
+    let user = parts.extensions.get::<UserInfo>().cloned();
     let shape = shape(&parts.headers);
     let content_type = parts
         .headers
@@ -494,96 +514,15 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
     let ns = namespace.as_deref();
 
     match (&parts.method, name) {
-        (&Method::GET, None) => {
-            let filter = filter_from(&query, namespace.clone())?;
-            if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
-                return watch_response(shared, rt, filter, &query, shape == Shape::Metadata);
-            }
-            let limit = match query.get("limit").filter(|l| !l.is_empty()) {
-                Some(l) => Some(
-                    l.parse::<usize>()
-                        .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
-                ),
-                None => None,
-            };
-            let store = shared.store.lock().expect("store lock");
-            let mut page = store.list(
-                &rt,
-                &filter,
-                limit,
-                query.get("continue").map(String::as_str),
-            )?;
-            if rt.group.is_empty() && rt.plural == "events" && page.continue_token.is_none() {
-                // One Event store, two group versions (see `event_view`).
-                let newer = ResourceKey {
-                    group: "events.k8s.io".to_owned(),
-                    version: "v1".to_owned(),
-                    plural: "events".to_owned(),
-                };
-                if let Some(newer) = store.resource(&newer).cloned() {
-                    let everything = Filter {
-                        namespace: filter.namespace.clone(),
-                        ..Filter::default()
-                    };
-                    let told = store.list(&newer, &everything, None, None)?;
-                    page.items.extend(
-                        told.items
-                            .iter()
-                            .map(|e| event_view::core_event(e))
-                            .filter(|e| filter.matches(e))
-                            .map(Arc::new),
-                    );
-                }
-            }
-            let rv = page.resource_version.to_string();
-            let mut meta = json!({"resourceVersion": rv});
-            if let Some(token) = &page.continue_token {
-                meta["continue"] = json!(token);
-            }
-            if let Some(remaining) = page.remaining {
-                meta["remainingItemCount"] = json!(remaining);
-            }
-            let list = match shape {
-                Shape::Table => {
-                    let objects: Vec<&Value> = page.items.iter().map(|o| &**o).collect();
-                    let mut table = discovery::table(&rt, &objects, &rv, store.clock().now());
-                    table["metadata"] = meta;
-                    table
-                }
-                Shape::Metadata => json!({
-                    "kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
-                    "items": page.items.iter().map(|o| partial_metadata(o)).collect::<Vec<_>>(),
-                }),
-                Shape::Full => json!({
-                    "kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(), "metadata": meta,
-                    "items": page.items.iter().map(|o| &**o).collect::<Vec<_>>(),
-                }),
-            };
-            Ok(Json(list).into_response())
-        }
-        (&Method::GET, Some(name)) => {
-            let store = shared.store.lock().expect("store lock");
-            let obj = store.get(&rt, ns, &name)?;
-            let out = match shape {
-                Shape::Table => {
-                    let rv = obj["metadata"]["resourceVersion"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned();
-                    discovery::table(&rt, &[&obj], &rv, store.clock().now())
-                }
-                Shape::Metadata => partial_metadata(&obj),
-                Shape::Full => (*obj).clone(),
-            };
-            Ok(Json(out).into_response())
-        }
+        (&Method::GET, None) => list_or_watch(shared, rt, namespace, query, shape),
+        (&Method::GET, Some(name)) => get_response(&shared, &rt, ns, &name, shape),
         (&Method::POST, None) => {
             if rt.namespaced && ns.is_none() {
                 return Err(ApiError::method_not_allowed("POST"));
             }
-            let obj = json_body(&content_type, &body)?;
+            let obj = json_body(&content_type, body)?;
             if let Some(user) = &user {
-                admit_create(&shared, user, &parts, &obj, &peer)?;
+                admit_create(&shared, user, parts, &obj, &peer)?;
             }
             let created = write(&shared, &peer, WriteMethod::Create, &rt, false, |store| {
                 store.create(&rt, ns, obj)
@@ -591,15 +530,8 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
             Ok((StatusCode::CREATED, Json((*created).clone())).into_response())
         }
         (&Method::PUT, Some(name)) => {
-            let obj = json_body(&content_type, &body)?;
-            if status && shared.faults.take_status_conflict() {
-                return Err(ApiError::conflict(
-                    &rt.qualified(),
-                    &rt.group,
-                    &rt.plural,
-                    &name,
-                ));
-            }
+            let obj = json_body(&content_type, body)?;
+            injected_status_conflict(&shared, &rt, status, &name)?;
             let updated = write(&shared, &peer, WriteMethod::Update, &rt, status, |store| {
                 store.update(&rt, ns, &name, obj, status)
             })?;
@@ -607,70 +539,197 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
         }
         (&Method::PATCH, Some(name)) => {
             let kind = PatchKind::from_content_type(&content_type)?;
-            let patch = parse_patch_body(kind, &body)?;
-            if status && shared.faults.take_status_conflict() {
-                return Err(ApiError::conflict(
-                    &rt.qualified(),
-                    &rt.group,
-                    &rt.plural,
-                    &name,
-                ));
-            }
+            let patch = parse_patch_body(kind, body)?;
+            injected_status_conflict(&shared, &rt, status, &name)?;
             let patched = write(&shared, &peer, WriteMethod::Patch, &rt, status, |store| {
                 store.patch(&rt, ns, &name, kind, &patch, status)
             })?;
             Ok(Json((*patched).clone()).into_response())
         }
         (&Method::DELETE, Some(name)) => {
-            let pre = preconditions(&body)?;
+            let pre = preconditions(body)?;
             let deleted = write(&shared, &peer, WriteMethod::Delete, &rt, false, |store| {
                 store.delete(&rt, ns, &name, &pre)
             })?;
             Ok(Json((*deleted).clone()).into_response())
         }
-        (&Method::DELETE, None) => {
-            let filter = filter_from(&query, namespace.clone())?;
-            let mut store = shared.store.lock().expect("store lock");
-            let names: Vec<(Option<String>, String)> = store
-                .list(&rt, &filter, None, None)?
-                .items
-                .iter()
-                .map(|o| {
-                    let ns = o["metadata"]["namespace"].as_str().map(str::to_owned);
-                    (
-                        ns,
-                        o["metadata"]["name"]
-                            .as_str()
-                            .unwrap_or_default()
-                            .to_owned(),
-                    )
-                })
-                .collect();
-            let mut items = Vec::new();
-            for (ns, name) in names {
-                let before = store.resource_version();
-                let deleted = store.delete(&rt, ns.as_deref(), &name, &Preconditions::default())?;
-                record_write(
-                    &shared,
-                    &store,
-                    before,
-                    &peer,
-                    WriteMethod::Delete,
-                    &rt,
-                    false,
-                    &deleted,
-                );
-                items.push((*deleted).clone());
-            }
-            let rv = store.resource_version().to_string();
-            Ok(Json(
-                json!({"kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(),
-                "metadata": {"resourceVersion": rv}, "items": items}),
-            )
-            .into_response())
-        }
+        (&Method::DELETE, None) => delete_collection(&shared, &peer, &rt, namespace, query),
         (method, _) => Err(ApiError::method_not_allowed(method.as_str())),
     }
+}
+
+/// A status write refused with 409 when the faults hold a conflict for the next one.
+fn injected_status_conflict(
+    shared: &Shared,
+    rt: &ResourceType,
+    status: bool,
+    name: &str,
+) -> ApiResult<()> {
+    if status && shared.faults.take_status_conflict() {
+        return Err(ApiError::conflict(
+            &rt.qualified(),
+            &rt.group,
+            &rt.plural,
+            name,
+        ));
+    }
+    Ok(())
+}
+
+/// GET on a collection: a watch stream when asked for one, else one page of the list in
+/// the shape the client asked for.
+fn list_or_watch(
+    shared: Arc<Shared>,
+    rt: ResourceType,
+    namespace: Option<String>,
+    query: &BTreeMap<String, String>,
+    shape: Shape,
+) -> ApiResult<Response> {
+    let filter = filter_from(query, namespace)?;
+    if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
+        return watch_response(shared, rt, filter, query, shape == Shape::Metadata);
+    }
+    let limit = match query.get("limit").filter(|l| !l.is_empty()) {
+        Some(l) => Some(
+            l.parse::<usize>()
+                .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
+        ),
+        None => None,
+    };
+    let store = shared.store.lock().expect("store lock");
+    let mut page = store.list(
+        &rt,
+        &filter,
+        limit,
+        query.get("continue").map(String::as_str),
+    )?;
+    if rt.group.is_empty() && rt.plural == "events" && page.continue_token.is_none() {
+        add_newer_events(&store, &filter, &mut page)?;
+    }
+    let rv = page.resource_version.to_string();
+    let mut meta = json!({"resourceVersion": rv});
+    if let Some(token) = &page.continue_token {
+        meta["continue"] = json!(token);
+    }
+    if let Some(remaining) = page.remaining {
+        meta["remainingItemCount"] = json!(remaining);
+    }
+    let list = match shape {
+        Shape::Table => {
+            let objects: Vec<&Value> = page.items.iter().map(|o| &**o).collect();
+            let mut table = discovery::table(&rt, &objects, &rv, store.clock().now());
+            table["metadata"] = meta;
+            table
+        }
+        Shape::Metadata => json!({
+            "kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta,
+            "items": page.items.iter().map(|o| partial_metadata(o)).collect::<Vec<_>>(),
+        }),
+        Shape::Full => json!({
+            "kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(), "metadata": meta,
+            "items": page.items.iter().map(|o| &**o).collect::<Vec<_>>(),
+        }),
+    };
+    Ok(Json(list).into_response())
+}
+
+/// Appends to a last page of core Events the `events.k8s.io` Events that match `filter`,
+/// shown as core ones: one Event store serves both group versions (see `event_view`).
+fn add_newer_events(store: &Store, filter: &Filter, page: &mut ListPage) -> ApiResult<()> {
+    let newer = ResourceKey {
+        group: "events.k8s.io".to_owned(),
+        version: "v1".to_owned(),
+        plural: "events".to_owned(),
+    };
+    if let Some(newer) = store.resource(&newer).cloned() {
+        let everything = Filter {
+            namespace: filter.namespace.clone(),
+            ..Filter::default()
+        };
+        let told = store.list(&newer, &everything, None, None)?;
+        page.items.extend(
+            told.items
+                .iter()
+                .map(|e| event_view::core_event(e))
+                .filter(|e| filter.matches(e))
+                .map(Arc::new),
+        );
+    }
+    Ok(())
+}
+
+/// GET on one object, in the shape the client asked for.
+fn get_response(
+    shared: &Shared,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+    shape: Shape,
+) -> ApiResult<Response> {
+    let store = shared.store.lock().expect("store lock");
+    let obj = store.get(rt, ns, name)?;
+    let out = match shape {
+        Shape::Table => {
+            let rv = obj["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            discovery::table(rt, &[&obj], &rv, store.clock().now())
+        }
+        Shape::Metadata => partial_metadata(&obj),
+        Shape::Full => (*obj).clone(),
+    };
+    Ok(Json(out).into_response())
+}
+
+/// DELETE on a collection: deletes every matching object, one recorded write each, and
+/// answers the list of what was deleted.
+fn delete_collection(
+    shared: &Shared,
+    peer: &Option<Arc<str>>,
+    rt: &ResourceType,
+    namespace: Option<String>,
+    query: &BTreeMap<String, String>,
+) -> ApiResult<Response> {
+    let filter = filter_from(query, namespace)?;
+    let mut store = shared.store.lock().expect("store lock");
+    let names: Vec<(Option<String>, String)> = store
+        .list(rt, &filter, None, None)?
+        .items
+        .iter()
+        .map(|o| {
+            let ns = o["metadata"]["namespace"].as_str().map(str::to_owned);
+            (
+                ns,
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let mut items = Vec::new();
+    for (ns, name) in names {
+        let before = store.resource_version();
+        let deleted = store.delete(rt, ns.as_deref(), &name, &Preconditions::default())?;
+        record_write(
+            shared,
+            &store,
+            before,
+            peer,
+            WriteMethod::Delete,
+            rt,
+            false,
+            &deleted,
+        );
+        items.push((*deleted).clone());
+    }
+    let rv = store.resource_version().to_string();
+    Ok(Json(
+        json!({"kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(),
+        "metadata": {"resourceVersion": rv}, "items": items}),
+    )
+    .into_response())
 }
 
 /// The admission check of a create by `user` (owner references), its refusal logged.
