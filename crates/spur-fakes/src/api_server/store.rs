@@ -291,26 +291,7 @@ impl Store {
         check_type_fields(rt, &mut obj)?;
         let meta = metadata_mut(&mut obj)?;
         set_namespace(rt, meta, namespace)?;
-        if meta
-            .get("name")
-            .and_then(Value::as_str)
-            .is_none_or(str::is_empty)
-        {
-            let prefix = meta
-                .get("generateName")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned();
-            if prefix.is_empty() {
-                return Err(ApiError::invalid(format!(
-                    "{} is invalid: metadata.name: Required value",
-                    rt.kind
-                )));
-            }
-            self.counter += 1;
-            let suffix = generated_suffix(self.config.seed, self.counter);
-            meta.insert("name".into(), Value::String(format!("{prefix}{suffix}")));
-        }
+        self.generate_missing_name(rt, meta)?;
         let name = meta["name"].as_str().unwrap_or_default().to_owned();
         validate_name(rt, &name)?;
         if meta
@@ -323,19 +304,7 @@ impl Store {
             ));
         }
         if rt.namespaced {
-            let ns = namespace.unwrap_or("default");
-            let namespaces = ResourceKey {
-                group: String::new(),
-                version: "v1".into(),
-                plural: "namespaces".into(),
-            };
-            let exists = self
-                .objects
-                .get(&namespaces)
-                .is_some_and(|o| o.contains_key(&(String::new(), ns.to_owned())));
-            if !exists {
-                return Err(ApiError::not_found("namespaces", "", "namespaces", ns));
-            }
+            self.check_namespace_exists(namespace.unwrap_or("default"))?;
         }
         let key = object_key(rt, namespace, &name);
         if self
@@ -350,23 +319,7 @@ impl Store {
                 &name,
             ));
         }
-        self.counter += 1;
-        meta.insert(
-            "uid".into(),
-            Value::String(uid(self.config.seed, self.counter)),
-        );
-        meta.insert(
-            "creationTimestamp".into(),
-            Value::String(self.clock.now_rfc3339()),
-        );
-        meta.insert("generation".into(), json!(1));
-        for server_owned in [
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "selfLink",
-        ] {
-            meta.remove(server_owned);
-        }
+        self.stamp_created(meta);
         if rt.custom && rt.status_subresource {
             // Custom resources with a status subresource ignore status on create.
             obj.as_object_mut().expect("checked above").remove("status");
@@ -388,6 +341,74 @@ impl Store {
         }
         self.record(rt, ChangeKind::Added, obj.clone(), None);
         Ok(obj)
+    }
+
+    /// Names an object created with only `generateName`: the prefix and a seeded suffix.
+    fn generate_missing_name(
+        &mut self,
+        rt: &ResourceType,
+        meta: &mut Map<String, Value>,
+    ) -> ApiResult<()> {
+        if meta
+            .get("name")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            let prefix = meta
+                .get("generateName")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            if prefix.is_empty() {
+                return Err(ApiError::invalid(format!(
+                    "{} is invalid: metadata.name: Required value",
+                    rt.kind
+                )));
+            }
+            self.counter += 1;
+            let suffix = generated_suffix(self.config.seed, self.counter);
+            meta.insert("name".into(), Value::String(format!("{prefix}{suffix}")));
+        }
+        Ok(())
+    }
+
+    /// 404 unless namespace `ns` exists: a namespaced object is created only in one.
+    fn check_namespace_exists(&self, ns: &str) -> ApiResult<()> {
+        let namespaces = ResourceKey {
+            group: String::new(),
+            version: "v1".into(),
+            plural: "namespaces".into(),
+        };
+        let exists = self
+            .objects
+            .get(&namespaces)
+            .is_some_and(|o| o.contains_key(&(String::new(), ns.to_owned())));
+        if !exists {
+            return Err(ApiError::not_found("namespaces", "", "namespaces", ns));
+        }
+        Ok(())
+    }
+
+    /// Sets the metadata the server owns on a new object (a seeded uid, the creation time,
+    /// generation 1) and drops what a client may not set.
+    fn stamp_created(&mut self, meta: &mut Map<String, Value>) {
+        self.counter += 1;
+        meta.insert(
+            "uid".into(),
+            Value::String(uid(self.config.seed, self.counter)),
+        );
+        meta.insert(
+            "creationTimestamp".into(),
+            Value::String(self.clock.now_rfc3339()),
+        );
+        meta.insert("generation".into(), json!(1));
+        for server_owned in [
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+        ] {
+            meta.remove(server_owned);
+        }
     }
 
     /// Replaces an object (or, with `status_only`, only its status), honouring the
@@ -413,76 +434,11 @@ impl Store {
             _ => {}
         }
         set_namespace(rt, meta, namespace)?;
-        let current_rv = existing["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        let stale_rv = meta
-            .get("resourceVersion")
-            .and_then(Value::as_str)
-            .is_some_and(|rv| !rv.is_empty() && rv != current_rv);
-        let other_uid = meta
-            .get("uid")
-            .and_then(Value::as_str)
-            .is_some_and(|u| !u.is_empty() && Some(u) != existing["metadata"]["uid"].as_str());
-        let missing_rv = meta
-            .get("resourceVersion")
-            .and_then(Value::as_str)
-            .is_none_or(str::is_empty);
-        if rt.custom && missing_rv {
-            // Custom resources take no unconditional update, as on a real server.
-            return Err(ApiError::invalid(format!(
-                "{} \"{name}\" is invalid: metadata.resourceVersion: Invalid value: 0x0: \
-                 must be specified for an update",
-                rt.kind
-            )));
-        }
-        if stale_rv || other_uid {
-            return Err(ApiError::conflict(
-                &rt.qualified(),
-                &rt.group,
-                &rt.plural,
-                name,
-            ));
-        }
-
+        let current_rv = check_update_preconditions(rt, name, meta, &existing)?;
         let mut next = if status_only {
-            let mut next = (*existing).clone();
-            match obj.get("status") {
-                Some(status) => next["status"] = status.clone(),
-                None => {
-                    next.as_object_mut()
-                        .expect("stored objects are objects")
-                        .remove("status");
-                }
-            }
-            next
+            with_status_of(&existing, &obj)
         } else {
-            let old_meta = &existing["metadata"];
-            let meta = metadata_mut(&mut obj)?;
-            meta.insert("name".into(), Value::String(name.to_owned()));
-            for server_owned in [
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "generation",
-            ] {
-                match old_meta.get(server_owned) {
-                    Some(v) => meta.insert(server_owned.into(), v.clone()),
-                    None => meta.remove(server_owned),
-                };
-            }
-            meta.remove("selfLink");
-            if rt.status_subresource {
-                // The main resource never changes status; `.../status` does.
-                let fields = obj.as_object_mut().expect("checked above");
-                match existing.get("status") {
-                    Some(status) => fields.insert("status".into(), status.clone()),
-                    None => fields.remove("status"),
-                };
-            }
-            obj
+            replacement(rt, name, &existing, obj)?
         };
         next["metadata"]["resourceVersion"] = Value::String(current_rv);
         if next == *existing {
@@ -503,6 +459,18 @@ impl Store {
             let generation = existing["metadata"]["generation"].as_i64().unwrap_or(0);
             next["metadata"]["generation"] = json!(generation + 1);
         }
+        self.commit_update(rt, key, existing, next)
+    }
+
+    /// Stores an update's new version under the next resourceVersion, or removes the
+    /// object when it was being deleted and its last finalizer went.
+    fn commit_update(
+        &mut self,
+        rt: &ResourceType,
+        key: ObjectKey,
+        existing: Arc<Value>,
+        mut next: Value,
+    ) -> ApiResult<Arc<Value>> {
         let new_types = if is_crd(rt) {
             Some(self.prepare_crd(&mut next)?)
         } else {
@@ -857,6 +825,99 @@ fn spec_of(obj: &Value) -> Value {
         fields.remove("status");
     }
     rest
+}
+
+/// An update's preconditions on the stored object: 422 for a custom resource's update
+/// without a resourceVersion, 409 for another resourceVersion or uid. Returns the stored
+/// resourceVersion.
+fn check_update_preconditions(
+    rt: &ResourceType,
+    name: &str,
+    meta: &Map<String, Value>,
+    existing: &Value,
+) -> ApiResult<String> {
+    let current_rv = existing["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let stale_rv = meta
+        .get("resourceVersion")
+        .and_then(Value::as_str)
+        .is_some_and(|rv| !rv.is_empty() && rv != current_rv);
+    let other_uid = meta
+        .get("uid")
+        .and_then(Value::as_str)
+        .is_some_and(|u| !u.is_empty() && Some(u) != existing["metadata"]["uid"].as_str());
+    let missing_rv = meta
+        .get("resourceVersion")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty);
+    if rt.custom && missing_rv {
+        // Custom resources take no unconditional update, as on a real server.
+        return Err(ApiError::invalid(format!(
+            "{} \"{name}\" is invalid: metadata.resourceVersion: Invalid value: 0x0: \
+             must be specified for an update",
+            rt.kind
+        )));
+    }
+    if stale_rv || other_uid {
+        return Err(ApiError::conflict(
+            &rt.qualified(),
+            &rt.group,
+            &rt.plural,
+            name,
+        ));
+    }
+    Ok(current_rv)
+}
+
+/// A status update's result: the stored object with `obj`'s status (none if it has none).
+fn with_status_of(existing: &Value, obj: &Value) -> Value {
+    let mut next = existing.clone();
+    match obj.get("status") {
+        Some(status) => next["status"] = status.clone(),
+        None => {
+            next.as_object_mut()
+                .expect("stored objects are objects")
+                .remove("status");
+        }
+    }
+    next
+}
+
+/// A full update's result: `obj` under the URL's name, with the server-owned metadata of
+/// the stored object and, where a status subresource owns it, the stored status.
+fn replacement(
+    rt: &ResourceType,
+    name: &str,
+    existing: &Value,
+    mut obj: Value,
+) -> ApiResult<Value> {
+    let old_meta = &existing["metadata"];
+    let meta = metadata_mut(&mut obj)?;
+    meta.insert("name".into(), Value::String(name.to_owned()));
+    for server_owned in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+    ] {
+        match old_meta.get(server_owned) {
+            Some(v) => meta.insert(server_owned.into(), v.clone()),
+            None => meta.remove(server_owned),
+        };
+    }
+    meta.remove("selfLink");
+    if rt.status_subresource {
+        // The main resource never changes status; `.../status` does.
+        let fields = obj.as_object_mut().expect("checked above");
+        match existing.get("status") {
+            Some(status) => fields.insert("status".into(), status.clone()),
+            None => fields.remove("status"),
+        };
+    }
+    Ok(obj)
 }
 
 fn splitmix64(mut x: u64) -> u64 {
