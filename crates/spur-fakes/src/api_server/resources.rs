@@ -246,15 +246,7 @@ pub fn types_from_crd(crd: &Value) -> ApiResult<Vec<ResourceType>> {
                 .collect()
         })
         .unwrap_or_default();
-    let namespaced = match spec["scope"].as_str() {
-        Some("Namespaced") => true,
-        Some("Cluster") => false,
-        other => {
-            return Err(ApiError::invalid(format!(
-                "CustomResourceDefinition: spec.scope {other:?} is not Namespaced or Cluster"
-            )));
-        }
-    };
+    let namespaced = crd_namespaced(spec)?;
     let expected_name = format!("{plural}.{group}");
     if crd["metadata"]["name"].as_str() != Some(expected_name.as_str()) {
         return Err(ApiError::invalid(format!(
@@ -284,22 +276,38 @@ pub fn types_from_crd(crd: &Value) -> ApiResult<Vec<ResourceType>> {
             namespaced,
             status_subresource: version["subresources"]["status"].is_object(),
             custom: true,
-            printer_columns: version["additionalPrinterColumns"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|c| {
-                    Some(PrinterColumn {
-                        name: c["name"].as_str()?.to_owned(),
-                        type_: c["type"].as_str().unwrap_or("string").to_owned(),
-                        json_path: c["jsonPath"].as_str()?.to_owned(),
-                        priority: c["priority"].as_u64().unwrap_or(0),
-                    })
-                })
-                .collect(),
+            printer_columns: printer_columns(version),
         });
     }
     Ok(types)
+}
+
+/// Whether a CRD's `spec.scope` makes its objects namespaced; 422 for another scope.
+fn crd_namespaced(spec: &Value) -> ApiResult<bool> {
+    match spec["scope"].as_str() {
+        Some("Namespaced") => Ok(true),
+        Some("Cluster") => Ok(false),
+        other => Err(ApiError::invalid(format!(
+            "CustomResourceDefinition: spec.scope {other:?} is not Namespaced or Cluster"
+        ))),
+    }
+}
+
+/// A CRD version's `additionalPrinterColumns`, skipping any without a name or path.
+fn printer_columns(version: &Value) -> Vec<PrinterColumn> {
+    version["additionalPrinterColumns"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            Some(PrinterColumn {
+                name: c["name"].as_str()?.to_owned(),
+                type_: c["type"].as_str().unwrap_or("string").to_owned(),
+                json_path: c["jsonPath"].as_str()?.to_owned(),
+                priority: c["priority"].as_u64().unwrap_or(0),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
