@@ -20,7 +20,7 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
-use http::{HeaderValue, StatusCode, header};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio_tungstenite::WebSocketStream;
@@ -237,72 +237,13 @@ pub(crate) fn exec_response(
     name: &str,
     mut req: Request,
 ) -> ApiResult<Response> {
-    let pairs: Vec<(String, String)> = req
-        .uri()
-        .query()
-        .map(|q| {
-            form_urlencoded::parse(q.as_bytes())
-                .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                .collect()
-        })
-        .unwrap_or_default();
-    let argv: Vec<String> = pairs
-        .iter()
-        .filter(|(k, _)| k == "command")
-        .map(|(_, v)| v.clone())
-        .collect();
-    let requested = pairs
-        .iter()
-        .find(|(k, _)| k == "container")
-        .map(|(_, v)| v.as_str());
-    let wants = |key: &str| {
-        pairs
-            .iter()
-            .any(|(k, v)| k == key && matches!(v.as_str(), "true" | "1"))
-    };
-    let (want_stdout, want_stderr) = (wants("stdout"), wants("stderr"));
-
+    let query = ExecQuery::of(req.uri());
     let object = pod(&shared, namespace, name)?;
-    let (spec, status) = container(&object, requested)?;
-    if finished(&object) {
-        return Err(ApiError::bad_request(format!(
-            "cannot exec into a container in a completed pod; current phase is {}",
-            object["status"]["phase"].as_str().unwrap_or_default()
-        )));
-    }
-    if !started(status) {
-        return Err(ApiError::bad_request(format!(
-            "unable to upgrade connection: container not found (\"{}\")",
-            spec["name"].as_str().unwrap_or_default()
-        )));
-    }
-    if argv.is_empty() {
-        return Err(ApiError::bad_request(
-            "you must specify at least one command for the container",
-        ));
-    }
-
-    let headers = req.headers();
-    let upgrade = headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    let key = headers.get(header::SEC_WEBSOCKET_KEY).cloned();
-    let offered: Vec<String> = headers
-        .get(header::SEC_WEBSOCKET_PROTOCOL)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.split(',').map(|p| p.trim().to_owned()).collect())
-        .unwrap_or_default();
-    let protocol = PROTOCOLS
-        .into_iter()
-        .find(|p| offered.iter().any(|o| o == p));
-    let (Some(key), true, Some(protocol)) = (key, upgrade, protocol) else {
-        return Err(ApiError::bad_request(
-            "exec needs a WebSocket upgrade offering v5.channel.k8s.io or v4.channel.k8s.io",
-        ));
-    };
-    let outcome = run(&argv, spec);
-    let status = exit_status(&outcome, &argv);
+    let (spec, status) = container(&object, query.container.as_deref())?;
+    check_exec(&object, spec, status, &query.argv)?;
+    let (key, protocol) = websocket_upgrade(req.headers())?;
+    let outcome = run(&query.argv, spec);
+    let frames = exec_frames(&outcome, &exit_status(&outcome, &query.argv), &query);
     let upgraded = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         let Ok(upgraded) = upgraded.await else {
@@ -310,20 +251,6 @@ pub(crate) fn exec_response(
         };
         let mut socket =
             WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
-        let frame = |channel: u8, data: &[u8]| {
-            let mut bytes = Vec::with_capacity(data.len() + 1);
-            bytes.push(channel);
-            bytes.extend_from_slice(data);
-            Message::binary(bytes)
-        };
-        let mut frames = Vec::new();
-        if want_stdout && !outcome.stdout.is_empty() {
-            frames.push(frame(1, outcome.stdout.as_bytes()));
-        }
-        if want_stderr && !outcome.stderr.is_empty() {
-            frames.push(frame(2, outcome.stderr.as_bytes()));
-        }
-        frames.push(frame(3, status.to_string().as_bytes()));
         for message in frames {
             if socket.send(message).await.is_err() {
                 return;
@@ -342,6 +269,120 @@ pub(crate) fn exec_response(
         .header(header::SEC_WEBSOCKET_PROTOCOL, protocol)
         .body(Body::empty())
         .expect("a valid upgrade answer"))
+}
+
+/// An exec's query: the command (`command` repeats, one word each), the container, and
+/// which output streams the client wants.
+struct ExecQuery {
+    argv: Vec<String>,
+    container: Option<String>,
+    stdout: bool,
+    stderr: bool,
+}
+
+impl ExecQuery {
+    fn of(uri: &http::Uri) -> Self {
+        let pairs: Vec<(String, String)> = uri
+            .query()
+            .map(|q| {
+                form_urlencoded::parse(q.as_bytes())
+                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let argv: Vec<String> = pairs
+            .iter()
+            .filter(|(k, _)| k == "command")
+            .map(|(_, v)| v.clone())
+            .collect();
+        let container = pairs
+            .iter()
+            .find(|(k, _)| k == "container")
+            .map(|(_, v)| v.clone());
+        let wants = |key: &str| {
+            pairs
+                .iter()
+                .any(|(k, v)| k == key && matches!(v.as_str(), "true" | "1"))
+        };
+        Self {
+            argv,
+            container,
+            stdout: wants("stdout"),
+            stderr: wants("stderr"),
+        }
+    }
+}
+
+/// A real API server's refusals of an exec: into a finished pod, into a container not
+/// started yet, or with no command.
+fn check_exec(
+    object: &Value,
+    spec: &Value,
+    status: Option<&Value>,
+    argv: &[String],
+) -> ApiResult<()> {
+    if finished(object) {
+        return Err(ApiError::bad_request(format!(
+            "cannot exec into a container in a completed pod; current phase is {}",
+            object["status"]["phase"].as_str().unwrap_or_default()
+        )));
+    }
+    if !started(status) {
+        return Err(ApiError::bad_request(format!(
+            "unable to upgrade connection: container not found (\"{}\")",
+            spec["name"].as_str().unwrap_or_default()
+        )));
+    }
+    if argv.is_empty() {
+        return Err(ApiError::bad_request(
+            "you must specify at least one command for the container",
+        ));
+    }
+    Ok(())
+}
+
+/// The WebSocket key and the channel subprotocol chosen, when the request is a WebSocket
+/// upgrade offering one we serve; 400 otherwise.
+fn websocket_upgrade(headers: &HeaderMap) -> ApiResult<(HeaderValue, &'static str)> {
+    let upgrade = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let key = headers.get(header::SEC_WEBSOCKET_KEY).cloned();
+    let offered: Vec<String> = headers
+        .get(header::SEC_WEBSOCKET_PROTOCOL)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(',').map(|p| p.trim().to_owned()).collect())
+        .unwrap_or_default();
+    let protocol = PROTOCOLS
+        .into_iter()
+        .find(|p| offered.iter().any(|o| o == p));
+    let (Some(key), true, Some(protocol)) = (key, upgrade, protocol) else {
+        return Err(ApiError::bad_request(
+            "exec needs a WebSocket upgrade offering v5.channel.k8s.io or v4.channel.k8s.io",
+        ));
+    };
+    Ok((key, protocol))
+}
+
+/// The exec's answer in the channel protocol: stdout on channel 1 and stderr on 2 when
+/// wanted and not empty, then the exit `status` on the error channel, 3.
+fn exec_frames(outcome: &ExecOutcome, status: &Value, query: &ExecQuery) -> Vec<Message> {
+    let frame = |channel: u8, data: &[u8]| {
+        let mut bytes = Vec::with_capacity(data.len() + 1);
+        bytes.push(channel);
+        bytes.extend_from_slice(data);
+        Message::binary(bytes)
+    };
+    let mut frames = Vec::new();
+    if query.stdout && !outcome.stdout.is_empty() {
+        frames.push(frame(1, outcome.stdout.as_bytes()));
+    }
+    if query.stderr && !outcome.stderr.is_empty() {
+        frames.push(frame(2, outcome.stderr.as_bytes()));
+    }
+    frames.push(frame(3, status.to_string().as_bytes()));
+    frames
 }
 
 #[cfg(test)]
