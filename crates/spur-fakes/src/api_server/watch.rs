@@ -17,7 +17,7 @@ use super::{
     resources::ResourceType,
     selectors::Filter,
     server::Shared,
-    store::ChangeKind,
+    store::{Change, ChangeKind},
 };
 
 /// How often a stream that asked for bookmarks gets one (a real server: about a minute).
@@ -174,42 +174,7 @@ impl WatchState {
                 None => {}
             }
             self.changes.borrow_and_update();
-            let lines = {
-                let store = self.shared.store.lock().expect("store lock");
-                let changes = store.changes_after(&self.req.resource.key(), self.position);
-                let current = store.resource_version();
-                match changes {
-                    Err(e) => {
-                        self.finished = true;
-                        error_line(&e)
-                    }
-                    Ok(changes) => {
-                        self.position = current;
-                        let mut out = Vec::new();
-                        for change in changes {
-                            let now_matches = self.req.filter.matches(&change.object);
-                            let was_matching = change
-                                .previous
-                                .as_ref()
-                                .is_some_and(|p| self.req.filter.matches(p));
-                            // A label change moves an object into or out of a filtered watch.
-                            let kind = match change.kind {
-                                ChangeKind::Added if now_matches => "ADDED",
-                                ChangeKind::Modified if now_matches && was_matching => "MODIFIED",
-                                ChangeKind::Modified if now_matches => "ADDED",
-                                ChangeKind::Modified if was_matching => "DELETED",
-                                ChangeKind::Deleted if now_matches || was_matching => "DELETED",
-                                _ => continue,
-                            };
-                            out.extend_from_slice(&event_line(
-                                kind,
-                                &render(&self.req, &change.object),
-                            ));
-                        }
-                        Bytes::from(out)
-                    }
-                }
-            };
+            let lines = self.lines_since_position();
             if !lines.is_empty() {
                 return Some(Ok(lines));
             }
@@ -223,6 +188,48 @@ impl WatchState {
                 }
             }
         }
+    }
+
+    /// The event lines of the changes after `position`, which moves to now; an error line,
+    /// ending the stream, when those changes are no longer kept.
+    fn lines_since_position(&mut self) -> Bytes {
+        let store = self.shared.store.lock().expect("store lock");
+        let changes = store.changes_after(&self.req.resource.key(), self.position);
+        let current = store.resource_version();
+        match changes {
+            Err(e) => {
+                self.finished = true;
+                error_line(&e)
+            }
+            Ok(changes) => {
+                self.position = current;
+                let mut out = Vec::new();
+                for change in changes {
+                    if let Some(kind) = event_type(&self.req.filter, &change) {
+                        out.extend_from_slice(&event_line(
+                            kind,
+                            &render(&self.req, &change.object),
+                        ));
+                    }
+                }
+                Bytes::from(out)
+            }
+        }
+    }
+}
+
+/// The event type a filtered watch sees for `change`, if it sees it at all: a label
+/// change moves an object into or out of a filtered watch.
+fn event_type(filter: &Filter, change: &Change) -> Option<&'static str> {
+    let now_matches = filter.matches(&change.object);
+    let was_matching = change.previous.as_ref().is_some_and(|p| filter.matches(p));
+    match change.kind {
+        ChangeKind::Added if now_matches => Some("ADDED"),
+        ChangeKind::Modified if now_matches && was_matching => Some("MODIFIED"),
+        ChangeKind::Modified if now_matches => Some("ADDED"),
+        ChangeKind::Modified if was_matching => Some("DELETED"),
+        ChangeKind::Deleted if now_matches || was_matching => Some("DELETED"),
+        _ => None,
     }
 }
 
