@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::api_server::ApiServer;
 use crate::index::{ObjectIndex, PodView};
@@ -63,17 +63,9 @@ pub async fn run_with_clock(
     loop {
         tokio::time::sleep(config.period).await;
         let now = (clock.elapsed)();
-        let pods: Vec<(String, PodView)> = index
-            .lock()
-            .pods
-            .iter()
-            .filter(|(_, p)| p.bound && !p.deleting)
-            .map(|(k, p)| (k.clone(), p.clone()))
-            .collect();
         let mut live = BTreeMap::new();
         let mut waiting = BTreeMap::new();
-        for (key, pod) in pods {
-            let (namespace, name) = (pod.namespace.as_str(), pod.name.as_str());
+        for (key, pod) in bound_pods(&index) {
             if pod.phase == "Pending"
                 && let Some(hold) = pod.start_secs
             {
@@ -81,27 +73,14 @@ pub async fn run_with_clock(
                 waiting.insert(key.clone(), since);
                 if now.saturating_sub(since) < Duration::from_secs(hold) {
                     if !held.contains_key(&key) {
-                        let status = json!({"status": {
-                            "phase": "Pending",
-                            "containerStatuses": [{"name": pod.container, "ready": false, "restartCount": 0,
-                                "image": pod.image, "imageID": "",
-                                "state": {"waiting": {"reason": "ContainerCreating"}}}],
-                        }});
-                        let _ = api.merge_patch("v1", "Pod", Some(namespace), name, &status, true);
+                        patch_status(&api, &pod, &creating_status(&pod));
                     }
                     continue;
                 }
             }
             match pod.phase.as_str() {
                 "Pending" => {
-                    let status = json!({"status": {
-                        "phase": "Running",
-                        "startTime": timestamp(),
-                        "containerStatuses": [{"name": pod.container, "ready": true, "restartCount": 0,
-                            "image": pod.image, "imageID": "",
-                            "state": {"running": {"startedAt": timestamp()}}}],
-                    }});
-                    let _ = api.merge_patch("v1", "Pod", Some(namespace), name, &status, true);
+                    patch_status(&api, &pod, &running_status(&pod, timestamp));
                     live.insert(key, now);
                 }
                 "Running" => {
@@ -113,24 +92,7 @@ pub async fn run_with_clock(
                     if now.saturating_sub(since) < run_time {
                         continue;
                     }
-                    let exit_code = if pod.oom {
-                        137
-                    } else {
-                        pod.exit_code.unwrap_or(0)
-                    };
-                    let reason = match (pod.oom, exit_code) {
-                        (true, _) => "OOMKilled",
-                        (false, 0) => "Completed",
-                        _ => "Error",
-                    };
-                    let status = json!({"status": {
-                        "phase": if exit_code == 0 { "Succeeded" } else { "Failed" },
-                        "containerStatuses": [{"name": pod.container, "ready": false, "restartCount": 0,
-                            "image": pod.image, "imageID": "",
-                            "state": {"terminated": {"exitCode": exit_code, "reason": reason,
-                                "finishedAt": timestamp()}}}],
-                    }});
-                    let _ = api.merge_patch("v1", "Pod", Some(namespace), name, &status, true);
+                    patch_status(&api, &pod, &terminated_status(&pod, timestamp));
                 }
                 _ => {}
             }
@@ -138,4 +100,70 @@ pub async fn run_with_clock(
         started = live;
         held = waiting;
     }
+}
+
+/// The pods bound to a node and not being deleted, by namespace/name.
+fn bound_pods(index: &ObjectIndex) -> Vec<(String, PodView)> {
+    index
+        .lock()
+        .pods
+        .iter()
+        .filter(|(_, p)| p.bound && !p.deleting)
+        .map(|(k, p)| (k.clone(), p.clone()))
+        .collect()
+}
+
+/// Merge-patches the pod's status subresource with `status`.
+fn patch_status(api: &ApiServer, pod: &PodView, status: &Value) {
+    let _ = api.merge_patch(
+        "v1",
+        "Pod",
+        Some(pod.namespace.as_str()),
+        pod.name.as_str(),
+        status,
+        true,
+    );
+}
+
+/// A held pod's status: Pending, its container `ContainerCreating`.
+fn creating_status(pod: &PodView) -> Value {
+    json!({"status": {
+        "phase": "Pending",
+        "containerStatuses": [{"name": pod.container, "ready": false, "restartCount": 0,
+            "image": pod.image, "imageID": "",
+            "state": {"waiting": {"reason": "ContainerCreating"}}}],
+    }})
+}
+
+/// A started pod's status: Running since now.
+fn running_status(pod: &PodView, timestamp: impl Fn() -> String) -> Value {
+    json!({"status": {
+        "phase": "Running",
+        "startTime": timestamp(),
+        "containerStatuses": [{"name": pod.container, "ready": true, "restartCount": 0,
+            "image": pod.image, "imageID": "",
+            "state": {"running": {"startedAt": timestamp()}}}],
+    }})
+}
+
+/// An ended pod's status: its container terminated with the exit code its spec decides
+/// (137 and `OOMKilled` for an OOM kill), the pod Succeeded on 0, else Failed.
+fn terminated_status(pod: &PodView, timestamp: impl Fn() -> String) -> Value {
+    let exit_code = if pod.oom {
+        137
+    } else {
+        pod.exit_code.unwrap_or(0)
+    };
+    let reason = match (pod.oom, exit_code) {
+        (true, _) => "OOMKilled",
+        (false, 0) => "Completed",
+        _ => "Error",
+    };
+    json!({"status": {
+        "phase": if exit_code == 0 { "Succeeded" } else { "Failed" },
+        "containerStatuses": [{"name": pod.container, "ready": false, "restartCount": 0,
+            "image": pod.image, "imageID": "",
+            "state": {"terminated": {"exitCode": exit_code, "reason": reason,
+                "finishedAt": timestamp()}}}],
+    }})
 }
