@@ -118,20 +118,7 @@ impl ObjectIndex {
                 if gone {
                     index.spurjobs.remove(&key);
                 } else {
-                    index.spurjobs.insert(
-                        key,
-                        SpurJobView {
-                            uid: object["metadata"]["uid"]
-                                .as_str()
-                                .unwrap_or_default()
-                                .to_owned(),
-                            spur_job_id: object["status"]["spurJobId"].as_u64().map(|v| v as u32),
-                            state: object["status"]["state"]
-                                .as_str()
-                                .unwrap_or_default()
-                                .to_owned(),
-                        },
-                    );
+                    index.spurjobs.insert(key, spurjob_view(object));
                 }
             }
             "Pod" => {
@@ -139,37 +126,55 @@ impl ObjectIndex {
                 if gone {
                     index.pods.remove(&key);
                 } else {
-                    index.pods.insert(
-                        key,
-                        PodView {
-                            namespace: object["metadata"]["namespace"]
-                                .as_str()
-                                .unwrap_or_default()
-                                .to_owned(),
-                            name: object["metadata"]["name"]
-                                .as_str()
-                                .unwrap_or_default()
-                                .to_owned(),
-                            phase: object["status"]["phase"]
-                                .as_str()
-                                .unwrap_or("Pending")
-                                .to_owned(),
-                            bound: object["spec"]["nodeName"].is_string(),
-                            deleting: !object["metadata"]["deletionTimestamp"].is_null(),
-                            job_id: object["metadata"]["labels"][spur_operator::LABEL_JOB_ID]
-                                .as_str()
-                                .and_then(|v| v.parse().ok()),
-                            container: object["spec"]["containers"][0]["name"].clone(),
-                            image: object["spec"]["containers"][0]["image"].clone(),
-                            run_secs: fate(object, "SIM_RUN_SECONDS"),
-                            start_secs: fate(object, "SIM_START_SECONDS"),
-                            exit_code: fate(object, "SIM_EXIT_CODE"),
-                            oom: env_of(object, "SIM_OOM").is_some(),
-                        },
-                    );
+                    index.pods.insert(key, pod_view(object));
                 }
             }
             _ => {}
         }
+    }
+}
+
+/// What the world reads of a SpurJob object.
+fn spurjob_view(object: &Value) -> SpurJobView {
+    SpurJobView {
+        uid: object["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        spur_job_id: object["status"]["spurJobId"].as_u64().map(|v| v as u32),
+        state: object["status"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    }
+}
+
+/// What the kubelet reads of a Pod object, its fate from the container's `SIM_*`
+/// variables.
+fn pod_view(object: &Value) -> PodView {
+    PodView {
+        namespace: object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        name: object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        phase: object["status"]["phase"]
+            .as_str()
+            .unwrap_or("Pending")
+            .to_owned(),
+        bound: object["spec"]["nodeName"].is_string(),
+        deleting: !object["metadata"]["deletionTimestamp"].is_null(),
+        job_id: object["metadata"]["labels"][spur_operator::LABEL_JOB_ID]
+            .as_str()
+            .and_then(|v| v.parse().ok()),
+        container: object["spec"]["containers"][0]["name"].clone(),
+        image: object["spec"]["containers"][0]["image"].clone(),
+        run_secs: fate(object, "SIM_RUN_SECONDS"),
+        start_secs: fate(object, "SIM_START_SECONDS"),
+        exit_code: fate(object, "SIM_EXIT_CODE"),
+        oom: env_of(object, "SIM_OOM").is_some(),
     }
 }
