@@ -1,4 +1,5 @@
-//! The leader's scheduler and health check, as spurctld's (fidelity.md rows 1, 4, 6):
+//! The leader's scheduler and health check, as spurctld's (docs/specs.md, fidelity rows
+//! 1, 4 and 6):
 //!
 //! - pending jobs are placed on idle nodes and dispatched one job after another: a
 //!   `LaunchJob` to every node of the allocation at once, with no connect or request
@@ -89,6 +90,17 @@ impl Dispatch {
             array_job_id: self.array.map_or(0, |(parent, _)| parent),
             array_task_id: self.array.map_or(0, |(_, index)| index),
             run_attempt: self.attempt,
+        }
+    }
+
+    /// The CancelJob that tells `node`'s agent to stop this job with `signal`.
+    fn stop(&self, node: &DispatchNode, signal: i32) -> AgentStop {
+        AgentStop {
+            job_id: self.job_id,
+            node: node.name.clone(),
+            address: node.address.clone(),
+            port: node.port,
+            signal,
         }
     }
 }
@@ -282,6 +294,8 @@ async fn launch<D: Dialer>(
     }
 }
 
+/// Sends every node of `dispatch` its LaunchJob at once; the job starts when all confirmed,
+/// else the dispatch fails and backs off.
 async fn dispatch<D: Dialer>(replica: &Replica<D>, dispatch: Dispatch) {
     let launches = dispatch.nodes.iter().enumerate().map(|(rank, node)| {
         let request = dispatch.request(rank);
@@ -305,47 +319,57 @@ async fn dispatch<D: Dialer>(replica: &Replica<D>, dispatch: Dispatch) {
         .filter(|(_, r)| r.is_ok())
         .map(|(n, _)| n)
         .collect();
-    let stop = |node: &DispatchNode, signal| AgentStop {
-        job_id: dispatch.job_id,
-        node: node.name.clone(),
-        address: node.address.clone(),
-        port: node.port,
-        signal,
-    };
     if confirmed.len() == dispatch.nodes.len() {
-        let at = (replica.clock().wall)();
-        let running = Command::JobRunning {
-            job_id: dispatch.job_id,
-            at,
-        };
-        let start = Command::StartJob {
-            job_id: dispatch.job_id,
-            nodes: dispatch.nodes.iter().map(|n| n.name.clone()).collect(),
-            attempt: dispatch.attempt,
-            at,
-        };
-        let started = match replica.commit(running).await {
-            Ok(_) => replica.commit(start).await.map(|_| ()),
-            Err(status) => Err(status),
-        };
-        // A job cancelled while its dispatch ran does not start: spurctld's start_job
-        // fails, and the agents are told to stop it.
-        let running = started.is_ok()
-            && replica.cluster().read(replica.slot(), |state| {
-                state.jobs.get(&dispatch.job_id).is_some_and(|job| {
-                    job.state == pb::JobState::JobRunning && !job.nodes.is_empty()
-                })
-            });
-        if !running {
-            // Confirmed but not started (the replica lost the lead): the agents stop it.
-            for node in &dispatch.nodes {
-                stop_on_agent(replica, &stop(node, 0)).await;
-            }
-        }
-        return;
+        start_confirmed(replica, &dispatch).await;
+    } else {
+        fail_dispatch(replica, &dispatch, &confirmed).await;
     }
-    for node in &confirmed {
-        stop_on_agent(replica, &stop(node, 9)).await;
+}
+
+/// Every node confirmed: commits JOB RUNNING, then the job's nodes. A job that did not
+/// start (cancelled meanwhile, or the replica lost the lead) is stopped on every agent.
+async fn start_confirmed<D: Dialer>(replica: &Replica<D>, dispatch: &Dispatch) {
+    let at = (replica.clock().wall)();
+    let running = Command::JobRunning {
+        job_id: dispatch.job_id,
+        at,
+    };
+    let start = Command::StartJob {
+        job_id: dispatch.job_id,
+        nodes: dispatch.nodes.iter().map(|n| n.name.clone()).collect(),
+        attempt: dispatch.attempt,
+        at,
+    };
+    let started = match replica.commit(running).await {
+        Ok(_) => replica.commit(start).await.map(|_| ()),
+        Err(status) => Err(status),
+    };
+    // A job cancelled while its dispatch ran does not start: spurctld's start_job
+    // fails, and the agents are told to stop it.
+    let running = started.is_ok()
+        && replica.cluster().read(replica.slot(), |state| {
+            state
+                .jobs
+                .get(&dispatch.job_id)
+                .is_some_and(|job| job.state == pb::JobState::JobRunning && !job.nodes.is_empty())
+        });
+    if !running {
+        // Confirmed but not started (the replica lost the lead): the agents stop it.
+        for node in &dispatch.nodes {
+            stop_on_agent(replica, &dispatch.stop(node, 0)).await;
+        }
+    }
+}
+
+/// Some node did not confirm: the confirmed ones are told to stop (SIGKILL) and the job
+/// waits out its backoff, or is held after too many failures.
+async fn fail_dispatch<D: Dialer>(
+    replica: &Replica<D>,
+    dispatch: &Dispatch,
+    confirmed: &[&DispatchNode],
+) {
+    for node in confirmed {
+        stop_on_agent(replica, &dispatch.stop(node, 9)).await;
     }
     let config = replica.cluster().config();
     let wait = backoff(
