@@ -34,6 +34,7 @@ use spur_operator::net::Dialer;
 use spur_proto::SlurmControllerServer;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener, UnixStream};
+use tokio::task::JoinHandle;
 
 use super::cluster::Reach;
 use super::{CLIENT_PORT, RAFT_PORT};
@@ -211,37 +212,9 @@ async fn run_state(args: StateArgs) -> anyhow::Result<()> {
             .map(|(host, slot)| (host.clone(), args.ips[*slot]))
             .collect(),
     );
-    let mut servers = Vec::new();
-    for (slot, ip) in args.ips.iter().enumerate() {
-        let host = replica_host(slot, 0);
-        let dialer = FromReplica {
-            source: *ip,
-            replicas: addresses.clone(),
-        };
-        let replica = Replica::new(slot, &host, cluster.clone(), dialer, clock);
-        tokio::spawn(scheduler::run(replica.clone()));
-        let listener = bind_unix(&replica_socket(&args.dir, slot))?;
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
-        servers.push(tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(SlurmControllerServer::new(replica))
-                .serve_with_incoming(incoming),
-        ));
-    }
+    let servers = serve_replicas(&args, &cluster, &addresses, clock)?;
     let reports_listener = bind_unix(&report_socket(&args.dir))?;
-    {
-        let (cluster, reports) = (cluster.clone(), reports.clone());
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = reports_listener.accept().await {
-                tokio::spawn(serve_reports(
-                    stream,
-                    cluster.clone(),
-                    reports.clone(),
-                    clock,
-                ));
-            }
-        });
-    }
+    spawn_report_listener(reports_listener, cluster.clone(), reports.clone(), clock);
     eprintln!(
         "replica-state: {} replicas in {}",
         args.ips.len(),
@@ -264,6 +237,53 @@ async fn run_state(args: StateArgs) -> anyhow::Result<()> {
             anyhow::bail!("a replica server stopped");
         }
     }
+}
+
+/// Spawns each replica of `cluster` with its scheduler and its gRPC server on its Unix
+/// socket in `args.dir`, dialling out from its own address.
+fn serve_replicas(
+    args: &StateArgs,
+    cluster: &Cluster,
+    addresses: &Arc<BTreeMap<String, Ipv4Addr>>,
+    clock: Clock,
+) -> anyhow::Result<Vec<JoinHandle<Result<(), tonic::transport::Error>>>> {
+    let mut servers = Vec::new();
+    for (slot, ip) in args.ips.iter().enumerate() {
+        let host = replica_host(slot, 0);
+        let dialer = FromReplica {
+            source: *ip,
+            replicas: addresses.clone(),
+        };
+        let replica = Replica::new(slot, &host, cluster.clone(), dialer, clock);
+        tokio::spawn(scheduler::run(replica.clone()));
+        let listener = bind_unix(&replica_socket(&args.dir, slot))?;
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+        servers.push(tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(SlurmControllerServer::new(replica))
+                .serve_with_incoming(incoming),
+        ));
+    }
+    Ok(servers)
+}
+
+/// Serves each replica process's report connection (see [`serve_reports`]).
+fn spawn_report_listener(
+    listener: UnixListener,
+    cluster: Cluster,
+    reports: Arc<Reports>,
+    clock: Clock,
+) {
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serve_reports(
+                stream,
+                cluster.clone(),
+                reports.clone(),
+                clock,
+            ));
+        }
+    });
 }
 
 /// One replica process's report connection: `hello <slot>`, then `reach <slots>` lines;

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rand::RngExt;
+use rand_chacha::ChaCha8Rng;
 use spur_operator::net::{Dialer, TcpNetwork};
 use spur_proto::SlurmControllerServer;
 use tokio::net::{TcpListener, TcpStream};
@@ -85,27 +86,8 @@ pub async fn run(args: ControllersArgs) -> Result<(), ControllersError> {
     let clock = Clock::real();
     let config = ControllerConfig::default();
     let trace = Trace::new();
-    let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
 
-    let mut listeners = Vec::new();
-    let mut addrs = BTreeMap::new();
-    for slot in 0..config.replicas {
-        let listener =
-            TcpListener::bind(loopback)
-                .await
-                .map_err(|source| ControllersError::Bind {
-                    addr: loopback,
-                    source,
-                })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| ControllersError::Bind {
-                addr: loopback,
-                source,
-            })?;
-        addrs.insert(replica_host(slot, 0), addr);
-        listeners.push(listener);
-    }
+    let (listeners, addrs) = bind_replicas(config.replicas).await?;
     let service =
         TcpListener::bind(args.listen)
             .await
@@ -133,8 +115,58 @@ pub async fn run(args: ControllersArgs) -> Result<(), ControllersError> {
         eprintln!("replica {host} on {}", addrs[&host]);
     }
 
-    let ticker = cluster.clone();
-    let verbose = args.verbose;
+    spawn_ticker(cluster.clone(), clock, args.verbose);
+
+    let service_addr = service
+        .local_addr()
+        .map_err(|source| ControllersError::Bind {
+            addr: args.listen,
+            source,
+        })?;
+    // Printed with the bound port, so `--listen 127.0.0.1:0` can be used by tests.
+    eprintln!("service spurctld on {service_addr}");
+    let rng = rng_for(args.seed, "service");
+    spawn_service(service, addrs.values().copied().collect(), rng);
+
+    for server in servers {
+        if let Ok(result) = server.await {
+            result?;
+        }
+    }
+    Ok(())
+}
+
+/// Binds one loopback listener per replica; returns them with each replica's address by
+/// host name.
+async fn bind_replicas(
+    replicas: usize,
+) -> Result<(Vec<TcpListener>, BTreeMap<String, SocketAddr>), ControllersError> {
+    let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
+    let mut listeners = Vec::new();
+    let mut addrs = BTreeMap::new();
+    for slot in 0..replicas {
+        let listener =
+            TcpListener::bind(loopback)
+                .await
+                .map_err(|source| ControllersError::Bind {
+                    addr: loopback,
+                    source,
+                })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ControllersError::Bind {
+                addr: loopback,
+                source,
+            })?;
+        addrs.insert(replica_host(slot, 0), addr);
+        listeners.push(listener);
+    }
+    Ok((listeners, addrs))
+}
+
+/// Ticks the cluster every 50 ms and prints each change of leader (and, with `verbose`,
+/// every new trace event) to stderr.
+fn spawn_ticker(ticker: Cluster, clock: Clock, verbose: bool) {
     tokio::spawn(async move {
         let mut printed = 0;
         let mut last_leader = None;
@@ -155,17 +187,12 @@ pub async fn run(args: ControllersArgs) -> Result<(), ControllersError> {
             }
         }
     });
+}
 
-    let service_addr = service
-        .local_addr()
-        .map_err(|source| ControllersError::Bind {
-            addr: args.listen,
-            source,
-        })?;
-    // Printed with the bound port, so `--listen 127.0.0.1:0` can be used by tests.
-    eprintln!("service spurctld on {service_addr}");
-    let rng = Arc::new(Mutex::new(rng_for(args.seed, "service")));
-    let backends: Vec<SocketAddr> = addrs.values().copied().collect();
+/// Plays the `spurctld` Service: proxies each accepted connection to a replica picked at
+/// random, as kube-proxy does.
+fn spawn_service(service: TcpListener, backends: Vec<SocketAddr>, rng: ChaCha8Rng) {
+    let rng = Arc::new(Mutex::new(rng));
     tokio::spawn(async move {
         loop {
             let Ok((mut inbound, _)) = service.accept().await else {
@@ -185,11 +212,4 @@ pub async fn run(args: ControllersArgs) -> Result<(), ControllersError> {
             });
         }
     });
-
-    for server in servers {
-        if let Ok(result) = server.await {
-            result?;
-        }
-    }
-    Ok(())
 }
