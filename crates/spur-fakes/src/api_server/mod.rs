@@ -1,4 +1,4 @@
-//! The simulated Kubernetes API server (shared/spec/sim.md, "API server").
+//! The simulated Kubernetes API server (docs/specs.md, the simulation's API server).
 //!
 //! An in-memory store of JSON objects with a global resourceVersion and a change history,
 //! served over HTTP so that kube-rs (its watcher, Controller and finalizer helper included)

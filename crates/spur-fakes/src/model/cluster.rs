@@ -22,8 +22,8 @@ use super::{ControllerConfig, replica_host};
 use spur_judge::trace::Trace;
 
 /// What the replicas know of the network between them: whether two replicas' processes
-/// exchange messages, and whether one's process is stopped. The simulation's
-/// simulation's network answers from its faults; the replicas as processes (`spur-sim replica`)
+/// exchange messages, and whether one's process is stopped. The simulation's network
+/// answers from its faults; the replicas as processes (`spur-sim replica`)
 /// answer from what their own processes measure over the kernel's TCP.
 pub trait Reach: Send + Sync + std::fmt::Debug {
     /// Whether the replicas on `a` and `b` (neither stopped) exchange messages.
@@ -46,8 +46,8 @@ pub enum RefusalKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LostReply {
     /// The client gets `UNKNOWN "transport error"`: what a real follower answered when
-    /// its connection to the leader broke under a forwarded write (wire.md), and what the
-    /// client sees of a reset connection. It comes at once.
+    /// its connection to the leader broke under a forwarded write (docs/specs.md, the wire
+    /// subset), and what the client sees of a reset connection. It comes at once.
     TransportError,
     /// No answer ever comes: the reply packet vanished and the connection stays open, so
     /// only the client's own bounds (request timeout, keepalive) end the call.

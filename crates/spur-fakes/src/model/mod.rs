@@ -1,4 +1,5 @@
-//! Three simulated spurctld replicas (sim.md, "Controller replicas"; wire.md, last section).
+//! Three simulated spurctld replicas (docs/specs.md: the simulation's replicas, and "How a
+//! replicated spurctld answers" in the wire subset).
 //!
 //! - [`state`]: the replicated state machine (nodes, jobs, the next job id) and the log's
 //!   commands. Pure: no I/O, no clock.
@@ -44,13 +45,13 @@ pub struct ControllerConfig {
     pub port: u16,
     /// Shortest time from losing the leader to a new one: a real three-replica spurctld
     /// elects about 4.5 to 7 s after a kill or freeze (3 s leader lease plus an election
-    /// timeout of 1.5 to 3 s, ticks every 750 ms; observed 5.3 to 6.0 s), fidelity.md row 20.
+    /// timeout of 1.5 to 3 s, ticks every 750 ms; docs/specs.md, fidelity row 20).
     pub election_min: Duration,
     /// Longest time from losing the leader to a new one (see `election_min`).
     pub election_max: Duration,
     /// How long a follower that no longer hears its leader keeps naming it (and trying to
     /// forward to it) before it forgets it and refuses writes at once: about the leader
-    /// lease plus an election timeout (fidelity.md row 10).
+    /// lease plus an election timeout (docs/specs.md, fidelity row 10).
     pub forget_leader_after: Duration,
     /// How often a leader without a quorum checks again whether it can commit a write
     /// (the write waits meanwhile, as a Raft proposal does).

@@ -1,7 +1,7 @@
 //! One replica's `slurm.SlurmController` server.
 //!
-//! Answers as a real highly available spurctld answers (wire.md's last section,
-//! fidelity.md): the leader applies writes; a follower forwards them over its own unbounded
+//! Answers as a real highly available spurctld answers (docs/specs.md: "How a replicated
+//! spurctld answers" in the wire subset, and the fidelity rows): the leader applies writes; a follower forwards them over its own unbounded
 //! tonic client (one per leader, cached) with `x-spur-forwarded: true` and returns that
 //! client's answer or error as its own; with no forwarding client it answers UNAVAILABLE
 //! `not the Raft leader`, with `x-spur-leader` only while it knows a leader. Reads are
@@ -235,7 +235,7 @@ impl<D: Dialer> Replica<D> {
     /// Commits `command` on this replica as leader, waiting while it lacks a majority. A
     /// proposal of a leader cut off from its majority waits until the replica learns of a
     /// newer term (another leader reaches it, or it wins a new election itself) and then
-    /// fails, as an openraft proposal of an older term does (fidelity.md row 8).
+    /// fails, as an openraft proposal of an older term does (docs/specs.md, fidelity row 8).
     pub(super) async fn commit(&self, command: Command) -> Result<Effect, Status> {
         let proposed_in = self.inner.cluster.term();
         loop {
