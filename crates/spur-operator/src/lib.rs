@@ -1,7 +1,7 @@
 //! spur-operator: bridges Kubernetes and the Spur workload manager's controller.
 //!
 //! All logic lives in this library; the `spur-operator` binary only wires it to the real
-//! world (see `../shared/DESIGN.md`, "The seams").
+//! world (see docs/architecture.md, "The seams").
 //!
 //! Every module is private. The two seams (`clock`, `net`) are public whole, since the
 //! simulation implements them; everything else the binary, the simulation and the tests

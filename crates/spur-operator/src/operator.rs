@@ -1,7 +1,7 @@
 //! The operator's entry point: takes its world as arguments and reaches nothing on its own
-//! (DESIGN.md, "The seams"). The binary hands in TCP, a kube Client from kubeconfig and
-//! the system clock; the simulation hands in turmoil streams, a Client over the simulated
-//! network and its own clock.
+//! (docs/architecture.md, "The seams"). The binary hands in TCP, a kube Client from
+//! kubeconfig and the system clock; the simulation hands in turmoil streams, a Client over
+//! the simulated network and its own clock.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -467,7 +467,8 @@ fn start_pod_reports<N: Sockets>(
 }
 
 /// Nodes: keep the labelled ones registered and their availability sent, and heartbeat
-/// every registered one; a node sync forgets is no longer heartbeated.
+/// every registered one; a node whose heartbeat finds it forgotten by spurctld goes back
+/// to node sync to be registered again.
 fn start_node_tasks(
     config: &OperatorConfig,
     parts: &Parts<'_>,

@@ -252,10 +252,10 @@ fn pod_labels(job: &SpurJob, launch: &pb::LaunchJobRequest) -> BTreeMap<String, 
     labels
 }
 
-/// The annotations the pod reports read back once the pod ends: its run attempt and
-/// target node, and the failure policy it was launched under (so a SpurJob edited while
-/// the pod runs does not change what its end means). An error names the spec field that
-/// does not parse.
+/// The annotations the pod reports read back: its run attempt and target node, its start
+/// timeout, and the failure policy it was launched under (so a SpurJob edited while the
+/// pod runs does not change what its end means). An error names the spec field that does
+/// not parse.
 fn pod_annotations(
     spec: &SpurJobSpec,
     launch: &pb::LaunchJobRequest,

@@ -389,8 +389,8 @@ async fn apply(
     Ok(Action::await_change())
 }
 
-/// Records that `job`'s spec is `invalid` on the SpurJob, once per generation, and waits
-/// for an edit: submitting it again would be refused the same way.
+/// Records on the SpurJob that its spec is `invalid` (once for a generation and message),
+/// then waits for an edit: nothing else can make the spec valid.
 async fn invalid_spec(
     job: &SpurJob,
     api: &Api<SpurJob>,
