@@ -19,7 +19,7 @@ pub fn config_table(command: &Command) -> String {
         if matches!(long, "help" | "version") || arg.is_hide_set() {
             continue;
         }
-        // Upstream's names for the same flag (issue 19), shown beside ours.
+        // Upstream's names for the same flag, shown beside ours so its users find theirs.
         let aliases: String = arg
             .get_visible_aliases()
             .unwrap_or_default()

@@ -157,9 +157,9 @@ pub struct ControllerArgs {
 
     /// Bound on opening a connection (dial, TLS and HTTP/2 handshake), or `off`. A Service
     /// with no ready endpoint may silently drop the SYN, and Linux gives up only after
-    /// ~127 s, which made the first registration minutes late before connects were bounded.
-    /// Inside a cluster a connect completes in milliseconds; 2 s covers a loaded node and
-    /// lets a dropped SYN cost 2 s, not the seed fix's 10 s.
+    /// ~127 s, so an unbounded connect holds the first registration for minutes. Inside a
+    /// cluster a connect completes in milliseconds; 2 s covers a loaded node and keeps a
+    /// dropped SYN cheap.
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_CONNECT_TIMEOUT",

@@ -29,7 +29,8 @@ pub const MAX_ACKS: usize = 10_000;
 pub struct Behind {
     pub job_id: u32,
     /// The job's state as the read showed it; `None` when the read was asked for the job by
-    /// id and did not show it (a replica that never heard of it: seed 107160).
+    /// id and did not show it (a replica cut off from its majority when the job was created
+    /// never heard of it).
     pub shown: Option<pb::JobState>,
     /// How long after the acknowledgement the read was sent.
     pub after: Duration,
@@ -141,17 +142,17 @@ impl Session {
     /// A read that shows the job pending or running contradicts the acknowledgement, and its
     /// replica is left. The acknowledgement is kept: read again through the same replica, or
     /// one no Ping has named, it is left again, since the operator may reach nothing else
-    /// for a while (the lab's `leader-cut-stale-read`: believing the second read of a leader
-    /// cut off from its peers left a SpurJob Running 26 s). It is settled, and the read taken
+    /// for a while (a leader cut off from its peers: believing its second read would leave
+    /// the SpurJob Running until the cut heals). It is settled, and the read taken
     /// as the truth, once another replica repeats the contradiction, or the same one still
     /// does the session's window after the first: a report for an attempt the controller had already
     /// replaced is acknowledged and ignored, and that job reads as running everywhere.
     ///
     /// A read that shows the job ended agrees, and the acknowledgement is kept (until
     /// [`ACK_MEMORY`]): a later read by id that does not know the job at all still came
-    /// from a replica that is behind (seed 619: a rotation onto a leader cut off from its
-    /// peers, after one read on the real leader had agreed, left a SpurJob Running for
-    /// 15 s), while one that shows it pending or running again saw a requeue.
+    /// from a replica that is behind (a rotation onto a leader cut off from its peers, after
+    /// one read on the real leader had agreed, would otherwise leave the SpurJob Running),
+    /// while one that shows it pending or running again saw a requeue.
     pub fn check(
         &mut self,
         jobs: &[pb::JobInfo],
@@ -298,7 +299,7 @@ mod tests {
 
     #[test]
     fn a_replica_left_for_a_stale_read_is_left_again_while_it_is_all_the_operator_reaches() {
-        // The lab's leader-cut-stale-read: the round after the first firing could reach only
+        // A leader cut off from its peers: the round after the first firing could reach only
         // the cut leader again, over a channel no Ping named.
         let t0 = Instant::now();
         let mut session = Session::new(WINDOW);
@@ -408,7 +409,8 @@ mod tests {
             "requeued: a new run"
         );
         assert_eq!(session.len(), 1, "the requeue settles it");
-        // Seed 619: a replica that never heard of job 8, read by id after the grace.
+        // A rotation onto a leader cut off from its peers, which never heard of job 8, read
+        // by id after the grace.
         assert_eq!(
             session.check(&[], &[8], secs(t0, 6.0), UNNAMED, GRACE),
             Some(Behind {
@@ -426,7 +428,7 @@ mod tests {
 
     #[test]
     fn a_read_asked_for_an_acknowledged_job_by_id_that_does_not_show_it_is_behind() {
-        // Seed 107160: a replica cut off from its majority when the job was created answers
+        // A replica cut off from its majority when the job was created answers
         // a poll for it with no jobs at all.
         let t0 = Instant::now();
         let mut session = Session::new(WINDOW);

@@ -1,7 +1,7 @@
 //! An in-memory network and a scripted spurctld for the channel's unit tests.
 //!
 //! Everything runs as tokio tasks over `tokio::io::duplex` pipes, so the tests can run on
-//! tokio's paused clock and the real bounds (10 s, 30 s) apply without waiting: no OS
+//! tokio's paused clock and the real bounds (seconds long) apply without waiting: no OS
 //! socket is involved whose progress the paused clock would race.
 
 use std::collections::{BTreeMap, VecDeque};

@@ -233,7 +233,8 @@ async fn a_refused_connect_fails_at_once_and_names_the_cause() {
 
 #[tokio::test(start_paused = true)]
 async fn unbounded_the_call_hangs_on_a_black_hole() {
-    // The seed's failure: with no bound of any kind, an hour later the call still waits.
+    // Why the channel is bounded (docs/specs.md, "The seed's failures"): with no bound of
+    // any kind, an hour later the call still waits.
     let controller = ScriptedController::default();
     let network = MemoryNetwork::start(controller);
     let client = client_over(&network, ChannelConfig::unbounded());
@@ -550,8 +551,8 @@ async fn polls(client: &ControllerClient, secs: u64) -> Vec<Result<Vec<i32>, Cod
 async fn a_stale_replica_is_left_again_while_it_is_all_the_service_reaches() {
     let (network, client) = confined_to_a_stale_replica(ChannelConfig::default());
     acknowledged_end_of_job_7(&client).await;
-    // Confined for 4 s: no read of the stale copy is believed (the lab's
-    // leader-cut-stale-read, where believing the second one cost 26 s).
+    // Confined for 4 s: no read of the stale copy is believed, the second no more than the
+    // first: believing it would leave the job Running in its status until the cut heals.
     let confined = polls(&client, 4).await;
     assert!(
         confined.iter().all(|read| read.is_err()),

@@ -4,7 +4,7 @@
 //! What it cannot see is a SubmitJob it gave up on that spurctld applies later: spurctld
 //! does not deduplicate (every SubmitJob takes a fresh id), a follower forwards a write to
 //! the leader with no deadline of its own, and a kernel retransmits what a network cut
-//! held once the cut heals (issue 24; ROCm/spur `cluster.rs` and `server.rs`). So a
+//! held once the cut heals (ROCm/spur `cluster.rs` and `server.rs`). So a
 //! SubmitJob abandoned in a cut, and the retry that succeeded elsewhere, can leave two
 //! jobs carrying one SpurJob's UID. The job the SpurJob records (`status.spurJobId`) is
 //! the one; any other is a duplicate, removed at the first of three places it shows:

@@ -4,7 +4,8 @@
 //! make (register, mark DOWN or IDLE, mark deleted). Calls run with bounded concurrency
 //! through the one `ControllerClient`; a failure or refusal backs off that node alone,
 //! so one refused node never blocks, or re-lists, the others. What the controller accepted
-//! is remembered only after it accepted it (the seed's lesson 3).
+//! is remembered only after it accepted it, so a refused registration is tried again
+//! (lesson 3 of docs/architecture.md).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
