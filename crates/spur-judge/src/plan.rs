@@ -1,13 +1,17 @@
-//! A scenario drawn from one seed: the workload and a mix of the faults of sim.md.
+//! A scenario drawn from one seed: the workload and a mix of the faults of docs/specs.md,
+//! "The simulation".
 
+use std::ops::Range;
 use std::time::Duration;
 
 use rand::RngExt;
+use rand_chacha::ChaCha8Rng;
 
 use crate::seed::rng_for;
 use crate::service::ServiceSetup;
 
-/// What every generated scenario shares; each number is a default of sim.md.
+/// What every generated scenario shares; each default is the one docs/specs.md ("The
+/// simulation") judges at.
 #[derive(Clone, Debug)]
 pub struct ScenarioConfig {
     /// Labelled nodes.
@@ -30,14 +34,13 @@ pub struct ScenarioConfig {
     /// Fraction of pods that fail (exit code 1).
     pub pod_failure_fraction: f64,
     /// After each fault that ends the leader (a leader kill), one more SpurJob is created
-    /// within this long of it, while the replicas elect a new leader: issue 8's "submission
-    /// after a leader change" gets a sample from every such fault instead of from the rare
+    /// within this long of it, while the replicas elect a new leader, so the submission lag
+    /// after a leader change gets a sample from every such fault, not only from the rare
     /// job that happened to wait through one.
     pub election_job_within: Duration,
     /// Fraction of scenarios that run two operator replicas, each with one
-    /// `operator-leader-change`. A quarter: about 500 of the 2,000 seeds of a sweep take a
-    /// leader change, while the other three quarters keep the one-replica scenarios (and
-    /// their coverage of every other fault) exactly as they were.
+    /// `operator-leader-change`: a quarter, so most seeds keep the one-replica scenarios
+    /// and their coverage of every other fault.
     pub two_replica_fraction: f64,
     /// How long the replica a leader change takes down stays down: longer than a takeover
     /// (lease duration plus two retry periods, 25 s with the defaults), so the other
@@ -55,8 +58,8 @@ pub struct ScenarioConfig {
     pub sabotage: Vec<(Duration, Sabotage)>,
     /// What [`ScenarioConfig::with_intensity`] set; a replay needs the same.
     pub intensity: Intensity,
-    /// Also draw the run as a [`crate::timeline::Timeline`] (`replay --html`): the
-    /// operator's calls are caught only where [`crate::timeline::calls::layer`] is
+    /// Also draw the run as a [`crate::timeline::Timeline`] (`replay --html`); the
+    /// operator's calls are caught only where the simulation's `timeline_calls::layer` is
     /// installed. Changes nothing the simulation observes.
     pub timeline: bool,
 }
@@ -82,17 +85,15 @@ pub struct Intensity {
     pub service: Option<ServiceSetup>,
 }
 
-/// The workload window of sim.md, the one the deadlines are judged at.
+/// The workload window of docs/specs.md ("The simulation"), the one the deadlines are
+/// judged at.
 const WORKLOAD_WINDOW: Duration = Duration::from_secs(180);
 /// SpurJobs created over [`WORKLOAD_WINDOW`].
 const JOBS_PER_WINDOW: usize = 20;
 /// Faults drawn at most per scenario at density 1.
 const MAX_FAULTS: usize = 3;
-/// turmoil's step in scenarios: 20 ms resolves every bound the operator uses (the shortest
-/// is a 250 ms retry or hedge) and runs the 2,000 seeds of `cargo test` about 1.4 times as
-/// fast as 10 ms. It once made seeds 205 and 219 miss the status deadline, through a
-/// channel to a replica cut after its probe serving stale reads until rotation; with the
-/// leader recheck all 2,000 seeds passed at either step.
+/// turmoil's step in scenarios: 20 ms still resolves every bound the operator uses (the
+/// shortest is a 250 ms retry or hedge), and a coarser step runs a sweep faster.
 pub const DEFAULT_TICK: Duration = Duration::from_millis(20);
 
 impl Default for Intensity {
@@ -196,7 +197,7 @@ pub struct PlannedJob {
     pub delete_at: Option<Duration>,
 }
 
-/// The fault classes of sim.md.
+/// The fault classes of docs/specs.md ("The simulation").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fault {
     /// The leader pod is partitioned, then crashed: connections to it hang.
@@ -206,7 +207,7 @@ pub enum Fault {
     /// A follower pod dies.
     FollowerKill,
     /// The leader's process is frozen (SIGSTOP) for a while, then thawed; it stays in the
-    /// Service. Named scenarios only (never drawn, so every seed's plan is unchanged).
+    /// Service. Named scenarios only: drawing it would change every seed's plan.
     LeaderFreeze { thaw_after: Duration },
     /// The leader is cut off from the other replicas (a stale leader that keeps answering
     /// what it can). Named scenarios only. With `steer`, the lab first resets the
@@ -363,17 +364,45 @@ pub struct Plan {
     pub end: Duration,
 }
 
-/// Fault classes the generator draws from: every class of sim.md. (`PartitionReplica`,
-/// one replica cut off from the other two, was left out while the operator could not
-/// tell a cut replica from a healthy one; it came back with the operator probing each new
-/// channel and leaving a replica whose writes go unanswered.)
+/// Fault classes the generator draws from, by their arm in [`draw_fault`]: every class of
+/// docs/specs.md ("The simulation") that a seed may strike.
 const DRAWN: [usize; 14] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13];
 
+/// The scenario `seed` draws. Every draw comes from the seed's own streams in a fixed
+/// order (controller start, SpurJobs, faults, then the jobs created during elections), so
+/// a seed plans the same scenario in every process.
 pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
     let mut rng = rng_for(seed, "scenario");
-    let secs = |d: Duration| d.as_secs_f64();
     let controllers_at =
-        Duration::from_secs_f64(rng.random_range(0.0..=secs(config.max_controller_delay)));
+        Duration::from_secs_f64(rng.random_range(0.0..=config.max_controller_delay.as_secs_f64()));
+    let mut jobs = draw_jobs(&mut rng, config);
+    let window = workload_window(controllers_at, config);
+    let mut faults = draw_faults(&mut rng, config, &window);
+    let operators = match draw_leader_change(seed, config, &window) {
+        Some(change) => {
+            faults.push(change);
+            vec![crate::hosts::OPERATOR, crate::hosts::OPERATOR_B]
+        }
+        None => vec![crate::hosts::OPERATOR],
+    };
+    faults.sort_by_key(|f| f.at);
+    jobs.extend(election_jobs(&mut rng, config, &faults));
+    jobs.sort_by_key(|j| j.create_at);
+    let end = plan_end(&faults, &jobs, controllers_at, config.quiet_period);
+    Plan {
+        seed,
+        nodes: config.nodes,
+        controllers_at,
+        operators,
+        jobs,
+        faults,
+        end,
+    }
+}
+
+/// The workload's SpurJobs, in creation order: each created somewhere in the workload
+/// window, running a drawn time, some failing and some deleted.
+fn draw_jobs(rng: &mut ChaCha8Rng, config: &ScenarioConfig) -> Vec<PlannedJob> {
     let mut jobs = Vec::with_capacity(config.jobs);
     for i in 0..config.jobs {
         let create_at =
@@ -393,90 +422,123 @@ pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
         });
     }
     jobs.sort_by_key(|j| j.create_at);
+    jobs
+}
 
+/// Where faults strike: from 10 s after the controller starts (so it is up), for the
+/// workload window.
+fn workload_window(controllers_at: Duration, config: &ScenarioConfig) -> Range<Duration> {
+    let start = controllers_at + Duration::from_secs(10);
+    start..start + config.workload_window
+}
+
+/// The drawn faults, at least one, in the order drawn.
+fn draw_faults(
+    rng: &mut ChaCha8Rng,
+    config: &ScenarioConfig,
+    window: &Range<Duration>,
+) -> Vec<PlannedFault> {
     let count = rng.random_range(1..=config.max_faults.max(1));
     let mut faults = Vec::with_capacity(count);
-    // Faults strike once the controller is up, within the workload window. Denser
-    // scenarios also strike in the quiet period that would follow it, where no SpurJob is
-    // created but jobs still run, end and are mirrored; the plan still ends a whole quiet
-    // period after the last heal, so every liveness check keeps its window.
-    let window_start = controllers_at + Duration::from_secs(10);
-    let window_end = window_start + config.workload_window;
+    // Denser scenarios also strike in the quiet period after the window, where no SpurJob
+    // is created but jobs still run, end and are mirrored; the plan still ends a whole
+    // quiet period after the last heal, so every liveness check keeps its window.
     let faults_end = if config.intensity.fault_density > 1 {
-        window_end + config.quiet_period
+        window.end + config.quiet_period
     } else {
-        window_end
+        window.end
     };
     for _ in 0..count {
         let at = Duration::from_millis(
-            rng.random_range(window_start.as_millis() as u64..faults_end.as_millis() as u64),
+            rng.random_range(window.start.as_millis() as u64..faults_end.as_millis() as u64),
         );
-        let fault = match DRAWN[rng.random_range(0..DRAWN.len())] {
-            0 => Fault::LeaderKillSilent,
-            1 => Fault::LeaderKillGraceful,
-            2 => Fault::FollowerKill,
-            3 => Fault::PartitionOperatorReplica {
-                slot: rng.random_range(0..3),
-                heal_after: Duration::from_secs(rng.random_range(5..=60)),
-            },
-            4 => Fault::PartitionReplica {
-                slot: rng.random_range(0..3),
-                heal_after: Duration::from_secs(rng.random_range(5..=60)),
-            },
-            5 => Fault::ApiOutage {
-                duration: Duration::from_secs(rng.random_range(2..=30)),
-            },
-            6 => Fault::WatchCut,
-            7 => Fault::StatusConflict {
-                writes: rng.random_range(1..=3),
-            },
-            8 => Fault::OperatorRestart,
-            9 => Fault::NodeNotReadyFlap {
-                node: rng.random_range(0..config.nodes.max(1)),
-                down_for: Duration::from_secs(rng.random_range(2..=40)),
-            },
-            10 => Fault::NodeResourcesChanged {
-                node: rng.random_range(0..config.nodes.max(1)),
-            },
-            11 => Fault::ReplyLost {
-                hang: rng.random_bool(0.5),
-            },
-            12 => Fault::PartitionOperatorService {
-                heal_after: Duration::from_secs(rng.random_range(5..=60)),
-            },
-            _ => Fault::NodeDeleted {
-                node: rng.random_range(0..config.nodes.max(1)),
-            },
-        };
+        let fault = draw_fault(rng, config);
         faults.push(PlannedFault { at, fault });
     }
-    // Two replicas are drawn from a stream of their own, so a seed's one-replica plan is
-    // the same whether or not it also runs a second replica.
-    let mut replicas_rng = rng_for(seed, "operator-replicas");
-    let operators = if replicas_rng.random_bool(config.two_replica_fraction) {
-        let at = Duration::from_millis(
-            replicas_rng
-                .random_range(window_start.as_millis() as u64..window_end.as_millis() as u64),
-        );
-        let (low, high) = config.leader_change_down;
-        faults.push(PlannedFault {
-            at,
-            fault: Fault::OperatorLeaderChange {
-                how: [
-                    LeaderChange::Crash,
-                    LeaderChange::Sigterm,
-                    LeaderChange::Isolate,
-                ][replicas_rng.random_range(0..3)],
-                down_for: Duration::from_millis(
-                    replicas_rng.random_range(low.as_millis() as u64..=high.as_millis() as u64),
-                ),
-            },
-        });
-        vec![crate::hosts::OPERATOR, crate::hosts::OPERATOR_B]
-    } else {
-        vec![crate::hosts::OPERATOR]
-    };
-    faults.sort_by_key(|f| f.at);
+    faults
+}
+
+/// One fault of a class from [`DRAWN`], with its parameters. A flat table: one arm a
+/// class, each drawing its parameters in field order.
+fn draw_fault(rng: &mut ChaCha8Rng, config: &ScenarioConfig) -> Fault {
+    match DRAWN[rng.random_range(0..DRAWN.len())] {
+        0 => Fault::LeaderKillSilent,
+        1 => Fault::LeaderKillGraceful,
+        2 => Fault::FollowerKill,
+        3 => Fault::PartitionOperatorReplica {
+            slot: rng.random_range(0..3),
+            heal_after: Duration::from_secs(rng.random_range(5..=60)),
+        },
+        4 => Fault::PartitionReplica {
+            slot: rng.random_range(0..3),
+            heal_after: Duration::from_secs(rng.random_range(5..=60)),
+        },
+        5 => Fault::ApiOutage {
+            duration: Duration::from_secs(rng.random_range(2..=30)),
+        },
+        6 => Fault::WatchCut,
+        7 => Fault::StatusConflict {
+            writes: rng.random_range(1..=3),
+        },
+        8 => Fault::OperatorRestart,
+        9 => Fault::NodeNotReadyFlap {
+            node: rng.random_range(0..config.nodes.max(1)),
+            down_for: Duration::from_secs(rng.random_range(2..=40)),
+        },
+        10 => Fault::NodeResourcesChanged {
+            node: rng.random_range(0..config.nodes.max(1)),
+        },
+        11 => Fault::ReplyLost {
+            hang: rng.random_bool(0.5),
+        },
+        12 => Fault::PartitionOperatorService {
+            heal_after: Duration::from_secs(rng.random_range(5..=60)),
+        },
+        _ => Fault::NodeDeleted {
+            node: rng.random_range(0..config.nodes.max(1)),
+        },
+    }
+}
+
+/// For a seed that runs two operator replicas, its one leader change. Drawn from a stream
+/// of its own, so a seed's one-replica plan is the same whether or not it also runs a
+/// second replica.
+fn draw_leader_change(
+    seed: u64,
+    config: &ScenarioConfig,
+    window: &Range<Duration>,
+) -> Option<PlannedFault> {
+    let mut rng = rng_for(seed, "operator-replicas");
+    if !rng.random_bool(config.two_replica_fraction) {
+        return None;
+    }
+    let at = Duration::from_millis(
+        rng.random_range(window.start.as_millis() as u64..window.end.as_millis() as u64),
+    );
+    let (low, high) = config.leader_change_down;
+    Some(PlannedFault {
+        at,
+        fault: Fault::OperatorLeaderChange {
+            how: [
+                LeaderChange::Crash,
+                LeaderChange::Sigterm,
+                LeaderChange::Isolate,
+            ][rng.random_range(0..3)],
+            down_for: Duration::from_millis(
+                rng.random_range(low.as_millis() as u64..=high.as_millis() as u64),
+            ),
+        },
+    })
+}
+
+/// One SpurJob created while the replicas elect a new leader after each fault that ends
+/// the leader (`faults` in time order): `election-<index of the fault>`.
+fn election_jobs(
+    rng: &mut ChaCha8Rng,
+    config: &ScenarioConfig,
+    faults: &[PlannedFault],
+) -> Vec<PlannedJob> {
+    let mut jobs = Vec::new();
     for (i, f) in faults.iter().enumerate() {
         if !f.fault.ends_the_leader() {
             continue;
@@ -495,8 +557,17 @@ pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
             delete_at: None,
         });
     }
-    jobs.sort_by_key(|j| j.create_at);
+    jobs
+}
 
+/// When the run ends: a whole quiet period after the last heal (or the controller's
+/// start), and at least 30 s after the workload's last pod ended.
+fn plan_end(
+    faults: &[PlannedFault],
+    jobs: &[PlannedJob],
+    controllers_at: Duration,
+    quiet_period: Duration,
+) -> Duration {
     let healed = faults
         .iter()
         .map(|f| f.at + f.fault.heals_after())
@@ -508,16 +579,7 @@ pub fn plan(seed: u64, config: &ScenarioConfig) -> Plan {
         .map(|j| j.create_at + Duration::from_secs(j.run_secs))
         .max()
         .unwrap_or_default();
-    let end = (healed + config.quiet_period).max(workload_done + Duration::from_secs(30));
-    Plan {
-        seed,
-        nodes: config.nodes,
-        controllers_at,
-        operators,
-        jobs,
-        faults,
-        end,
-    }
+    (healed + quiet_period).max(workload_done + Duration::from_secs(30))
 }
 
 /// A deliberate break of the world, by SpurJob name, for the tests that show a check
@@ -535,7 +597,7 @@ pub enum Sabotage {
     /// A second controller job carrying the SpurJob's UID, submitted straight to the
     /// controller leader (its spec copied from the first) and marked running there at
     /// once, as if some agent had taken its launch: past what the operator can stop (it
-    /// refuses a duplicate's launch and cancels it, `jobs::duplicates`).
+    /// refuses a duplicate's launch and cancels it, `spur_operator::jobs::duplicates`).
     DuplicateJob { job: String },
 }
 
