@@ -50,20 +50,19 @@ pub const LEADER_CUT_IDLE: &str = "leader-cut-idle";
 /// timeout (90 s), at a health check (every 30 s): 105 s after the cut in the simulation.
 const IDLE_CUT: Duration = Duration::from_secs(200);
 /// The same cut, three times longer: what can earn avoidance (rule 5's passing over of the
-/// replica a rotation left). Without it a rotation lands back on the cut leader one round
-/// in three, and the nodes are lost when three heartbeat rounds in a row (90 s) do: over
-/// the 19 or so rounds of a 600 s cut after the new leader's grace, about 37 % of runs,
-/// against 4 to 6 % in the 200 s cut, too few for a handful of runs to tell.
+/// replica a rotation left), since the longer the cut the likelier that rotations without
+/// it land back on the cut leader for three heartbeat rounds in a row (90 s) and lose the
+/// nodes.
 pub const LEADER_CUT_LONG: &str = "leader-cut-long";
 const LONG_CUT: Duration = Duration::from_secs(600);
 /// `leader-cut-off` with the operator's only channel on a follower, whose forwards then
 /// hang in the cut, and three SpurJobs created before the new leader: the lab's version of
-/// seed 7163 (two such cuts), which earns abandonment (rule 4) in the simulation.
+/// the case that earns abandonment (rule 4) in the simulation.
 pub const LEADER_CUT_FOLLOWER: &str = "leader-cut-follower";
 /// A follower cut off from its peers for 40 s, then made the operator's only channel: it
 /// forgets its leader and refuses every write at once, and SpurJobs are created meanwhile.
-/// Seed 278's case, which earns dropping a channel whose call failed (rule 1) in the
-/// simulation: a channel kept on it is left only when another rule moves it.
+/// The lab's version of the case that earns dropping a channel whose call failed (rule 1)
+/// in the simulation: a channel kept on it is left only when another rule moves it.
 pub const FOLLOWER_CUT_OFF: &str = "follower-cut-off";
 /// The leader cut off from its peers for 60 s; a SpurJob created after the election ends
 /// at the new leader, and then the operator's channel is made to go to the cut leader,
@@ -141,6 +140,53 @@ pub fn plan(name: &str, quiet: Duration) -> Option<Plan> {
         LEADER_CUT_STALE_READ => return Some(stale_read_plan(quiet)),
         _ => {}
     }
+    let setup = setup(name)?;
+    let mut jobs = workload(setup.controllers_at);
+    let mut faults = Vec::new();
+    if let Some(fault) = setup.fault {
+        if fault.ends_the_leader() {
+            jobs.extend(election_jobs(name));
+        }
+        faults.push(PlannedFault {
+            at: FAULT_AT,
+            fault,
+        });
+    }
+    if name == FOLLOWER_CUT_OFF {
+        // Beside job-004 and job-005: more while the operator is steered onto the
+        // follower and after, one every 6 s.
+        for (i, at) in [10, 16, 22, 28].into_iter().enumerate() {
+            jobs.push(job(&format!("cut-{i}"), FAULT_AT + secs(at), 5, 0));
+        }
+    }
+    jobs.sort_by_key(|j| j.create_at);
+    let end = end_of(&faults, &jobs, setup.controllers_at) + quiet;
+    Some(Plan {
+        // Named plans are not drawn from a seed; the simulation's twin still needs one
+        // for its own randomness (latencies, elections).
+        seed: 1,
+        nodes: NODES,
+        controllers_at: setup.controllers_at,
+        operators: setup.operators,
+        jobs,
+        faults,
+        end,
+    })
+}
+
+/// What a named scenario with the common workload sets up besides it.
+struct Setup {
+    /// When the controller replicas start.
+    controllers_at: Duration,
+    /// The operator replicas' hosts.
+    operators: Vec<&'static str>,
+    /// The one fault struck at [`FAULT_AT`], if any.
+    fault: Option<Fault>,
+}
+
+/// The setup of the named scenarios with the common workload, or `None` for another name.
+/// A flat table: one arm a scenario.
+fn setup(name: &str) -> Option<Setup> {
     let mut controllers_at = Duration::ZERO;
     let mut operators = vec![OPERATOR];
     let fault = match name {
@@ -189,7 +235,16 @@ pub fn plan(name: &str, quiet: Duration) -> Option<Plan> {
         }
         _ => return None,
     };
-    let start = controllers_at;
+    Some(Setup {
+        controllers_at,
+        operators,
+        fault,
+    })
+}
+
+/// The common workload: six SpurJobs over the first 40 s after the controller starts
+/// (the first before it), one failing and one deleted while it runs.
+fn workload(start: Duration) -> Vec<PlannedJob> {
     let mut jobs = vec![
         job("job-000", secs(2), 5, 0),
         job("job-001", start + secs(8), 6, 1),
@@ -198,33 +253,25 @@ pub fn plan(name: &str, quiet: Duration) -> Option<Plan> {
         job("job-004", start + secs(32), 5, 0),
         job("job-005", start + secs(40), 6, 0),
     ];
-    // One SpurJob is deleted while it runs.
     jobs[3].delete_at = Some(start + secs(50));
-    let mut faults = Vec::new();
-    if let Some(fault) = fault {
-        if fault.ends_the_leader() {
-            // Created while the replicas elect another leader: a sample of the submission
-            // lag after a leader change.
-            jobs.push(job("election-0", FAULT_AT + secs(1), 5, 0));
-            if name == LEADER_CUT_FOLLOWER {
-                // Two more while the forwards hang, before the replicas can elect (4.5 s).
-                jobs.push(job("election-1", FAULT_AT + secs(2), 5, 0));
-                jobs.push(job("election-2", FAULT_AT + secs(3), 5, 0));
-            }
-        }
-        faults.push(PlannedFault {
-            at: FAULT_AT,
-            fault,
-        });
+    jobs
+}
+
+/// The SpurJobs created while the replicas elect another leader after the fault: a sample
+/// of the submission lag after a leader change.
+fn election_jobs(name: &str) -> Vec<PlannedJob> {
+    let mut jobs = vec![job("election-0", FAULT_AT + secs(1), 5, 0)];
+    if name == LEADER_CUT_FOLLOWER {
+        // Two more while the forwards hang, before the replicas can elect (4.5 s).
+        jobs.push(job("election-1", FAULT_AT + secs(2), 5, 0));
+        jobs.push(job("election-2", FAULT_AT + secs(3), 5, 0));
     }
-    if name == FOLLOWER_CUT_OFF {
-        // Beside job-004 and job-005: more while the operator is steered onto the
-        // follower and after, one every 6 s.
-        for (i, at) in [10, 16, 22, 28].into_iter().enumerate() {
-            jobs.push(job(&format!("cut-{i}"), FAULT_AT + secs(at), 5, 0));
-        }
-    }
-    jobs.sort_by_key(|j| j.create_at);
+    jobs
+}
+
+/// When the fault has healed (or the controller started, without one) and the workload's
+/// last SpurJob has ended or been deleted, whichever is later.
+fn end_of(faults: &[PlannedFault], jobs: &[PlannedJob], controllers_at: Duration) -> Duration {
     let healed = faults
         .iter()
         .map(|f| f.at + f.fault.heals_after())
@@ -235,25 +282,15 @@ pub fn plan(name: &str, quiet: Duration) -> Option<Plan> {
         .map(|j| j.delete_at.unwrap_or(j.create_at + secs(j.run_secs)))
         .max()
         .unwrap_or_default();
-    Some(Plan {
-        // Named plans are not drawn from a seed; the simulation's twin still needs one
-        // for its own randomness (latencies, elections).
-        seed: 1,
-        nodes: NODES,
-        controllers_at,
-        operators,
-        jobs,
-        faults,
-        end: healed.max(workload_done) + quiet,
-    })
+    healed.max(workload_done)
 }
 
 /// `leader-cut-idle` and `leader-cut-long`: two short jobs end before the cut (`cut`
-/// long), and nothing is written after
-/// it, so the operator only heartbeats, polls and probes: every one of those a cut leader
-/// answers from its own state, so nothing fails or waits and only rotation (rule 5 of
-/// `controller::policy`) takes the heartbeats to a replica that forwards them to the new
-/// leader. Judged by the node-liveness check.
+/// long), and nothing is written after it, so the operator only heartbeats, polls and
+/// probes: every one of those a cut leader answers from its own state, so nothing fails or
+/// waits and only rotation (rule 5 of `spur_operator::controller::policy`) takes the
+/// heartbeats to a replica that forwards them to the new leader. Judged by the
+/// node-liveness check.
 fn idle_cut_plan(cut: Duration, quiet: Duration) -> Plan {
     let fault = Fault::LeaderCutOff {
         heal_after: cut,
