@@ -89,96 +89,32 @@ fn draw_panel(
     (left, top): (f64, f64),
     max_ms: f64,
 ) {
-    let (x0, x1) = (left + MARGIN_L, left + PANEL_W - MARGIN_R);
-    let (y0, y1) = (top + PANEL_H - MARGIN_B, top + MARGIN_T);
-    let x = |ms: f64| {
-        let t = (ms.max(MIN_MS).log10() - MIN_MS.log10()) / (max_ms.log10() - MIN_MS.log10());
-        x0 + t * (x1 - x0)
+    let frame = Frame {
+        left,
+        x0: left + MARGIN_L,
+        x1: left + PANEL_W - MARGIN_R,
+        y0: top + PANEL_H - MARGIN_B,
+        y1: top + MARGIN_T,
+        max_ms,
     };
-    let y = |fraction: f64| y0 - fraction * (y0 - y1);
     let _ = write!(
         svg,
         r#"<g class="panel" data-metric="{}"><text x="{}" y="{}" font-size="13" font-weight="bold">{}</text>"#,
         escape(panel.title),
-        x0,
+        frame.x0,
         top + 18.0,
         escape(panel.title)
     );
-    let _ = write!(
-        svg,
-        r##"<rect x="{x0}" y="{y1}" width="{}" height="{}" fill="none" stroke="#999"/>"##,
-        x1 - x0,
-        y0 - y1
-    );
-    // Decades on the time axis, quarters on the fraction axis.
-    let mut tick = MIN_MS;
-    while tick <= max_ms * 1.0001 {
-        let tx = x(tick);
-        let label = if tick < 1000.0 {
-            format!("{} s", tick / 1000.0)
-        } else {
-            format!("{} s", (tick / 1000.0) as u64)
-        };
-        let _ = write!(
-            svg,
-            r##"<line x1="{tx}" x2="{tx}" y1="{y1}" y2="{y0}" stroke="#eee"/><text x="{tx}" y="{}" text-anchor="middle">{label}</text>"##,
-            y0 + 14.0
-        );
-        tick *= 10.0;
-    }
-    for q in [0.0, 0.25, 0.5, 0.75, 1.0] {
-        let ty = y(q);
-        let _ = write!(
-            svg,
-            r##"<line x1="{x0}" x2="{x1}" y1="{ty}" y2="{ty}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{q}</text>"##,
-            x0 - 4.0,
-            ty + 4.0
-        );
-    }
-    let _ = write!(
-        svg,
-        r#"<text x="{}" y="{}" text-anchor="middle">lag (log scale; below 0.1 s drawn at 0.1 s)</text><text x="{}" y="{}" text-anchor="middle" transform="rotate(-90 {} {})">fraction within</text>"#,
-        (x0 + x1) / 2.0,
-        y0 + 30.0,
-        left + 14.0,
-        (y0 + y1) / 2.0,
-        left + 14.0,
-        (y0 + y1) / 2.0
-    );
+    frame.draw_axes(svg);
     if let Some(deadline) = panel.deadline {
-        let dx = x(deadline.as_millis() as f64);
-        let _ = write!(
-            svg,
-            r##"<line class="deadline" x1="{dx}" x2="{dx}" y1="{y1}" y2="{y0}" stroke="#d0021b" stroke-dasharray="5 3" stroke-width="1.5"/><text x="{}" y="{}" fill="#d0021b">deadline {} s</text>"##,
-            dx + 3.0,
-            y1 + 12.0,
-            deadline.as_secs()
-        );
+        frame.draw_deadline(svg, deadline);
     }
     for (i, s) in series.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
         let mut samples = s.samples.get(index).cloned().unwrap_or_default();
         samples.sort_unstable();
         let n = samples.len();
-        let mut d = String::new();
-        if n > 0 {
-            // A step function: flat at each fraction until the next distinct value, where
-            // it rises by that value's share (one step a value keeps the file small: lags
-            // are multiples of the 250 ms sample).
-            let _ = write!(d, "M{:.1} {:.1}", x(samples[0] as f64), y(0.0));
-            let mut below = 0;
-            for (value, count) in distinct_counts(&samples) {
-                let sx = x(value as f64);
-                let _ = write!(
-                    d,
-                    " L{sx:.1} {:.1} L{sx:.1} {:.1}",
-                    y(below as f64 / n as f64),
-                    y((below + count) as f64 / n as f64)
-                );
-                below += count;
-            }
-            let _ = write!(d, " L{x1:.1} {:.1}", y(1.0));
-        }
+        let d = frame.cdf_path(&samples);
         let _ = write!(
             svg,
             r#"<path class="cdf" data-series="{}" data-samples="{n}" d="{d}" fill="none" stroke="{colour}" stroke-width="2"><title>{} ({n} samples)</title></path>"#,
@@ -187,6 +123,118 @@ fn draw_panel(
         );
     }
     svg.push_str("</g>");
+}
+
+/// Where one panel's plot area sits, and how a lag and a fraction map into it.
+struct Frame {
+    /// The panel's left edge.
+    left: f64,
+    /// The plot area: the time axis from `x0` to `x1`, the fraction axis from `y0`
+    /// (none) up to `y1` (all).
+    x0: f64,
+    x1: f64,
+    y0: f64,
+    y1: f64,
+    /// The longest lag on the axis, in milliseconds (a power of ten).
+    max_ms: f64,
+}
+
+impl Frame {
+    /// Where lag `ms` sits on the log time axis (below [`MIN_MS`] at it).
+    fn x(&self, ms: f64) -> f64 {
+        let t = (ms.max(MIN_MS).log10() - MIN_MS.log10()) / (self.max_ms.log10() - MIN_MS.log10());
+        self.x0 + t * (self.x1 - self.x0)
+    }
+
+    /// Where `fraction` of the samples sits on the vertical axis.
+    fn y(&self, fraction: f64) -> f64 {
+        self.y0 - fraction * (self.y0 - self.y1)
+    }
+
+    /// The frame, the grid (decades on the time axis, quarters on the fraction axis) and
+    /// the axes' labels.
+    fn draw_axes(&self, svg: &mut String) {
+        let Frame { x0, x1, y0, y1, .. } = *self;
+        let _ = write!(
+            svg,
+            r##"<rect x="{x0}" y="{y1}" width="{}" height="{}" fill="none" stroke="#999"/>"##,
+            x1 - x0,
+            y0 - y1
+        );
+        let mut tick = MIN_MS;
+        while tick <= self.max_ms * 1.0001 {
+            let tx = self.x(tick);
+            let label = if tick < 1000.0 {
+                format!("{} s", tick / 1000.0)
+            } else {
+                format!("{} s", (tick / 1000.0) as u64)
+            };
+            let _ = write!(
+                svg,
+                r##"<line x1="{tx}" x2="{tx}" y1="{y1}" y2="{y0}" stroke="#eee"/><text x="{tx}" y="{}" text-anchor="middle">{label}</text>"##,
+                y0 + 14.0
+            );
+            tick *= 10.0;
+        }
+        for q in [0.0, 0.25, 0.5, 0.75, 1.0] {
+            let ty = self.y(q);
+            let _ = write!(
+                svg,
+                r##"<line x1="{x0}" x2="{x1}" y1="{ty}" y2="{ty}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{q}</text>"##,
+                x0 - 4.0,
+                ty + 4.0
+            );
+        }
+        let _ = write!(
+            svg,
+            r#"<text x="{}" y="{}" text-anchor="middle">lag (log scale; below 0.1 s drawn at 0.1 s)</text><text x="{}" y="{}" text-anchor="middle" transform="rotate(-90 {} {})">fraction within</text>"#,
+            (x0 + x1) / 2.0,
+            y0 + 30.0,
+            self.left + 14.0,
+            (y0 + y1) / 2.0,
+            self.left + 14.0,
+            (y0 + y1) / 2.0
+        );
+    }
+
+    /// The metric's deadline as a dashed red line, labelled.
+    fn draw_deadline(&self, svg: &mut String, deadline: Duration) {
+        let (y0, y1) = (self.y0, self.y1);
+        let dx = self.x(deadline.as_millis() as f64);
+        let _ = write!(
+            svg,
+            r##"<line class="deadline" x1="{dx}" x2="{dx}" y1="{y1}" y2="{y0}" stroke="#d0021b" stroke-dasharray="5 3" stroke-width="1.5"/><text x="{}" y="{}" fill="#d0021b">deadline {} s</text>"##,
+            dx + 3.0,
+            y1 + 12.0,
+            deadline.as_secs()
+        );
+    }
+
+    /// The path data of the cumulative curve of `sorted` (empty without samples): a step
+    /// function, flat at each fraction until the next distinct value, where it rises by
+    /// that value's share (one step a value keeps the file small: lags are multiples of
+    /// the 250 ms sample).
+    fn cdf_path(&self, sorted: &[u64]) -> String {
+        let mut d = String::new();
+        let n = sorted.len();
+        if n == 0 {
+            return d;
+        }
+        let _ = write!(d, "M{:.1} {:.1}", self.x(sorted[0] as f64), self.y(0.0));
+        let mut below = 0;
+        for (value, count) in distinct_counts(sorted) {
+            let sx = self.x(value as f64);
+            let _ = write!(
+                d,
+                " L{sx:.1} {:.1} L{sx:.1} {:.1}",
+                self.y(below as f64 / n as f64),
+                self.y((below + count) as f64 / n as f64)
+            );
+            below += count;
+        }
+        let _ = write!(d, " L{:.1} {:.1}", self.x1, self.y(1.0));
+        d
+    }
 }
 
 /// Each distinct value of `sorted` with how often it occurs, in order.

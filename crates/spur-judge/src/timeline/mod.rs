@@ -7,8 +7,9 @@
 //! The parts come from where the checks' ground truth comes from: the samples the checks
 //! judge ([`Recorder::observe`]), the deadlines they judged ([`Bracket`]), the harness's
 //! trace lines (kills, freezes, partitions) and the replicas' (each answer), and the
-//! operator's own account of each call it made ([`calls`]), which only it can give (a call
-//! abandoned or never connected reaches no replica).
+//! operator's own account of each call it made (the simulation's `timeline_calls`, a real
+//! operator's log through [`operator_log`]), which only it can give (a call abandoned or
+//! never connected reaches no replica).
 
 pub mod html;
 pub mod operator_log;
@@ -263,110 +264,123 @@ pub fn deadlines(
 /// The spans the harness's trace lines tell (hosts killed, stopped, frozen, cut off) and
 /// the calls each replica answered, up to `end`.
 pub fn from_trace(events: &[TraceEvent], end: Duration) -> (Vec<Span>, Vec<CallMark>) {
-    let mut spans = Vec::new();
+    let mut spans = OpenSpans::default();
     let mut calls = Vec::new();
-    // Open spans by (lane, kind, other end of a cut).
-    let mut open: BTreeMap<(String, &'static str, String), u64> = BTreeMap::new();
-    let close = |open: &mut BTreeMap<(String, &'static str, String), u64>,
-                 spans: &mut Vec<Span>,
-                 key: (String, &'static str, String),
-                 at: u64| {
-        if let Some(from) = open.remove(&key) {
-            let label = match key.1 {
-                "cut" => format!("cut off from {}", key.2),
-                kind => kind.to_owned(),
-            };
-            spans.push(Span {
-                lane: key.0,
-                kind: key.1,
-                from_ms: from,
-                to_ms: at,
-                label,
-            });
-        }
-    };
     for event in events {
         let at = ms(event.at);
         let text = event.event.as_str();
         if event.host == "harness" {
-            let (verb, rest) = text.split_once(' ').unwrap_or((text, ""));
-            match verb {
-                "kill" | "stop" => {
-                    let host = rest.split_whitespace().next().unwrap_or(rest);
-                    open.entry((host.to_owned(), "down", String::new()))
-                        .or_insert(at);
-                }
-                "restart" => close(
-                    &mut open,
-                    &mut spans,
-                    (rest.to_owned(), "down", String::new()),
-                    at,
-                ),
-                "freeze" => {
-                    open.entry((rest.to_owned(), "frozen", String::new()))
-                        .or_insert(at);
-                }
-                "thaw" => close(
-                    &mut open,
-                    &mut spans,
-                    (rest.to_owned(), "frozen", String::new()),
-                    at,
-                ),
-                "partition" | "repair" => {
-                    let Some((a, b)) = rest.split_once(" | ") else {
-                        continue;
-                    };
-                    for (this, other) in [(a, b), (b, a)] {
-                        let key = (this.to_owned(), "cut", other.to_owned());
-                        if verb == "partition" {
-                            open.entry(key).or_insert(at);
-                        } else {
-                            close(&mut open, &mut spans, key, at);
-                        }
-                    }
-                }
-                _ => {}
-            }
+            spans.harness_line(text, at);
         } else if event.host.starts_with("spurctld") {
             if text == "replica started" {
-                close(
-                    &mut open,
-                    &mut spans,
-                    (event.host.clone(), "down", String::new()),
-                    at,
-                );
-                continue;
+                spans.close(&event.host, "down", "", at);
+            } else if let Some(call) = answered_call(&event.host, text, at) {
+                calls.push(call);
             }
-            // `Method -> ok …` or `Method -> Code message`; forwards and commits aside.
-            let Some((method, answer)) = text.split_once(" -> ") else {
-                continue;
-            };
-            if method.contains(' ') {
-                continue;
-            }
-            let outcome = if answer.starts_with("ok") {
-                "answered"
-            } else {
-                "refused"
-            };
-            calls.push(CallMark {
-                lane: event.host.clone(),
-                from_ms: at,
-                to_ms: at,
-                method: method.to_owned(),
-                outcome: outcome.to_owned(),
-                // Already cut to a readable length where the replica traced it.
-                detail: answer.to_owned(),
-            });
         }
     }
-    let end = ms(end);
-    let still_open: Vec<_> = open.keys().cloned().collect();
-    for key in still_open {
-        close(&mut open, &mut spans, key, end);
-    }
+    let mut spans = spans.close_all(ms(end));
     spans.sort_by(|a, b| (a.from_ms, &a.lane).cmp(&(b.from_ms, &b.lane)));
     (spans, calls)
+}
+
+/// The spans a trace has told so far: the closed ones, and the open ones by (lane, kind,
+/// the other end of a cut) with when they opened.
+#[derive(Default)]
+struct OpenSpans {
+    open: BTreeMap<(String, &'static str, String), u64>,
+    closed: Vec<Span>,
+}
+
+impl OpenSpans {
+    /// Opens a span, unless one of the same lane, kind and other end is open.
+    fn open(&mut self, lane: &str, kind: &'static str, other: &str, at: u64) {
+        self.open
+            .entry((lane.to_owned(), kind, other.to_owned()))
+            .or_insert(at);
+    }
+
+    /// Closes the open span of that lane, kind and other end at `at`, if there is one.
+    fn close(&mut self, lane: &str, kind: &'static str, other: &str, at: u64) {
+        self.close_key((lane.to_owned(), kind, other.to_owned()), at);
+    }
+
+    fn close_key(&mut self, key: (String, &'static str, String), at: u64) {
+        let Some(from) = self.open.remove(&key) else {
+            return;
+        };
+        let label = match key.1 {
+            "cut" => format!("cut off from {}", key.2),
+            kind => kind.to_owned(),
+        };
+        self.closed.push(Span {
+            lane: key.0,
+            kind: key.1,
+            from_ms: from,
+            to_ms: at,
+            label,
+        });
+    }
+
+    /// One of the harness's lines: `kill`/`stop`/`restart` a host, `freeze`/`thaw` it,
+    /// `partition`/`repair` two (`a | b`, a span on each lane).
+    fn harness_line(&mut self, text: &str, at: u64) {
+        let (verb, rest) = text.split_once(' ').unwrap_or((text, ""));
+        match verb {
+            "kill" | "stop" => {
+                let host = rest.split_whitespace().next().unwrap_or(rest);
+                self.open(host, "down", "", at);
+            }
+            "restart" => self.close(rest, "down", "", at),
+            "freeze" => self.open(rest, "frozen", "", at),
+            "thaw" => self.close(rest, "frozen", "", at),
+            "partition" | "repair" => {
+                let Some((a, b)) = rest.split_once(" | ") else {
+                    return;
+                };
+                for (this, other) in [(a, b), (b, a)] {
+                    if verb == "partition" {
+                        self.open(this, "cut", other, at);
+                    } else {
+                        self.close(this, "cut", other, at);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Every span, those still open closed at `end`.
+    fn close_all(mut self, end: u64) -> Vec<Span> {
+        let still_open: Vec<_> = self.open.keys().cloned().collect();
+        for key in still_open {
+            self.close_key(key, end);
+        }
+        self.closed
+    }
+}
+
+/// The call a replica's trace line answered: `Method -> ok …` or `Method -> Code
+/// message`; `None` for its other lines (forwards, commits).
+fn answered_call(host: &str, text: &str, at: u64) -> Option<CallMark> {
+    let (method, answer) = text.split_once(" -> ")?;
+    if method.contains(' ') {
+        return None;
+    }
+    let outcome = if answer.starts_with("ok") {
+        "answered"
+    } else {
+        "refused"
+    };
+    Some(CallMark {
+        lane: host.to_owned(),
+        from_ms: at,
+        to_ms: at,
+        method: method.to_owned(),
+        outcome: outcome.to_owned(),
+        // Already cut to a readable length where the replica traced it.
+        detail: answer.to_owned(),
+    })
 }
 
 /// The hosts `events` name at `at` in the harness's lines: the lanes a fault struck.
