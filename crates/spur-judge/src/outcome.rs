@@ -60,7 +60,7 @@ pub struct Outcome {
     /// the Lease.
     pub acting_calls: BTreeMap<String, usize>,
     /// Of those writes and calls, the ones a cut held that landed outside their sender's
-    /// term when it healed (judged by when they may have been sent; `scenario::acting`).
+    /// term when it healed (judged by when they may have been sent; `checks::acting`).
     pub landed_after_cut: BTreeMap<String, usize>,
     /// The `spurctld` Service it ran behind (forced, or drawn from its seed); `None` for a
     /// run on real processes, whose Service is the lab's own.

@@ -32,12 +32,10 @@ impl WriteMethod {
 pub struct WriteRecord {
     /// The resourceVersion the write produced: the order writes were applied in.
     pub rv: u64,
-    /// Simulated time it was applied (zero where the
-    /// stage has no simulated clock).
+    /// Simulated time it was applied (zero where the stage has no simulated clock).
     pub at: Duration,
-    /// The host the connection came from (the simulated host of
-    /// the peer address);
-    /// `None` over a transport with no host names (in-memory pipes, a laptop's TCP).
+    /// The host the connection came from (the simulated host of the peer address); `None`
+    /// over a transport with no host names (in-memory pipes, a laptop's TCP).
     pub host: Option<Arc<str>>,
     pub method: WriteMethod,
     pub kind: String,
@@ -92,7 +90,7 @@ pub struct SpurJobView {
 /// A cut between two hosts that held what crossed it (a partition or a freeze; a silent
 /// kill's cut drops instead): a message sent across it while it lasted, or on its way when
 /// it began, lands when it heals. The checks that judge a message by when it arrived
-/// (`scenario::acting`) ask whether it came across one.
+/// (`checks::acting`) ask whether it came across one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cut {
     /// The two hosts, in order.

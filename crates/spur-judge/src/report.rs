@@ -1,6 +1,6 @@
-//! Scenario results as the JSON lines of sim.md, their summary and table, and `spur-sim
-//! merge`, which joins the lines of sweep shards run on different machines into one
-//! summary exactly as if one process had run every seed.
+//! Scenario results as the JSON lines of docs/specs.md ("The simulation"), their summary
+//! and table, and `spur-sim merge`, which joins the lines of sweep shards run on different
+//! machines into one summary exactly as if one process had run every seed.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -11,8 +11,9 @@ use serde_json::{Value, json};
 use crate::outcome::{LagStats, Outcome};
 use crate::service::ServiceSetup;
 
-/// One scenario's line: sim.md's fields, plus every lag it measured (`lags_ms`), so that
-/// percentiles over many shards can be computed exactly rather than averaged.
+/// One scenario's line: the fields docs/specs.md names, plus every lag it measured
+/// (`lags_ms`), so that percentiles over many shards can be computed exactly rather than
+/// averaged.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScenarioRecord {
     pub seed: u64,
@@ -121,7 +122,7 @@ impl From<&Outcome> for ScenarioRecord {
 }
 
 impl ScenarioRecord {
-    /// The record as one JSON line, fields in sim.md's order.
+    /// The record as one JSON line, fields in docs/specs.md's order.
     pub fn to_line(&self) -> String {
         serde_json::to_string(self).expect("a record serializes")
     }

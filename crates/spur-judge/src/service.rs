@@ -3,7 +3,8 @@
 //! ready. A stage builds the Service; the plan and the reports only name it.
 
 /// What a ClusterIP Service does with a connection when no replica is ready: the three
-/// ways of fidelity.md row 22, which differ in what a later ready endpoint changes.
+/// ways of docs/specs.md fidelity row 22, which differ in what a later ready endpoint
+/// changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum NoEndpoint {
     /// The SYN is sent to an address that swallows it, after conntrack confirmed the
@@ -84,7 +85,7 @@ pub struct ServiceSetup {
 
 impl ServiceSetup {
     /// Every setup users deploy or the seed's cluster had: upstream's headless Service,
-    /// and a ClusterIP one with each way of fidelity.md row 22.
+    /// and a ClusterIP one with each way of docs/specs.md fidelity row 22.
     pub const ALL: [ServiceSetup; 4] = [
         ServiceSetup::HEADLESS,
         ServiceSetup::cluster_ip(NoEndpoint::Drop),
