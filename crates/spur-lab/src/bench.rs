@@ -75,8 +75,16 @@ async fn bench(setup: LabSetup, args: &LabBenchArgs) -> anyhow::Result<bool> {
     }
     lab.start_operator(OPERATOR, &[])?;
     let pid = lab.operator_pid(OPERATOR).expect("just started");
+    if !registration(&mut lab, args, pid).await? || !submission(&mut lab, args).await? {
+        return Ok(false);
+    }
+    steady_state(&mut lab, args, pid).await?;
+    Ok(true)
+}
 
-    // Registration: from the first leader to the last node the leader knows.
+/// Registration, from the first leader to the last node the leader knows, printed;
+/// `false` when it did not end within the limit.
+async fn registration(lab: &mut Lab, args: &LabBenchArgs, pid: u32) -> anyhow::Result<bool> {
     let mut first_leader = None;
     let registered_at = loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -105,8 +113,12 @@ async fn bench(setup: LabSetup, args: &LabBenchArgs) -> anyhow::Result<bool> {
         args.nodes as f64 / took.as_secs_f64().max(0.001),
         resident_mib(pid).unwrap_or(f64::NAN)
     );
+    Ok(true)
+}
 
-    // Many active SpurJobs: pods that run for an hour.
+/// Creates the many active SpurJobs (pods that run for an hour) and waits until each has
+/// its controller job, printed; `false` when that did not happen within the limit.
+async fn submission(lab: &mut Lab, args: &LabBenchArgs) -> anyhow::Result<bool> {
     let created = Instant::now();
     for i in 0..args.jobs {
         // A create that failed would shrink the load the figure claims: stop instead.
@@ -146,21 +158,24 @@ async fn bench(setup: LabSetup, args: &LabBenchArgs) -> anyhow::Result<bool> {
         args.jobs,
         created.elapsed().as_secs_f64()
     );
-    let family = "spur_operator_controller_rpcs_total{method=\"GetJobs\"";
-    let before = lab.operator_metric(OPERATOR, family).await;
-    let all_before = lab
-        .operator_metric(OPERATOR, "spur_operator_controller_rpcs_total{")
-        .await;
+    Ok(true)
+}
+
+/// The steady state with every SpurJob active, watched for `--steady`: the operator's
+/// GetJobs and all its controller calls per second, and its memory, printed.
+async fn steady_state(lab: &mut Lab, args: &LabBenchArgs, pid: u32) -> anyhow::Result<()> {
+    const GET_JOBS: &str = "spur_operator_controller_rpcs_total{method=\"GetJobs\"";
+    const ALL_CALLS: &str = "spur_operator_controller_rpcs_total{";
+    let before = lab.operator_metric(OPERATOR, GET_JOBS).await;
+    let all_before = lab.operator_metric(OPERATOR, ALL_CALLS).await;
     let watch = Instant::now();
     while watch.elapsed() < args.steady {
         tokio::time::sleep(Duration::from_millis(500)).await;
         lab.tick().await?;
     }
     let secs = watch.elapsed().as_secs_f64();
-    let after = lab.operator_metric(OPERATOR, family).await;
-    let all_after = lab
-        .operator_metric(OPERATOR, "spur_operator_controller_rpcs_total{")
-        .await;
+    let after = lab.operator_metric(OPERATOR, GET_JOBS).await;
+    let all_after = lab.operator_metric(OPERATOR, ALL_CALLS).await;
     let rate = |a: Option<f64>, b: Option<f64>| match (a, b) {
         (Some(a), Some(b)) => format!("{:.2}", (b - a) / secs),
         _ => "unknown (metrics unreadable)".into(),
@@ -173,5 +188,5 @@ async fn bench(setup: LabSetup, args: &LabBenchArgs) -> anyhow::Result<bool> {
         rate(all_before, all_after),
         resident_mib(pid).unwrap_or(f64::NAN)
     );
-    Ok(true)
+    Ok(())
 }

@@ -233,8 +233,8 @@ impl RealCluster {
 
     /// The leader, from the replicas' logs ([`RaftLogs`]; a killed replica's log counts: it
     /// names the term its leader held), while that replica runs. A survivor's old `become
-    /// leader` line from a contested first election is no evidence: it named a survivor
-    /// 0.0 s after its leader's kill.
+    /// leader` line from a contested first election is no evidence: it would name a
+    /// survivor the moment its leader was killed.
     pub fn leader(&self) -> Option<usize> {
         let mut logs = RaftLogs::default();
         for slot in 0..self.replicas() {
@@ -377,7 +377,7 @@ impl Vote {
 /// T<term>-N<node>:<committed|uncommitted>`, or a simulated replica process's
 /// `simulated replica vote: T<term>-N<node>:committed`.
 pub fn vote_change(line: &str) -> Option<Vote> {
-    // openraft's line, or a simulated replica process's (`controller::processes`).
+    // openraft's line, or a simulated replica process's (`spur_fakes::model::processes`).
     let to = match line.split_once("vote is changing from ") {
         Some((_, change)) => change.split_once(" to ")?.1,
         None => line.split_once("simulated replica vote: ")?.1,
@@ -402,8 +402,8 @@ pub fn vote_change(line: &str) -> Option<Vote> {
 /// after the first term's leader was elected holds a vote of the same term for a higher
 /// node id; the leader adopts it and quits (openraft's `HigherVote`), and writes are
 /// refused `"not the Raft leader"` until the next term's leader commits its vote, about
-/// 3 s later. Judged from the first vote alone, those seconds counted as a healthy
-/// leader (the lab's start-up registrations of 2.2–3.2 s).
+/// 3 s later; judged from the first vote alone, those seconds would count as a healthy
+/// leader.
 #[derive(Clone, Debug, Default)]
 pub struct RaftLogs {
     highest: Option<(u64, usize)>,
@@ -470,8 +470,8 @@ mod tests {
         )
     }
 
-    /// The lines of a real fresh start (spurctld 4cc3da8, replicas 1 and 2 started together,
-    /// replica 3 three seconds later), in the order they were logged.
+    /// The lines of a real fresh start (the pinned spurctld, replicas 1 and 2 started
+    /// together, replica 3 three seconds later), in the order they were logged.
     #[test]
     fn a_leader_that_adopts_a_higher_vote_has_quit_until_the_next_term_commits() {
         let mut logs = RaftLogs::default();
@@ -487,7 +487,7 @@ mod tests {
         // Replica 3 starts and initialises on its own: another replica's vote alone
         // proves nothing.
         assert_eq!(read(2, "T0-N0:uncommitted", "T1-N3:uncommitted"), Some(1));
-        // The leader adopts it ("quit leader"): 3.0 s without a leader followed.
+        // The leader adopts it ("quit leader"): no leader until the next term commits.
         assert_eq!(read(1, "T1-N2:committed", "T1-N3:uncommitted"), None);
         assert_eq!(read(1, "T1-N3:uncommitted", "T2-N2:uncommitted"), None);
         assert_eq!(read(2, "T1-N3:uncommitted", "T2-N2:uncommitted"), None);
