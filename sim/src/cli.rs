@@ -1,5 +1,6 @@
 //! `spur-sim run | replay | compare | merge | bench`: the scenario runner's command line.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -543,7 +544,7 @@ pub struct NodesLoad {
     /// The replica that led when the last node registered.
     pub leader: String,
     /// Per replica: registrations it answered, and calls of any kind.
-    pub per_replica: std::collections::BTreeMap<String, (usize, usize)>,
+    pub per_replica: BTreeMap<String, (usize, usize)>,
 }
 
 /// How long the operator takes to register `nodes` nodes once the controller is ready, at
@@ -596,7 +597,7 @@ pub fn measure_nodes(nodes: usize, rtt_ms: u64) -> anyhow::Result<NodesLoad> {
         }
     };
     let ready_at = ready_at.expect("ready before done");
-    let mut per_replica: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
+    let mut per_replica: BTreeMap<String, (usize, usize)> = Default::default();
     let answered =
         spur_fakes::model::calls::answered(&sim.world.trace().events(), Duration::ZERO, done_at);
     for ((replica, method), count) in answered {
@@ -641,10 +642,7 @@ pub fn bench_nodes(nodes: usize, rtt_ms: u64) -> anyhow::Result<bool> {
 /// steady state after all are submitted (simulated time): the status poller's one GetJobs
 /// per interval for all of them, not one call per job.
 pub fn measure_active_jobs(jobs: usize) -> anyhow::Result<ActiveJobsLoad> {
-    use std::collections::BTreeMap;
     use std::time::Duration;
-
-    use serde_json::json;
 
     use crate::harness::Sim;
     use crate::world::WorldConfig;
@@ -657,64 +655,15 @@ pub fn measure_active_jobs(jobs: usize) -> anyhow::Result<ActiveJobsLoad> {
     // No nodes: every job stays PENDING, so all of them stay active and polled.
     let mut sim = Sim::with_config(1, config);
     sim.start_operator("operator", &[]);
-    sim.world
-        .run_until(Duration::from_secs(5))
-        .map_err(|e| anyhow::anyhow!("the simulation failed: {e}"))?;
-    for i in 0..jobs {
-        sim.create_spurjob(
-            "default",
-            &format!("job-{i:05}"),
-            json!({"image": "busybox", "command": ["true"]}),
-        );
-    }
-    let created_at = sim.world.elapsed();
-    let mut now = created_at;
-    let submitted_at = loop {
-        now += Duration::from_secs(1);
-        sim.world
-            .run_until(now)
-            .map_err(|e| anyhow::anyhow!("the simulation failed: {e}"))?;
-        let submitted = sim.world.cluster().job_ids().len();
-        if submitted >= jobs {
-            break now;
-        }
-        if now - created_at > Duration::from_secs(1800) {
-            anyhow::bail!("only {submitted} of {jobs} SpurJobs submitted after 1800 s");
-        }
-    };
+    run_until(&mut sim, Duration::from_secs(5))?;
+    let (created_at, submitted_at) = submit_all(&mut sim, jobs)?;
     // Let the status writes of the first round settle, then count one window of the calls
     // the operator made (its own counter: a call a follower forwards is still one call).
-    let calls = |sim: &Sim| -> BTreeMap<String, usize> {
-        let text = sim
-            .operator("operator")
-            .expect("the operator runs")
-            .metrics
-            .encode();
-        let mut by_method = BTreeMap::new();
-        for line in text.lines() {
-            let Some(rest) = line.strip_prefix("spur_operator_controller_rpcs_total{method=\"")
-            else {
-                continue;
-            };
-            let (method, rest) = rest.split_once('"').unwrap_or_default();
-            let count: f64 = rest
-                .rsplit(' ')
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0.0);
-            *by_method.entry(method.to_owned()).or_default() += count as usize;
-        }
-        by_method
-    };
     let window_start = submitted_at + Duration::from_secs(30);
-    sim.world
-        .run_until(window_start)
-        .map_err(|e| anyhow::anyhow!("the simulation failed: {e}"))?;
-    let before = calls(&sim);
-    sim.world
-        .run_until(window_start + WINDOW)
-        .map_err(|e| anyhow::anyhow!("the simulation failed: {e}"))?;
-    let mut by_method = calls(&sim);
+    run_until(&mut sim, window_start)?;
+    let before = operator_calls(&sim);
+    run_until(&mut sim, window_start + WINDOW)?;
+    let mut by_method = operator_calls(&sim);
     for (method, count) in &mut by_method {
         *count -= before.get(method).copied().unwrap_or(0);
     }
@@ -735,6 +684,67 @@ pub fn measure_active_jobs(jobs: usize) -> anyhow::Result<ActiveJobsLoad> {
     })
 }
 
+/// Runs `sim` until simulated time `until`.
+fn run_until(sim: &mut crate::harness::Sim, until: std::time::Duration) -> anyhow::Result<()> {
+    sim.world
+        .run_until(until)
+        .map_err(|e| anyhow::anyhow!("the simulation failed: {e}"))
+}
+
+/// Creates `jobs` SpurJobs and runs until the controller holds a job for each (checked
+/// every simulated second); returns when they were created and when all were submitted.
+fn submit_all(
+    sim: &mut crate::harness::Sim,
+    jobs: usize,
+) -> anyhow::Result<(std::time::Duration, std::time::Duration)> {
+    use std::time::Duration;
+
+    for i in 0..jobs {
+        sim.create_spurjob(
+            "default",
+            &format!("job-{i:05}"),
+            serde_json::json!({"image": "busybox", "command": ["true"]}),
+        );
+    }
+    let created_at = sim.world.elapsed();
+    let mut now = created_at;
+    loop {
+        now += Duration::from_secs(1);
+        run_until(sim, now)?;
+        let submitted = sim.world.cluster().job_ids().len();
+        if submitted >= jobs {
+            return Ok((created_at, now));
+        }
+        if now - created_at > Duration::from_secs(1800) {
+            anyhow::bail!("only {submitted} of {jobs} SpurJobs submitted after 1800 s");
+        }
+    }
+}
+
+/// The calls the operator made so far by method, as its own
+/// `spur_operator_controller_rpcs_total` counter has them.
+fn operator_calls(sim: &crate::harness::Sim) -> BTreeMap<String, usize> {
+    let text = sim
+        .operator("operator")
+        .expect("the operator runs")
+        .metrics
+        .encode();
+    let mut by_method = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("spur_operator_controller_rpcs_total{method=\"") else {
+            continue;
+        };
+        let (method, rest) = rest.split_once('"').unwrap_or_default();
+        let count: f64 = rest
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0.0);
+        *by_method.entry(method.to_owned()).or_default() += count as usize;
+    }
+    by_method
+}
+
 /// What [`measure_active_jobs`] found.
 #[derive(Debug)]
 pub struct ActiveJobsLoad {
@@ -744,10 +754,10 @@ pub struct ActiveJobsLoad {
     pub window: std::time::Duration,
     /// Calls the operator made in the window, by method, as its own counter
     /// (`spur_operator_controller_rpcs_total`) has them.
-    pub calls: std::collections::BTreeMap<String, usize>,
+    pub calls: BTreeMap<String, usize>,
     /// Calls the replicas answered in the window, by method: the controller's cost, with
     /// the channel's probes and Pings, which the operator's counter leaves out.
-    pub answered: std::collections::BTreeMap<String, usize>,
+    pub answered: BTreeMap<String, usize>,
 }
 
 impl ActiveJobsLoad {

@@ -1,9 +1,10 @@
 //! `spur-sim world-smoke`: a small fixed scenario whose trace hash shows that a seed
 //! replays exactly, also across processes.
 //!
-//! A temporary harness until the scenario runner exists: a client registers a node whose
-//! agent is [`FakeAgent`], submits jobs through the `spurctld` Service, loses the leader
-//! (killed gracefully at 20 s), submits more, and waits until the agent ran every job.
+//! Smaller than any scenario, so a cross-process check stays quick: a client registers a
+//! node whose agent is [`FakeAgent`], submits jobs through the `spurctld` Service, loses
+//! the leader (killed gracefully at 20 s), submits more, and waits until the agent ran
+//! every job.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -162,65 +163,8 @@ pub fn run(seed: u64) -> Result<SmokeReport, SmokeError> {
     });
 
     let job_ids = Arc::new(Mutex::new(Vec::new()));
-    let ids = job_ids.clone();
     let dialer = world.dialer("client");
-    world.client("client", async move {
-        let register = pb::RegisterAgentRequest {
-            hostname: "node-1".to_owned(),
-            address: "agent".to_owned(),
-            port: u32::from(spur_proto::AGENT_PORT),
-            resources: Some(pb::ResourceSet {
-                cpus: 8,
-                memory_mb: 32_768,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        until_ok(&dialer, |mut client| {
-            let register = register.clone();
-            async move { client.register_agent(register).await }
-        })
-        .await;
-        for n in 0..6 {
-            if n == 3 {
-                // Past the leader kill at 20 s.
-                let wait = Duration::from_secs(21).saturating_sub(sim_elapsed());
-                tokio::time::sleep(wait).await;
-            }
-            let spec = pb::JobSpec {
-                name: format!("job-{n}"),
-                num_nodes: 1,
-                comment: format!("smoke-{n}"),
-                ..Default::default()
-            };
-            let id = until_ok(&dialer, |mut client| {
-                let spec = spec.clone();
-                async move {
-                    let response = client
-                        .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
-                        .await?;
-                    Ok(response.into_inner().job_id)
-                }
-            })
-            .await;
-            ids.lock().expect("ids lock").push(id);
-        }
-        loop {
-            let jobs = until_ok(&dialer, |mut client| async move {
-                let response = client.get_jobs(pb::GetJobsRequest::default()).await?;
-                Ok(response.into_inner().jobs)
-            })
-            .await;
-            let done = jobs
-                .iter()
-                .filter(|job| job.state == pb::JobState::JobCompleted as i32)
-                .count();
-            if done == 6 {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    });
+    world.client("client", client(dialer, job_ids.clone()));
 
     world.run().map_err(|e| fail(e.to_string()))?;
     let job_ids = job_ids.lock().expect("ids lock").clone();
@@ -231,4 +175,74 @@ pub fn run(seed: u64) -> Result<SmokeReport, SmokeError> {
         events: world.trace().events().len(),
         job_ids,
     })
+}
+
+/// The smoke client: registers the node, submits three jobs before the leader kill and
+/// three after it (their ids into `ids`), and ends once the agent ran all six.
+async fn client(dialer: ServiceDialer, ids: Arc<Mutex<Vec<u32>>>) -> turmoil::Result {
+    register_node(&dialer).await;
+    for n in 0..6 {
+        if n == 3 {
+            // Past the leader kill at 20 s.
+            let wait = Duration::from_secs(21).saturating_sub(sim_elapsed());
+            tokio::time::sleep(wait).await;
+        }
+        let id = submit(&dialer, n).await;
+        ids.lock().expect("ids lock").push(id);
+    }
+    loop {
+        let jobs = until_ok(&dialer, |mut client| async move {
+            let response = client.get_jobs(pb::GetJobsRequest::default()).await?;
+            Ok(response.into_inner().jobs)
+        })
+        .await;
+        let done = jobs
+            .iter()
+            .filter(|job| job.state == pb::JobState::JobCompleted as i32)
+            .count();
+        if done == 6 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Registers `node-1`, served by the agent host, until the controller accepts it.
+async fn register_node(dialer: &ServiceDialer) {
+    let register = pb::RegisterAgentRequest {
+        hostname: "node-1".to_owned(),
+        address: "agent".to_owned(),
+        port: u32::from(spur_proto::AGENT_PORT),
+        resources: Some(pb::ResourceSet {
+            cpus: 8,
+            memory_mb: 32_768,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    until_ok(dialer, |mut client| {
+        let register = register.clone();
+        async move { client.register_agent(register).await }
+    })
+    .await;
+}
+
+/// Submits `job-<n>` until the controller takes it; returns its id.
+async fn submit(dialer: &ServiceDialer, n: u32) -> u32 {
+    let spec = pb::JobSpec {
+        name: format!("job-{n}"),
+        num_nodes: 1,
+        comment: format!("smoke-{n}"),
+        ..Default::default()
+    };
+    until_ok(dialer, |mut client| {
+        let spec = spec.clone();
+        async move {
+            let response = client
+                .submit_job(pb::SubmitJobRequest { spec: Some(spec) })
+                .await?;
+            Ok(response.into_inner().job_id)
+        }
+    })
+    .await
 }

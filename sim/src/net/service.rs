@@ -9,7 +9,7 @@ use spur_operator::net::{Dialer, Turns, dial_in_turn};
 
 use turmoil::net::TcpStream;
 
-use super::{NoEndpoint, ServiceKind, TurmoilDialer, syn_timed_out};
+use super::{Network, NoEndpoint, ServiceKind, TurmoilDialer, syn_timed_out};
 use crate::determinism::sim_elapsed;
 
 /// One Service's endpoints, with the propagation delay applied when read.
@@ -89,8 +89,8 @@ impl ServiceTable {
 /// A ClusterIP Service connects to a ready endpoint picked with the seeded RNG. With no
 /// ready endpoint the SYN is dropped: the connect fails after the kernel's SYN timeout even
 /// if an endpoint becomes ready meanwhile (conntrack keeps the first decision, which is
-/// what stalled the seed's operator for 133 s), unless the caller's own connect timeout
-/// fires first. In the `Reject` variant it is refused at once; in the `DropUnconfirmed`
+/// what stalled the seed's operator: docs/specs.md, "The seed's failures"), unless the
+/// caller's own connect timeout fires first. In the `Reject` variant it is refused at once; in the `DropUnconfirmed`
 /// one each kernel retransmit is routed afresh.
 ///
 /// A headless Service's name resolves to the ready endpoints, in name order, and the dial
@@ -130,21 +130,7 @@ impl Dialer for ServiceDialer {
         let local = self.plain.local().to_owned();
         let at = sim_elapsed();
         if net.config().service == ServiceKind::Headless {
-            let endpoints = net.ready_endpoints(&service, at);
-            net.trace().record(
-                at,
-                &local,
-                format!("service {service} resolves to [{}]", endpoints.join(", ")),
-            );
-            let plain = self.plain.clone();
-            let start = self.turns.next();
-            let host = host.to_owned();
-            return Box::pin(async move {
-                dial_in_turn(&host, &endpoints, start, |endpoint| {
-                    plain.dial(endpoint, port)
-                })
-                .await
-            });
+            return self.dial_headless(host, port, &service, &local, at);
         }
         match net.pick_endpoint(&service, at) {
             Some(endpoint) => {
@@ -152,73 +138,144 @@ impl Dialer for ServiceDialer {
                     .record(at, &local, format!("service {service} -> {endpoint}"));
                 self.plain.dial(&endpoint, port)
             }
-            None => {
-                let net = net.clone();
-                let plain = self.plain.clone();
-                let host = host.to_owned();
-                Box::pin(async move {
-                    match net.config().no_endpoint {
-                        NoEndpoint::Reject => {
-                            net.trace().record(
-                                at,
-                                &local,
-                                format!("service {service}: no endpoint, refused"),
-                            );
-                            Err(std::io::Error::new(
-                                std::io::ErrorKind::ConnectionRefused,
-                                format!("connect to {host}:{port}: connection refused"),
-                            ))
-                        }
-                        NoEndpoint::DropUnconfirmed => {
-                            net.trace().record(
-                                at,
-                                &local,
-                                format!("service {service}: no endpoint, SYN dropped unconfirmed"),
-                            );
-                            // Each retransmit is NATed afresh: the first one sent while an
-                            // endpoint is ready goes there (from then on the plain dial's
-                            // own SYN timing holds, as a confirmed mapping's does).
-                            let config = net.config();
-                            let mut rto = config.syn_initial_rto;
-                            for _ in 0..config.syn_retries {
-                                tokio::time::sleep(rto).await;
-                                rto *= 2;
-                                if let Some(endpoint) = net.pick_endpoint(&service, sim_elapsed()) {
-                                    net.trace().record(
-                                        crate::determinism::sim_elapsed(),
-                                        &local,
-                                        format!("service {service} -> {endpoint} (a retransmit)"),
-                                    );
-                                    return plain.dial(&endpoint, port).await;
-                                }
-                            }
-                            tokio::time::sleep(rto).await;
-                            net.trace().record(
-                                crate::determinism::sim_elapsed(),
-                                &local,
-                                format!("connect to {host}:{port} timed out (kernel)"),
-                            );
-                            Err(syn_timed_out(&host, port))
-                        }
-                        NoEndpoint::Drop => {
-                            net.trace().record(
-                                at,
-                                &local,
-                                format!("service {service}: no endpoint, SYN dropped"),
-                            );
-                            tokio::time::sleep(net.config().syn_timeout()).await;
-                            net.trace().record(
-                                crate::determinism::sim_elapsed(),
-                                &local,
-                                format!("connect to {host}:{port} timed out (kernel)"),
-                            );
-                            Err(syn_timed_out(&host, port))
-                        }
-                    }
-                })
-            }
+            None => Box::pin(no_endpoint(
+                net.clone(),
+                self.plain.clone(),
+                Dial {
+                    service,
+                    local,
+                    host: host.to_owned(),
+                    port,
+                    at,
+                },
+            )),
         }
     }
+}
+
+impl ServiceDialer {
+    /// A headless Service's dial: the name resolves to the ready endpoints, dialed in turn
+    /// as the operator's own network does.
+    fn dial_headless(
+        &self,
+        host: &str,
+        port: u16,
+        service: &str,
+        local: &str,
+        at: Duration,
+    ) -> BoxFuture<'static, std::io::Result<TcpStream>> {
+        let net = self.plain.network();
+        let endpoints = net.ready_endpoints(service, at);
+        net.trace().record(
+            at,
+            local,
+            format!("service {service} resolves to [{}]", endpoints.join(", ")),
+        );
+        let plain = self.plain.clone();
+        let start = self.turns.next();
+        let host = host.to_owned();
+        Box::pin(async move {
+            dial_in_turn(&host, &endpoints, start, |endpoint| {
+                plain.dial(endpoint, port)
+            })
+            .await
+        })
+    }
+}
+
+/// One dial of a ClusterIP Service that found no ready endpoint.
+struct Dial {
+    service: String,
+    /// The dialing host.
+    local: String,
+    /// The name dialed, and its port.
+    host: String,
+    port: u16,
+    /// When the dial began.
+    at: Duration,
+}
+
+/// What a ClusterIP Service does with a SYN while no endpoint is ready, by the network's
+/// [`NoEndpoint`].
+async fn no_endpoint(net: Network, plain: TurmoilDialer, dial: Dial) -> std::io::Result<TcpStream> {
+    let Dial {
+        service,
+        local,
+        host,
+        port,
+        at,
+    } = &dial;
+    match net.config().no_endpoint {
+        NoEndpoint::Reject => {
+            net.trace().record(
+                *at,
+                local,
+                format!("service {service}: no endpoint, refused"),
+            );
+            Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                format!("connect to {host}:{port}: connection refused"),
+            ))
+        }
+        NoEndpoint::DropUnconfirmed => drop_unconfirmed(&net, &plain, &dial).await,
+        NoEndpoint::Drop => {
+            net.trace().record(
+                *at,
+                local,
+                format!("service {service}: no endpoint, SYN dropped"),
+            );
+            tokio::time::sleep(net.config().syn_timeout()).await;
+            Err(kernel_gave_up(&net, local, host, *port))
+        }
+    }
+}
+
+/// A SYN dropped before conntrack confirmed it: each retransmit is NATed afresh, and the
+/// first one sent while an endpoint is ready goes there (from then on the plain dial's own
+/// SYN timing holds, as a confirmed mapping's does).
+async fn drop_unconfirmed(
+    net: &Network,
+    plain: &TurmoilDialer,
+    dial: &Dial,
+) -> std::io::Result<TcpStream> {
+    let Dial {
+        service,
+        local,
+        host,
+        port,
+        at,
+    } = dial;
+    net.trace().record(
+        *at,
+        local,
+        format!("service {service}: no endpoint, SYN dropped unconfirmed"),
+    );
+    let config = net.config();
+    let mut rto = config.syn_initial_rto;
+    for _ in 0..config.syn_retries {
+        tokio::time::sleep(rto).await;
+        rto *= 2;
+        if let Some(endpoint) = net.pick_endpoint(service, sim_elapsed()) {
+            net.trace().record(
+                sim_elapsed(),
+                local,
+                format!("service {service} -> {endpoint} (a retransmit)"),
+            );
+            return plain.dial(&endpoint, *port).await;
+        }
+    }
+    tokio::time::sleep(rto).await;
+    Err(kernel_gave_up(net, local, host, *port))
+}
+
+/// The kernel giving up on the SYN, traced now.
+fn kernel_gave_up(net: &Network, local: &str, host: &str, port: u16) -> std::io::Error {
+    net.trace().record(
+        sim_elapsed(),
+        local,
+        format!("connect to {host}:{port} timed out (kernel)"),
+    );
+    syn_timed_out(host, port)
 }
 
 #[cfg(test)]
