@@ -1,17 +1,21 @@
-//! The deterministic simulation of spur-operator's world (see docs/specs.md, "The simulation").
+//! The deterministic simulation of spur-operator's world (see docs/specs.md, "The simulation"):
+//! the turmoil stage the other crates' parts run on, and the `spur-sim` command line.
 //!
-//! - [`net`]: turmoil glue for tonic, hyper and axum; the `spurctld` Service; the modelled
-//!   kernel (SYN timeout) and pod kills.
-//! - [`controller`]: three simulated spurctld replicas sharing one replicated log.
-//! - [`kube_api`]: an in-memory Kubernetes API server that kube-rs talks to over HTTP.
-//! - [`operator`]: the real operator on a simulated host; [`leases`]: who the Leases named,
-//!   as the API server applied them.
-//! - [`world`]: one turmoil simulation per seed, with the replicas, faults and the trace.
-//! - [`trace`] and [`determinism`]: what makes a seed replay exactly, and the proof.
-//! - [`scenario`]: seeded fault scenarios and their checks ([`record_log`] holds the writes
-//!   and calls they judge); [`report`]: their JSON lines,
-//!   summaries, and the merging of sweep shards; [`cli`]: `spur-sim`'s commands.
-//! - [`smoke`]: `spur-sim world-smoke`, a fixed scenario printing its trace hash.
+//! - [`world`]: one turmoil simulation per seed, with the controller replicas, the faults
+//!   and the trace; [`net`]: turmoil glue for tonic, hyper and axum, the `spurctld`
+//!   Service, and the modelled kernel (SYN timeout) and frozen processes.
+//! - [`harness`]: a world with the API server, labelled nodes and operator replicas in it;
+//!   [`operator`]: the real operator on a simulated host; [`prober`]: a kubelet's readiness
+//!   probe there.
+//! - [`scenario`]: a plan run in the simulation, observed and judged.
+//! - [`determinism`]: what makes a seed replay exactly; [`smoke`]: `spur-sim world-smoke`,
+//!   a fixed scenario printing its trace hash, which shows it across processes.
+//! - [`timeline_calls`]: the operator's account of its calls, caught for a timeline.
+//! - [`cli`]: `spur-sim`'s commands.
+//!
+//! What runs on this stage lives in the crates that do not need turmoil: the plans, checks,
+//! records, reports and timelines in `spur_judge`; the spurctld model, the API server and
+//! the kubelet in `spur_fakes`; the same plans on real processes in `spur_lab`.
 
 pub mod cli;
 pub mod determinism;

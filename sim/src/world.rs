@@ -364,9 +364,9 @@ impl World {
     /// the heal; turmoil's links carry every connection between two hosts at once, and new
     /// connects must pass at the heal, so the held segments arrive at the heal: the model
     /// is early by at most that timeout for a connection that had data in flight
-    /// (`spur-sim lab-heal` measured 0.7 s after a 1 s cut, 6.7 s after a 20 s one). (Before,
-    /// turmoil dropped them, and its TCP never retransmits: an h2 connection that lost a
-    /// frame hung for good after the heal, which no kernel does; seed 101513.)
+    /// (`spur-sim lab-heal` measures the kernel's side). Held, not dropped, because
+    /// turmoil's TCP never retransmits: an h2 connection that lost a frame would hang for
+    /// good after the heal, which no kernel does.
     pub fn repair(&mut self, a: &str, b: &str) {
         self.trace
             .record(self.sim.elapsed(), "harness", format!("repair {a} | {b}"));
