@@ -5,6 +5,7 @@
 //! - [`plan`] and [`catalogue`]: a seed's drawn plan, and the named scenarios.
 //! - [`checks`]: the checks of a run, against an [`checks::Observation`] of its world.
 //! - [`records`], [`leases`], [`probes`], [`trace`]: what a run records for them.
+//! - [`stage`]: the one runner of a plan, on any [`stage::Stage`].
 //! - [`outcome`], [`report`], [`plot`], [`timeline`]: what a run came to, and its pictures.
 
 pub mod catalogue;
@@ -21,5 +22,6 @@ pub mod records;
 pub mod report;
 pub mod seed;
 pub mod service;
+pub mod stage;
 pub mod timeline;
 pub mod trace;
