@@ -4,30 +4,29 @@
 
 pub mod observe;
 pub mod sabotage;
+pub mod stage;
 
 pub use spur_judge::checks;
 pub use spur_judge::plan;
 
-use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, BTreeSet};
+use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use crate::harness::{OPERATOR_LEASE, OperatorStop, Sim};
-use crate::net::NetConfig;
 use crate::operator::KUBE_API_HOST;
-use crate::prober::ProbeRule;
-use crate::world::{KillMode, World, WorldConfig};
+use crate::world::{KillMode, World};
 pub use checks::{Deadlines, Violation};
-use observe::{SampleSim, sample_readiness};
 pub use plan::{Fault, Intensity, LeaderChange, Plan, ScenarioConfig, plan};
 use spur_fakes::api_server::{ApiResult, OutageMode};
 use spur_fakes::leases::LeaseHistory;
 use spur_fakes::model::LostReply;
-use spur_judge::checks::readiness::ReadinessJudge;
 use spur_judge::profiles::Profile;
+use spur_judge::stage::Settings;
+use stage::SimStage;
 
 pub use spur_judge::hosts::{OPERATOR, OPERATOR_B, PROBER, PROBER_B, REPLACE_AFTER, SAMPLE};
 pub use spur_judge::outcome::{LagStats, Outcome};
@@ -89,308 +88,13 @@ pub fn run(seed: u64, profile: Profile, config: &ScenarioConfig) -> Outcome {
 /// Runs `plan` (a seed's, or one the lab also runs on real processes) with the operator
 /// configured by `profile`; the seed is the plan's.
 pub fn run_plan(plan: &Plan, profile: Profile, config: &ScenarioConfig) -> Outcome {
-    let started = Instant::now();
-    let seed = plan.seed;
-    let service = config.intensity.service_for(seed);
-    let world_config = WorldConfig {
-        max_duration: plan.end + Duration::from_secs(60),
-        tick: config.intensity.tick,
-        net: NetConfig {
-            service: service.kind,
-            no_endpoint: service.no_endpoint,
-            ..NetConfig::default()
-        },
-        ..WorldConfig::default()
-    };
-    let mut sim = Sim::without_controllers(seed, world_config);
-    sim.world.trace().record(
-        Duration::ZERO,
-        "harness",
-        format!("service spurctld is {}", service.name()),
-    );
-    sim.add_nodes(plan.nodes);
-    sim.start_kubelet();
-    for host in &plan.operators {
-        let mut flags = profile.flags();
-        flags.extend(config.operator_flags.iter().map(String::as_str));
-        if *host == OPERATOR_B {
-            flags.extend(config.operator_b_flags.iter().map(String::as_str));
-        }
-        sim.start_operator(host, &flags);
-    }
-    // sim.md's readiness check, as the Deployment probes (ProbeRule::DEPLOYMENT: every
-    // 5 s, 3 s to answer, three failures to drop; 8080 is the health port every profile
-    // keeps). It was left out of the mix while 10 of
-    // 2,000 seeds found /readyz saying "not ready" for over 15 s with a live endpoint
-    // reachable: a follower whose forwards hang after a replica partition (wire.md) hung
-    // the readiness Ping, whose 2 s bound cancelled the channel's dials midway, so every
-    // caller started again from the first dial and met that follower again. Dials now
-    // finish on their own task, and a call stuck on such a channel leaves it once another
-    // replica answers (the leader recheck).
-    // A standby is probed too: its /readyz checks the same API server and controller as
-    // the leader's (health.rs does not ask who leads), so it must tell the same truth
-    // from where it stands, and a standby that says "ready" can take over at once.
-    let mut readiness: Vec<ReadinessJudge> = plan
-        .operators
-        .iter()
-        .map(|host| {
-            let prober = if *host == OPERATOR { PROBER } else { PROBER_B };
-            let probes = crate::prober::start(
-                &mut sim.world,
-                prober,
-                host,
-                8080,
-                "/readyz",
-                ProbeRule::DEPLOYMENT.period,
-                ProbeRule::DEPLOYMENT.timeout,
-            );
-            ReadinessJudge::new(
-                Deadlines::default().readiness,
-                probes,
-                ProbeRule::DEPLOYMENT,
-                host,
-            )
-        })
-        .collect();
-    let mut restarts: Vec<(Duration, usize)> = plan
-        .faults
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| f.fault == Fault::OperatorRestart)
-        .map(|(index, f)| (f.at, index))
-        .collect();
-    restarts.reverse();
-    sim.world.at(plan.controllers_at, |w| w.start_controllers());
-
-    let api_up = Rc::new(Cell::new(true));
-    for job in &plan.jobs {
-        let api = sim.api.clone();
-        let (name, run_secs, exit_code) = (job.name.clone(), job.run_secs, job.exit_code);
-        sim.world.at(job.create_at, move |_| {
-            let spec = json!({
-                "image": "busybox",
-                "command": ["sh", "-c", "true"],
-                "env": {"SIM_RUN_SECONDS": run_secs.to_string(), "SIM_EXIT_CODE": exit_code.to_string()},
-            });
-            let created = api.create(json!({
-                "apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob",
-                "metadata": {"name": name, "namespace": "default"}, "spec": spec,
-            }));
-            landed(&format!("create SpurJob {name}"), created, Missing::Fails);
-        });
-    }
-    // Faults that found nothing to strike (a leader kill with no leader), by index: traced
-    // when they happen and left out of the scenario's faults.
-    let skipped: Rc<RefCell<BTreeSet<usize>>> = Rc::default();
-    for (index, planned) in plan.faults.iter().enumerate() {
-        let skip = {
-            let skipped = skipped.clone();
-            move || {
-                skipped.borrow_mut().insert(index);
-            }
-        };
-        schedule_fault(
-            &mut sim,
-            planned.at,
-            planned.fault.clone(),
-            api_up.clone(),
-            skip,
-        );
-    }
-
-    for (at, sabotage) in &config.sabotage {
-        let (api, sabotage, at) = (sim.api.clone(), sabotage.clone(), *at);
-        sim.world
-            .at(at, move |w| sabotage::strike(w, &api, &sabotage, at));
-    }
-    let mut monitor = checks::Monitor::new(Deadlines::default(), &plan.operators);
-    if config.timeline {
-        monitor = monitor.recording();
-        // Calls an earlier run on this thread left.
-        crate::timeline_calls::take();
-    }
-    let mut deletions: Vec<(Duration, String)> = plan
-        .jobs
-        .iter()
-        .filter_map(|j| j.delete_at.map(|at| (at, j.name.clone())))
-        .collect();
-    deletions.sort();
-    let mut next_deletion = 0;
-    let mut now = Duration::ZERO;
-    let mut failure = None;
-    while now < plan.end {
-        now += SAMPLE;
-        if let Err(e) = sim.world.run_until(now) {
-            failure = Some(e.to_string());
-            break;
-        }
-        while let Some((at, name)) = deletions.get(next_deletion) {
-            if *at > now {
-                break;
-            }
-            let deleted = sim
-                .api
-                .delete("spur.amd.com/v1alpha1", "SpurJob", Some("default"), name);
-            landed(&format!("delete SpurJob {name}"), deleted, Missing::Fails);
-            monitor.deleted(name, *at);
-            next_deletion += 1;
-        }
-        monitor.sample(&sim, now, api_up.get());
-        while restarts.last().is_some_and(|(at, _)| *at <= now) {
-            // operator-restart restarts `operator` in place (see schedule_fault), unless
-            // it found the replica down and skipped.
-            let (at, index) = restarts.pop().expect("not empty");
-            if !skipped.borrow().contains(&index) {
-                readiness[0].restarted(at);
-            }
-        }
-        for judge in &mut readiness {
-            if let Some(v) = sample_readiness(judge, &sim, now, api_up.get()) {
-                monitor.violations.push(v);
-            }
-        }
-    }
-    let duplicates = monitor.finish(&sim, now);
-    let skipped = skipped.borrow();
-    let faults: Vec<String> = plan
-        .faults
-        .iter()
-        .enumerate()
-        .filter(|(index, _)| !skipped.contains(index))
-        .map(|(_, planned)| format!("{}@{:.1}s", planned.fault.name(), planned.at.as_secs_f64()))
-        .collect();
-    let mut violations = std::mem::take(&mut monitor.violations);
-    // Every scenario ends with a quiet period longer than the readiness deadline: a check
-    // that never judged would pass silently, so that is a failure of its own.
-    for judge in &readiness {
-        if judge.judged == 0 && failure.is_none() {
-            violations.push(Violation {
-                check: "readiness",
-                object: format!("{}/readyz", judge.operator()),
-                at: now,
-                detail: "never judged: the world never held still for the deadline".into(),
-            });
-        }
-    }
-    if let Some(e) = failure {
-        violations.push(Violation {
-            check: "simulation",
-            object: "world".into(),
-            at: now,
-            detail: e,
-        });
-    }
-    let events = sim.world.trace().events();
-    let rpcs = controller_calls(&events);
-    let timeline = monitor.recorder.take().map(|recorder| {
-        // A named scenario's caller (the lab) puts its own title and replay.
-        let title = format!("seed {seed}, profile {profile}");
-        let replay = format!(
-            "cargo run --release -p spur-sim -- replay --seed {seed} --profile {profile}{} --html FILE",
-            config.intensity.for_seed(seed).args()
-        );
-        Box::new(scenario_timeline(
-            &events,
-            plan,
-            &skipped,
-            recorder,
-            (&monitor.brackets, &violations),
-            now,
-            (title, replay),
-        ))
-    });
-    Outcome {
-        seed,
+    let settings = Settings {
         profile,
-        violations,
-        trace_hash: sim.world.trace_hash(),
-        sim_secs: now.as_secs_f64(),
-        wall_ms: started.elapsed().as_millis(),
-        faults,
-        registration_lags: monitor.lags.registration.clone(),
-        submission_lags: monitor.lags.submission.clone(),
-        status_lags: monitor.lags.status.clone(),
-        failover_submission_lags: monitor.lags.failover_submission.clone(),
-        duplicates: duplicates.ran,
-        duplicates_stopped: duplicates.stopped,
-        rpcs,
-        acting_writes: monitor.acting_writes().clone(),
-        acting_calls: monitor.acting_calls().clone(),
-        landed_after_cut: monitor.landed_after_cut().clone(),
-        service: Some(service),
-        replay_args: config.intensity.for_seed(seed).args(),
-        timeline,
-    }
-}
-
-/// The timeline of a finished run: lanes for the operator replicas, every controller
-/// replica the run had and the API server; the plan's faults that struck, each over the
-/// lanes the harness named when it struck (the API server's for its own faults).
-fn scenario_timeline(
-    events: &[spur_judge::trace::TraceEvent],
-    plan: &Plan,
-    skipped: &BTreeSet<usize>,
-    recorder: spur_judge::timeline::Recorder,
-    (brackets, violations): (&[checks::Bracket], &[Violation]),
-    end: Duration,
-    (title, replay): (String, String),
-) -> spur_judge::timeline::Timeline {
-    use spur_judge::timeline::{FaultSpan, Timeline};
-    let mut replicas = BTreeSet::new();
-    for event in events {
-        if event.host.starts_with("spurctld") {
-            replicas.insert(event.host.clone());
-        }
-    }
-    let lanes = spur_judge::timeline::lanes(&plan.operators, replicas.iter().cloned());
-    let faults = plan
-        .faults
-        .iter()
-        .enumerate()
-        .filter(|(index, _)| !skipped.contains(index))
-        .map(|(_, planned)| {
-            let api_fault = matches!(
-                planned.fault,
-                Fault::ApiOutage { .. }
-                    | Fault::WatchCut
-                    | Fault::StatusConflict { .. }
-                    | Fault::NodeNotReadyFlap { .. }
-                    | Fault::NodeResourcesChanged { .. }
-                    | Fault::NodeDeleted { .. }
-            );
-            let mut struck = spur_judge::timeline::struck_at(events, planned.at);
-            if api_fault {
-                struck = vec![KUBE_API_HOST.to_owned()];
-            } else if struck.is_empty() {
-                struck = replicas.iter().cloned().collect();
-            }
-            FaultSpan {
-                name: planned.fault.name().to_owned(),
-                from_ms: planned.at.as_millis() as u64,
-                to_ms: (planned.at + planned.fault.heals_after()).as_millis() as u64,
-                lanes: struck,
-            }
-        })
-        .collect();
-    let (mut spans, mut calls) = spur_judge::timeline::from_trace(events, end);
-    let (terms, jobs) = recorder.finish(end);
-    spans.extend(terms);
-    calls.extend(crate::timeline_calls::take());
-    calls.sort_by(|a, b| (a.from_ms, &a.lane).cmp(&(b.from_ms, &b.lane)));
-    let (deadlines, violations) = spur_judge::timeline::deadlines(brackets, violations);
-    Timeline {
-        title,
-        replay,
-        note: String::new(),
-        end_ms: end.as_millis() as u64,
-        lanes,
-        spans,
-        faults,
-        calls,
-        jobs,
-        deadlines,
-        violations,
-    }
+        timeline: config.timeline,
+        started: Instant::now(),
+    };
+    let mut stage = SimStage::new(plan, profile, config);
+    spur_judge::stage::run(plan, &mut stage, settings)
 }
 
 /// The operator replica the Lease names now (ground truth), else `operator`: partitions
@@ -400,14 +104,6 @@ fn acting_operator(leases: &LeaseHistory, stops: &BTreeMap<String, OperatorStop>
         .holder(OPERATOR_LEASE)
         .filter(|h| stops.contains_key(h))
         .unwrap_or_else(|| OPERATOR.to_owned())
-}
-
-/// Calls the operator replicas made to the controller, as the replicas answered them
-/// ([`spur_fakes::model::calls::answered`]).
-fn controller_calls(events: &[spur_judge::trace::TraceEvent]) -> usize {
-    spur_fakes::model::calls::answered(events, Duration::ZERO, Duration::MAX)
-        .values()
-        .sum()
 }
 
 /// Cuts replica `slot` off from the other replicas until `heal_at`.

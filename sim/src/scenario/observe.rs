@@ -7,37 +7,11 @@ use std::time::Duration;
 use spur_fakes::model::state::{Command, Effect, LogEntry, StateMachine};
 use spur_judge::checks::acting::ActingCheck;
 use spur_judge::checks::readiness::{ReadinessJudge, WorldView};
-use spur_judge::checks::{
-    AcceptedJob, ControllerView, Duplicates, Monitor, Observation, Violation,
-};
+use spur_judge::checks::{AcceptedJob, ControllerView, Observation, Violation};
 use spur_judge::hosts::{CONTROLLER_SERVICE, KUBE_API_HOST, OPERATOR_LEASE};
 use spur_operator::{state_name, uid_in_comment};
 
 use crate::harness::Sim;
-
-/// The checks' samples of the simulated world.
-pub trait SampleSim {
-    /// One sample of the simulated world at `now`. `api_up` is the harness's knowledge of
-    /// the API server.
-    fn sample(&mut self, sim: &Sim, now: Duration, api_up: bool);
-    /// The checks on the whole run, on the simulation's replicated log.
-    fn finish(&mut self, sim: &Sim, now: Duration) -> Duplicates;
-}
-
-impl SampleSim for Monitor {
-    fn sample(&mut self, sim: &Sim, now: Duration, api_up: bool) {
-        let (operators, acting) = self.acting_parts();
-        let operators = operators.to_vec();
-        let acting = judge_acting(acting, sim);
-        self.violations.extend(acting);
-        let observation = observe_sim(sim, now, &operators);
-        self.observe(&observation, now, api_up);
-    }
-
-    fn finish(&mut self, sim: &Sim, now: Duration) -> Duplicates {
-        self.finish_with(&accepted_jobs(&sim.world.log()), now)
-    }
-}
 
 /// Judges what `sim`'s API server applied and its controller replicas received since
 /// the last call.
@@ -85,7 +59,7 @@ pub fn accepted_jobs(log: &[LogEntry]) -> Vec<AcceptedJob> {
 }
 
 /// The simulated world's ground truth at `now`.
-fn observe_sim(sim: &Sim, now: Duration, operators: &[String]) -> Observation {
+pub fn observe_sim(sim: &Sim, now: Duration, operators: &[&str]) -> Observation {
     let cluster = sim.world.cluster();
     let leader = cluster.leader_with_quorum();
     let leader_slot = leader.as_ref().and_then(|l| cluster.slot_of(l));
@@ -95,7 +69,7 @@ fn observe_sim(sim: &Sim, now: Duration, operators: &[String]) -> Observation {
     let holder = sim
         .leases
         .holder(OPERATOR_LEASE)
-        .filter(|h| operators.contains(h));
+        .filter(|h| operators.contains(&h.as_str()));
     let acting_operator = holder
         .clone()
         .filter(|h| !net.is_down(h) && net.can_reach(h, KUBE_API_HOST));
@@ -154,13 +128,12 @@ pub fn sample_readiness(
     now: Duration,
     api_up: bool,
 ) -> Option<Violation> {
-    let seen = view(judge, sim, now, api_up);
+    let seen = view(judge.operator(), sim, now, api_up);
     judge.judge(seen, now)
 }
 
-/// What the readiness answer depends on, now, in the simulated world.
-fn view(judge: &ReadinessJudge, sim: &Sim, now: Duration, api_up: bool) -> WorldView {
-    let operator = judge.operator();
+/// What `operator`'s readiness answer depends on, now, in the simulated world.
+pub fn view(operator: &str, sim: &Sim, now: Duration, api_up: bool) -> WorldView {
     let net = sim.world.net();
     let endpoints: Vec<String> = net
         .ready_endpoints(CONTROLLER_SERVICE, now)
