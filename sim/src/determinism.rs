@@ -9,7 +9,7 @@
 //!   seeds it from `RandomState`, i.e. from the OS, and runs diverge.
 //! - **turmoil's RNG** (message latency, host runtime seeds): `Builder::rng_seed(seed)`.
 //! - **our own randomness** (the Service's picks, election times, every simulated peer and
-//!   later the fault schedule): [`rng_for`] derives one ChaCha stream per purpose from the
+//!   the scenario's plan): [`rng_for`] derives one ChaCha stream per purpose from the
 //!   seed, so adding a new consumer does not shift the draws of the others.
 //! - **the wall clock**: the simulation starts at the fixed [`EPOCH`]; simulated peers take
 //!   timestamps from [`sim_now`], never from `SystemTime::now`.

@@ -71,9 +71,9 @@ pub fn peer_host(peer: SocketAddr) -> Option<String> {
     turmoil::reverse_lookup(peer.ip())
 }
 
-/// Dials over turmoil's simulated TCP from the calling host, bare: none of the world's network
-/// model (the kernel's SYN retries, partitions, Services) that [`TurmoilDialer`]
-/// adds. For the API server's own tests.
+/// Dials over turmoil's simulated TCP from the calling host, bare: none of the world's
+/// network model (the kernel's SYN retries, partitions, Services) that
+/// [`super::TurmoilDialer`] adds. For the API server's own tests.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BareTurmoilDialer;
 

@@ -34,7 +34,8 @@ use spur_judge::trace::Trace;
 
 pub use spur_judge::service::{NoEndpoint, ServiceKind, ServiceSetup};
 
-/// The network's tunables.
+/// The network's tunables: every bound here is the kernel's or Kubernetes', not a choice
+/// of ours.
 #[derive(Clone, Debug)]
 pub struct NetConfig {
     /// First SYN retransmission timeout. Linux: 1 s.
@@ -45,9 +46,8 @@ pub struct NetConfig {
     /// How long an endpoint change (ready or not) takes to reach the Service's routing.
     /// Kubernetes: the EndpointSlice controller and kube-proxy take about a second.
     pub endpoint_propagation: Duration,
-    /// What the Service does with no ready endpoint. Default `Drop`, the seed's failure.
-    /// (Every bound here is the kernel's or Kubernetes', not a choice of ours.)
-    /// A ClusterIP Service's only: a headless one has no address to send a SYN to.
+    /// What the Service does with no ready endpoint. Default `Drop`, the seed's failure. A
+    /// ClusterIP Service's only: a headless one has no address to send a SYN to.
     pub no_endpoint: NoEndpoint,
     /// The Service's kind. Default ClusterIP, the seed's cluster.
     pub service: ServiceKind,
