@@ -623,33 +623,7 @@ fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let outcome = runtime.block_on(async {
-        let mut lab = world::Lab::new(setup, plan.nodes, &plan.operators).await?;
-        let outcome = run::run_plan(&mut lab, &plan, profile, &[], args.html.is_some()).await;
-        if outcome.as_ref().map_or(true, |o| !o.passed()) {
-            eprintln!("{}", lab.log_tails(30));
-        } else if let Ok(o) = &outcome
-            && let Some(late) = o
-                .failover_submission_lags
-                .iter()
-                .copied()
-                .filter(|lag| Duration::from_millis(*lag) > AFTER_ELECTION_GOAL)
-                .max()
-        {
-            // Passed, yet a goal missed: its cause is in the operator's log, which CI does
-            // not keep; printed as the run's notes.
-            eprintln!(
-                "lab: a SpurJob got its id {:.2}s after the new leader (the goal: {:?}); the \
-                 operator's channel meanwhile:",
-                late as f64 / 1000.0,
-                AFTER_ELECTION_GOAL
-            );
-            for line in lab.channel_decisions(CHANNEL_DECISIONS_SHOWN) {
-                eprintln!("lab:   {line}");
-            }
-        }
-        outcome
-    });
+    let outcome = run_inside(&runtime, setup, &plan, profile, args.html.is_some());
     if args.keep.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -666,6 +640,43 @@ fn inside(args: &LabArgs, name: &str, profile: Profile) -> anyhow::Result<bool> 
     }
     println!("{}", record.to_line());
     Ok(outcome.passed())
+}
+
+/// Builds the lab on `runtime`, runs `plan` on it and prints what a failed run's logs or a
+/// missed goal's channel decisions say.
+fn run_inside(
+    runtime: &tokio::runtime::Runtime,
+    setup: world::LabSetup,
+    plan: &spur_judge::plan::Plan,
+    profile: Profile,
+    timeline: bool,
+) -> anyhow::Result<Outcome> {
+    // The lab's processes and tasks need the runtime's context outside its block_on too.
+    let _entered = runtime.enter();
+    let mut lab = runtime.block_on(world::Lab::new(setup, plan.nodes, &plan.operators))?;
+    let outcome = run::run_plan(runtime, &mut lab, plan, profile, &[], timeline);
+    if !outcome.passed() {
+        eprintln!("{}", lab.log_tails(30));
+    } else if let Some(late) = outcome
+        .failover_submission_lags
+        .iter()
+        .copied()
+        .filter(|lag| Duration::from_millis(*lag) > AFTER_ELECTION_GOAL)
+        .max()
+    {
+        // Passed, yet a goal missed: its cause is in the operator's log, which CI does
+        // not keep; printed as the run's notes.
+        eprintln!(
+            "lab: a SpurJob got its id {:.2}s after the new leader (the goal: {:?}); the \
+             operator's channel meanwhile:",
+            late as f64 / 1000.0,
+            AFTER_ELECTION_GOAL
+        );
+        for line in lab.channel_decisions(CHANNEL_DECISIONS_SHOWN) {
+            eprintln!("lab:   {line}");
+        }
+    }
+    Ok(outcome)
 }
 
 struct Row {

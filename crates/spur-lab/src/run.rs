@@ -1,31 +1,30 @@
-//! Runs one plan in the lab: the same schedule as the simulation's `run_plan` (replicas
-//! start, SpurJobs come and go, the fault strikes and heals), judged by the same checks
-//! from the lab's ground truth.
+//! The lab as a [`Stage`]: the same runner as the simulation's (replicas start, SpurJobs
+//! come and go, the fault strikes and heals), judged by the same checks from the lab's
+//! ground truth. Each call blocks on the lab's runtime, whose tasks run only meanwhile.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use spur_operator::is_terminal;
+use tokio::runtime::Runtime;
 
 use super::world::{API_IP, Lab, Stop};
-use spur_judge::checks::readiness::ReadinessJudge;
-use spur_judge::checks::{AcceptedJob, Deadlines, Duplicates, Monitor, Violation};
-use spur_judge::hosts::{KUBE_API_HOST, OPERATOR, OPERATOR_B, REPLACE_AFTER, SAMPLE};
+use spur_judge::checks::readiness::WorldView;
+use spur_judge::checks::{AcceptedJob, Observation};
+use spur_judge::hosts::{KUBE_API_HOST, OPERATOR, OPERATOR_B, REPLACE_AFTER};
 use spur_judge::outcome::Outcome;
 use spur_judge::plan::{Fault, LeaderChange, Plan, PlannedJob, SteerTo};
-use spur_judge::probes::{ProbeLog, ProbeRule};
+use spur_judge::probes::ProbeLog;
 use spur_judge::profiles::Profile;
-use spur_judge::timeline::{FaultSpan, Timeline};
+use spur_judge::stage::{Action, Drawing, Ending, Settings, Stage};
+use spur_judge::timeline::FaultSpan;
 
-/// What the lab does at a time of the plan.
+/// What the lab does at a time: the plan's actions and the follow-ups they schedule.
 #[derive(Clone, Debug)]
 enum Event {
-    StartReplicas,
-    Create(PlannedJob),
-    Delete(String),
-    Fault(Fault),
+    Plan(Action),
     ReplaceReplica(usize),
     Thaw(usize),
     Repair(Vec<(Ipv4Addr, Ipv4Addr)>),
@@ -52,213 +51,235 @@ enum Event {
 /// How often the operators' call counters are read.
 const SCRAPE_EVERY: Duration = Duration::from_secs(2);
 
-/// Runs `plan` on `lab` (already built, nothing started) with `profile`'s operator.
-pub async fn run_plan(
+/// Runs `plan` on `lab` (already built, nothing started) with `profile`'s operator. Call it
+/// outside `runtime` (not from one of its tasks), with the runtime entered.
+pub fn run_plan(
+    runtime: &Runtime,
     lab: &mut Lab,
     plan: &Plan,
     profile: Profile,
     operator_b_flags: &[String],
     timeline: bool,
-) -> anyhow::Result<Outcome> {
-    let wall = Instant::now();
-    let mut events: BTreeMap<(Duration, u64), Event> = BTreeMap::new();
-    let mut order = 0;
-    let mut at = |events: &mut BTreeMap<(Duration, u64), Event>, when: Duration, event: Event| {
-        order += 1;
-        events.insert((when, order), event);
+) -> Outcome {
+    let settings = Settings {
+        profile,
+        timeline,
+        started: Instant::now(),
     };
-    at(&mut events, plan.controllers_at, Event::StartReplicas);
-    for job in &plan.jobs {
-        at(&mut events, job.create_at, Event::Create(job.clone()));
-        if let Some(delete_at) = job.delete_at {
-            at(&mut events, delete_at, Event::Delete(job.name.clone()));
-        }
-    }
-    let mut faults = Vec::new();
-    for planned in &plan.faults {
-        faults.push(format!(
-            "{}@{:.1}s",
-            planned.fault.name(),
-            planned.at.as_secs_f64()
-        ));
-        at(&mut events, planned.at, Event::Fault(planned.fault.clone()));
+    lab.start_clock();
+    let mut stage = LabStage {
+        runtime,
+        lab,
+        operator_b_flags,
+        events: BTreeMap::new(),
+        order: 0,
+        probes: Vec::new(),
+        api_up: true,
+        leader: None,
+        struck: Vec::new(),
+        skipped: Vec::new(),
+        restarts: Vec::new(),
+        next_scrape: SCRAPE_EVERY,
+    };
+    spur_judge::stage::run(plan, &mut stage, settings)
+}
+
+/// The lab's processes, with what its runner needs to know of them.
+struct LabStage<'r> {
+    runtime: &'r Runtime,
+    lab: &'r mut Lab,
+    operator_b_flags: &'r [String],
+    /// What is due when, in the order it was scheduled.
+    events: BTreeMap<(Duration, u64), Event>,
+    order: u64,
+    /// Each operator's readiness answers, by its index in the lab.
+    probes: Vec<(usize, ProbeLog)>,
+    api_up: bool,
+    /// The last controller leader seen, whom a leader fault struck.
+    leader: Option<String>,
+    /// Each fault as it struck, over the lanes it hit, for the timeline.
+    struck: Vec<FaultSpan>,
+    skipped: Vec<usize>,
+    restarts: Vec<(String, Duration)>,
+    next_scrape: Duration,
+}
+
+impl LabStage<'_> {
+    fn at(&mut self, when: Duration, event: Event) {
+        self.order += 1;
+        self.events.insert((when, self.order), event);
     }
 
-    lab.start_clock();
-    for name in &plan.operators {
-        let extra: &[String] = if *name == OPERATOR_B {
-            operator_b_flags
-        } else {
-            &[]
-        };
-        lab.start_operator(name, extra)?;
-    }
-    let mut monitor = Monitor::new(Deadlines::default(), &plan.operators);
-    if timeline {
-        monitor = monitor.recording();
-    }
-    // sim.md's readiness check on the kubelet stand-in's answers, against the lab's truth:
-    // one judge per operator pod, by its index in the lab.
-    let mut readiness: Vec<(usize, ReadinessJudge)> = plan
-        .operators
-        .iter()
-        .map(|name| {
-            Ok((
-                lab.operator_index(name)?,
-                ReadinessJudge::new(
-                    Deadlines::default().readiness,
-                    ProbeLog::default(),
-                    ProbeRule::DEPLOYMENT,
-                    name,
-                ),
-            ))
-        })
-        .collect::<anyhow::Result<_>>()?;
-    // Each fault as it struck, over the lanes it hit, for the timeline.
-    let mut struck: Vec<FaultSpan> = Vec::new();
-    let mut leader: Option<String> = None;
-    let mut api_up = true;
-    let mut next_sample = SAMPLE;
-    let mut next_scrape = SCRAPE_EVERY;
-    while lab.now() < plan.end {
-        tokio::time::sleep(next_sample.saturating_sub(lab.now())).await;
-        next_sample += SAMPLE;
-        let now = lab.now();
-        while let Some(entry) = events.first_entry() {
+    /// One step to `to`: what is due, the lab's own bookkeeping, the call counters.
+    async fn step(&mut self, to: Duration) -> anyhow::Result<()> {
+        tokio::time::sleep(to.saturating_sub(self.lab.now())).await;
+        let now = self.lab.now();
+        while let Some(entry) = self.events.first_entry() {
             if entry.key().0 > now {
                 break;
             }
-            let event = entry.remove();
-            if let Event::Fault(fault) = &event {
-                struck.push(FaultSpan {
-                    name: fault.name().to_owned(),
-                    from_ms: now.as_millis() as u64,
-                    to_ms: (now + fault.heals_after()).as_millis() as u64,
-                    lanes: fault_lanes(
-                        fault,
-                        leader.as_deref(),
-                        &acting_operator(lab),
-                        lab.replica_count(),
-                    ),
-                });
-            }
-            if let Some(name) = restarts_operator(&event) {
-                for (_, judge) in &mut readiness {
-                    if judge.operator() == name {
-                        judge.restarted(now);
-                    }
+            let later = match entry.remove() {
+                Event::Plan(Action::Strike { index, fault }) => {
+                    self.strike(index, fault, now).await?
                 }
-            }
-            for (when, follow_up) in carry_out(lab, event, now, &mut monitor, &mut api_up).await? {
-                at(&mut events, when, follow_up);
+                event => {
+                    if let Event::StartOperator(name) = &event {
+                        self.restarts.push((name.clone(), now));
+                    }
+                    carry_out(self.lab, event, now, &mut self.api_up).await?
+                }
+            };
+            for (when, follow_up) in later {
+                self.at(when, follow_up);
             }
         }
-        lab.tick().await?;
-        let seen = lab.observe().await;
+        self.lab.tick().await?;
+        if now >= self.next_scrape {
+            self.next_scrape += SCRAPE_EVERY;
+            self.lab.scrape_all_calls().await;
+        }
+        Ok(())
+    }
+
+    /// Strikes the plan's fault `index`, noting its lanes, or that it found nothing to
+    /// strike.
+    async fn strike(
+        &mut self,
+        index: usize,
+        fault: Fault,
+        now: Duration,
+    ) -> anyhow::Result<Vec<(Duration, Event)>> {
+        let span = FaultSpan {
+            name: fault.name().to_owned(),
+            from_ms: now.as_millis() as u64,
+            to_ms: (now + fault.heals_after()).as_millis() as u64,
+            lanes: fault_lanes(
+                &fault,
+                self.leader.as_deref(),
+                &acting_operator(self.lab),
+                self.lab.replica_count(),
+            ),
+        };
+        let name = fault.name();
+        match strike(self.lab, fault, now, &mut self.api_up).await? {
+            Some(later) => {
+                self.struck.push(span);
+                Ok(later)
+            }
+            None => {
+                eprintln!(
+                    "lab: {name} skipped: nothing to strike ({:.1}s)",
+                    now.as_secs_f64()
+                );
+                self.skipped.push(index);
+                Ok(Vec::new())
+            }
+        }
+    }
+}
+
+impl Stage for LabStage<'_> {
+    const NAME: &'static str = "lab";
+
+    fn start_operator(&mut self, name: &str) -> Result<(), String> {
+        let extra: &[String] = if name == OPERATOR_B {
+            self.operator_b_flags
+        } else {
+            &[]
+        };
+        self.lab
+            .start_operator(name, extra)
+            .map_err(|e| format!("{e:#}"))
+    }
+
+    fn probes(&mut self, operator: &str) -> Result<ProbeLog, String> {
+        let index = self
+            .lab
+            .operator_index(operator)
+            .map_err(|e| format!("{e:#}"))?;
+        let log = ProbeLog::default();
+        self.probes.push((index, log.clone()));
+        Ok(log)
+    }
+
+    fn schedule(&mut self, at: Duration, action: Action) {
+        self.at(at, Event::Plan(action));
+    }
+
+    fn advance(&mut self, to: Duration) -> Result<(), String> {
+        let runtime = self.runtime;
+        runtime
+            .block_on(self.step(to))
+            .map_err(|e| format!("{e:#}"))
+    }
+
+    fn now(&self) -> Duration {
+        self.lab.now()
+    }
+
+    fn api_up(&self) -> bool {
+        self.api_up
+    }
+
+    fn delete(&mut self, name: &str) -> Result<(), String> {
+        // The lab's own writes must land, or the run would judge less than it claims.
+        self.lab
+            .api
+            .delete("spur.amd.com/v1alpha1", "SpurJob", Some("default"), name)
+            .map(|_| ())
+            .map_err(|e| format!("the lab could not delete SpurJob {name}: {e}"))
+    }
+
+    fn observe(&mut self, _operators: &[&str]) -> Observation {
+        let seen = self.runtime.block_on(self.lab.observe());
         if seen.leader.is_some() {
-            leader.clone_from(&seen.leader);
+            self.leader.clone_from(&seen.leader);
         }
-        monitor.observe(&seen, lab.now(), api_up);
-        for (index, at, ready) in lab.take_probe_answers() {
-            if let Some((_, judge)) = readiness.iter_mut().find(|(i, _)| *i == index) {
-                judge.record(at, ready);
+        for (index, at, ready) in self.lab.take_probe_answers() {
+            if let Some((_, log)) = self.probes.iter().find(|(i, _)| *i == index) {
+                log.record(at, ready);
             }
         }
-        for (_, judge) in &mut readiness {
-            let view = lab.readiness_view(judge.operator(), api_up);
-            if let Some(violation) = judge.judge(view, lab.now()) {
-                monitor.violations.push(violation);
-            }
-        }
-        if now >= next_scrape {
-            next_scrape += SCRAPE_EVERY;
-            lab.scrape_all_calls().await;
+        seen
+    }
+
+    fn readiness_view(&mut self, operator: &str) -> WorldView {
+        self.lab.readiness_view(operator, self.api_up)
+    }
+
+    fn take_skipped(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.skipped)
+    }
+
+    fn take_restarts(&mut self) -> Vec<(String, Duration)> {
+        std::mem::take(&mut self.restarts)
+    }
+
+    fn accepted_jobs(&mut self) -> Option<Vec<AcceptedJob>> {
+        let mut jobs = self.runtime.block_on(self.lab.controller_jobs())?;
+        jobs.sort_by_key(|j| j.id);
+        let accepted = jobs.into_iter().map(|job| AcceptedJob {
+            id: job.id,
+            live: !is_terminal(job.state),
+            ran: job.started,
+            comment: job.comment,
+        });
+        Some(accepted.collect())
+    }
+
+    fn ending(&mut self) -> Ending {
+        self.runtime.block_on(self.lab.scrape_all_calls());
+        Ending {
+            trace_hash: "lab".into(),
+            rpcs: self.lab.controller_calls() as usize,
+            service: None,
+            replay_args: String::new(),
         }
     }
-    lab.scrape_all_calls().await;
-    let now = lab.now();
-    let duplicates = match lab.controller_jobs().await {
-        Some(mut jobs) => {
-            jobs.sort_by_key(|j| j.id);
-            let accepted: Vec<AcceptedJob> = jobs
-                .into_iter()
-                .map(|job| AcceptedJob {
-                    id: job.id,
-                    live: !is_terminal(job.state),
-                    ran: job.started,
-                    comment: job.comment,
-                })
-                .collect();
-            monitor.finish_with(&accepted, now)
-        }
-        None => {
-            monitor.violations.push(Violation {
-                check: "lab",
-                object: "controller".into(),
-                at: now,
-                detail: "no leader answered at the end: the duplicate check could not run".into(),
-            });
-            Duplicates::default()
-        }
-    };
-    let mut violations = std::mem::take(&mut monitor.violations);
-    // As in the simulation: a readiness check that never judged would pass silently.
-    for (_, judge) in &readiness {
-        if judge.judged == 0 {
-            violations.push(Violation {
-                check: "readiness",
-                object: format!("{}/readyz", judge.operator()),
-                at: now,
-                detail: "never judged: the world never held still for the deadline".into(),
-            });
-        }
+
+    fn drawing(&mut self, plan: &Plan, _skipped: &BTreeSet<usize>, _end: Duration) -> Drawing {
+        drawing(self.lab, plan, std::mem::take(&mut self.struck))
     }
-    let timeline = monitor.recorder.take().map(|recorder| {
-        let mut timeline = lab_timeline(
-            plan,
-            recorder,
-            struck,
-            (&monitor.brackets, &violations),
-            now,
-            lab.replica_count(),
-        );
-        for name in &plan.operators {
-            let log = std::fs::read_to_string(lab.operator_log(name)).unwrap_or_default();
-            timeline
-                .calls
-                .extend(spur_judge::timeline::operator_log::from_operator_log(
-                    &log,
-                    name,
-                    lab.started_wall(),
-                ));
-        }
-        timeline
-            .calls
-            .sort_by(|a, b| (a.from_ms, &a.lane).cmp(&(b.from_ms, &b.lane)));
-        Box::new(timeline)
-    });
-    Ok(Outcome {
-        seed: plan.seed,
-        profile,
-        violations,
-        trace_hash: "lab".into(),
-        sim_secs: now.as_secs_f64(),
-        wall_ms: wall.elapsed().as_millis(),
-        faults,
-        registration_lags: monitor.lags.registration.clone(),
-        submission_lags: monitor.lags.submission.clone(),
-        status_lags: monitor.lags.status.clone(),
-        failover_submission_lags: monitor.lags.failover_submission.clone(),
-        duplicates: duplicates.ran,
-        duplicates_stopped: duplicates.stopped,
-        rpcs: lab.controller_calls() as usize,
-        acting_writes: BTreeMap::new(),
-        acting_calls: BTreeMap::new(),
-        landed_after_cut: BTreeMap::new(),
-        service: None,
-        replay_args: String::new(),
-        timeline,
-    })
 }
 
 /// The lanes a fault hits in the lab: the leader it struck (the last one seen), the
@@ -308,47 +329,31 @@ fn fault_lanes(
     }
 }
 
-/// A lab run's timeline: what the checks sampled (terms, the Lease, SpurJobs, deadlines)
-/// and the faults as they struck. The real operator's calls are not caught here (its log
-/// is a process's, not the simulation's), so its lanes carry no call marks.
-fn lab_timeline(
-    plan: &Plan,
-    recorder: spur_judge::timeline::Recorder,
-    faults: Vec<FaultSpan>,
-    (brackets, violations): (&[spur_judge::checks::Bracket], &[Violation]),
-    end: Duration,
-    replicas: usize,
-) -> Timeline {
+/// The lab's share of a run's timeline: its lanes, the faults as they struck, and the
+/// operators' calls read from their logs.
+fn drawing(lab: &Lab, plan: &Plan, faults: Vec<FaultSpan>) -> Drawing {
     let lanes = spur_judge::timeline::lanes(
         &plan.operators,
-        (0..replicas).map(|s| format!("spurctld-{s}")),
+        (0..lab.replica_count()).map(|s| format!("spurctld-{s}")),
     );
-    let (spans, jobs) = recorder.finish(end);
-    let (deadlines, violations) = spur_judge::timeline::deadlines(brackets, violations);
-    Timeline {
-        title: String::new(),
-        replay: String::new(),
+    let mut calls = Vec::new();
+    for name in &plan.operators {
+        let log = std::fs::read_to_string(lab.operator_log(name)).unwrap_or_default();
+        calls.extend(spur_judge::timeline::operator_log::from_operator_log(
+            &log,
+            name,
+            lab.started_wall(),
+        ));
+    }
+    Drawing {
         note: "The operators' calls are read from their JSON logs (wall clock, to the \
                millisecond). The real replicas log no call, so their lanes show only their \
                leader terms; the simulated twin's page draws each answer."
             .into(),
-        end_ms: end.as_millis() as u64,
         lanes,
-        spans,
         faults,
-        calls: Vec::new(),
-        jobs,
-        deadlines,
-        violations,
-    }
-}
-
-/// The operator `event` (re)starts, whose readiness is judged afresh from then.
-fn restarts_operator(event: &Event) -> Option<String> {
-    match event {
-        Event::StartOperator(name) => Some(name.clone()),
-        Event::Fault(Fault::OperatorRestart) => Some(OPERATOR.to_owned()),
-        _ => None,
+        calls,
+        ..Drawing::default()
     }
 }
 
@@ -358,44 +363,39 @@ fn acting_operator(lab: &Lab) -> String {
     lab.lease_holder().unwrap_or_else(|| OPERATOR.to_owned())
 }
 
-/// Carries out `event`; returns the events it schedules.
+/// Creates SpurJob `job`.
+fn create(lab: &Lab, job: &PlannedJob) -> anyhow::Result<()> {
+    let spec = json!({
+        "image": "busybox",
+        "command": ["sh", "-c", "true"],
+        "env": {"SIM_RUN_SECONDS": job.run_secs.to_string(),
+                "SIM_EXIT_CODE": job.exit_code.to_string()},
+    });
+    // The lab's own writes must land, or the run would judge less than it claims.
+    lab.api
+        .create(json!({
+            "apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob",
+            "metadata": {"name": job.name, "namespace": "default"}, "spec": spec,
+        }))
+        .map_err(|e| anyhow::anyhow!("the lab could not create SpurJob {}: {e}", job.name))?;
+    Ok(())
+}
+
+/// Carries out `event` (not a strike); returns the events it schedules.
 async fn carry_out(
     lab: &mut Lab,
     event: Event,
     now: Duration,
-    monitor: &mut Monitor,
     api_up: &mut bool,
 ) -> anyhow::Result<Vec<(Duration, Event)>> {
-    let mut later = Vec::new();
     match event {
-        Event::StartReplicas => {
+        Event::Plan(Action::StartControllers) => {
             for slot in 0..lab.replica_count() {
                 lab.start_replica(slot)?;
             }
         }
-        Event::Create(job) => {
-            let spec = json!({
-                "image": "busybox",
-                "command": ["sh", "-c", "true"],
-                "env": {"SIM_RUN_SECONDS": job.run_secs.to_string(),
-                        "SIM_EXIT_CODE": job.exit_code.to_string()},
-            });
-            // The lab's own writes must land, or the run would judge less than it claims.
-            lab.api
-                .create(json!({
-                    "apiVersion": "spur.amd.com/v1alpha1", "kind": "SpurJob",
-                    "metadata": {"name": job.name, "namespace": "default"}, "spec": spec,
-                }))
-                .map_err(|e| {
-                    anyhow::anyhow!("the lab could not create SpurJob {}: {e}", job.name)
-                })?;
-        }
-        Event::Delete(name) => {
-            lab.api
-                .delete("spur.amd.com/v1alpha1", "SpurJob", Some("default"), &name)
-                .map_err(|e| anyhow::anyhow!("the lab could not delete SpurJob {name}: {e}"))?;
-            monitor.deleted(&name, now);
-        }
+        Event::Plan(Action::Create(job)) => create(lab, &job)?,
+        Event::Plan(Action::Strike { .. }) => unreachable!("LabStage::strike strikes"),
         Event::ReplaceReplica(slot) => lab.replace_replica(slot)?,
         Event::Thaw(slot) => lab.freeze_replica(slot, false),
         Event::Repair(pairs) => {
@@ -409,41 +409,7 @@ async fn carry_out(
         }
         Event::StartOperator(name) => lab.start_operator(&name, &[])?,
         Event::SteerOnceAnEndLanded { onto, ended, until } => {
-            let landed = match lab.leader_slot() {
-                Some(leader) if leader != onto => lab
-                    .controller_jobs()
-                    .await
-                    .is_some_and(|jobs| ended_jobs(&jobs) > ended),
-                _ => false,
-            };
-            if landed {
-                // A connection to the cut leader from before would pass for the new one.
-                lab.reset_operator_connections(&acting_operator(lab), onto)?;
-                let operator = lab.operator_ip(&acting_operator(lab)).expect("an operator");
-                let pairs = cut_off(lab, operator, onto)?;
-                eprintln!(
-                    "lab: a job's end reached the new leader; the operator is cut off from \
-                     every replica but spurctld-{onto} ({:.1}s)",
-                    now.as_secs_f64()
-                );
-                later.push((
-                    now + STALE_STEER_EVERY,
-                    Event::HealOnceOn {
-                        onto,
-                        pairs,
-                        until: now + STALE_STEER_CUT,
-                    },
-                ));
-            } else if now < until {
-                later.push((
-                    now + STALE_STEER_EVERY,
-                    Event::SteerOnceAnEndLanded { onto, ended, until },
-                ));
-            } else {
-                anyhow::bail!(
-                    "no job's end reached a new leader by {until:?}: nothing to steer by"
-                );
-            }
+            return steer_once_an_end_landed(lab, onto, ended, until, now).await;
         }
         Event::HealOnceOn { onto, pairs, until } => {
             let on = lab.operator_connections(&acting_operator(lab))?;
@@ -453,72 +419,81 @@ async fn carry_out(
                     STALE_STEER_HOLD,
                     now.as_secs_f64()
                 );
-                later.push((now + STALE_STEER_HOLD, Event::Repair(pairs)));
-            } else {
-                later.push((
-                    now + STALE_STEER_EVERY,
-                    Event::HealOnceOn { onto, pairs, until },
-                ));
+                return Ok(vec![(now + STALE_STEER_HOLD, Event::Repair(pairs))]);
             }
+            let again = Event::HealOnceOn { onto, pairs, until };
+            return Ok(vec![(now + STALE_STEER_EVERY, again)]);
         }
-        Event::Fault(fault) => later = strike(lab, fault, now, api_up).await?,
     }
-    Ok(later)
+    Ok(Vec::new())
 }
 
+/// `leader-cut-stale-read`'s steering: once a job's end reached the new leader, cuts the
+/// operator off from every replica but the cut leader `onto`.
+async fn steer_once_an_end_landed(
+    lab: &mut Lab,
+    onto: usize,
+    ended: usize,
+    until: Duration,
+    now: Duration,
+) -> anyhow::Result<Vec<(Duration, Event)>> {
+    let landed = match lab.leader_slot() {
+        Some(leader) if leader != onto => lab
+            .controller_jobs()
+            .await
+            .is_some_and(|jobs| ended_jobs(&jobs) > ended),
+        _ => false,
+    };
+    if landed {
+        // A connection to the cut leader from before would pass for the new one.
+        lab.reset_operator_connections(&acting_operator(lab), onto)?;
+        let operator = lab.operator_ip(&acting_operator(lab)).expect("an operator");
+        let pairs = cut_off(lab, operator, onto)?;
+        eprintln!(
+            "lab: a job's end reached the new leader; the operator is cut off from \
+             every replica but spurctld-{onto} ({:.1}s)",
+            now.as_secs_f64()
+        );
+        let heal = Event::HealOnceOn {
+            onto,
+            pairs,
+            until: now + STALE_STEER_CUT,
+        };
+        Ok(vec![(now + STALE_STEER_EVERY, heal)])
+    } else if now < until {
+        let again = Event::SteerOnceAnEndLanded { onto, ended, until };
+        Ok(vec![(now + STALE_STEER_EVERY, again)])
+    } else {
+        anyhow::bail!("no job's end reached a new leader by {until:?}: nothing to steer by")
+    }
+}
+
+/// Strikes `fault`; returns the events it schedules, or `None` when it found nothing to
+/// strike (no leader to kill, freeze or cut off).
 async fn strike(
     lab: &mut Lab,
     fault: Fault,
     now: Duration,
     api_up: &mut bool,
-) -> anyhow::Result<Vec<(Duration, Event)>> {
-    let mut later = Vec::new();
+) -> anyhow::Result<Option<Vec<(Duration, Event)>>> {
     let replicas = lab.replica_count();
     let leader = lab.leader_slot();
-    match fault {
-        Fault::LeaderKillSilent | Fault::LeaderKillGraceful => {
-            if let Some(slot) = leader {
-                lab.kill_replica(slot, fault == Fault::LeaderKillSilent)?;
-                later.push((now + REPLACE_AFTER, Event::ReplaceReplica(slot)));
-            }
+    let later = match fault {
+        Fault::LeaderKillSilent
+        | Fault::LeaderKillGraceful
+        | Fault::LeaderFreeze { .. }
+        | Fault::LeaderCutOff { .. } => {
+            let Some(slot) = leader else {
+                return Ok(None);
+            };
+            strike_leader(lab, fault, slot, now).await?
         }
         Fault::FollowerKill => {
-            if let Some(slot) = (0..replicas).find(|s| Some(*s) != leader) {
-                lab.kill_replica(slot, true)?;
-                later.push((now + REPLACE_AFTER, Event::ReplaceReplica(slot)));
-            }
-        }
-        Fault::LeaderFreeze { thaw_after } => {
-            if let Some(slot) = leader {
-                lab.freeze_replica(slot, true);
-                later.push((now + thaw_after, Event::Thaw(slot)));
-            }
-        }
-        Fault::LeaderCutOff { heal_after, steer } => {
-            if let Some(slot) = leader {
-                let onto = match steer {
-                    None => None,
-                    Some(SteerTo::Leader) => Some(slot),
-                    Some(SteerTo::Follower) => (0..replicas).find(|s| *s != slot),
-                    Some(SteerTo::LeaderOnceAnEndLanded) => {
-                        let ended = lab.controller_jobs().await.map_or(0, |j| ended_jobs(&j));
-                        later.push((
-                            now + STALE_STEER_EVERY,
-                            Event::SteerOnceAnEndLanded {
-                                onto: slot,
-                                ended,
-                                until: now + heal_after,
-                            },
-                        ));
-                        None
-                    }
-                };
-                if let Some(onto) = onto {
-                    steer_onto(lab, &acting_operator(lab), onto).await?;
-                }
-                let now = lab.now();
-                later.push((now + heal_after, cut_from_replicas(lab, slot)?));
-            }
+            let Some(slot) = (0..replicas).find(|s| Some(*s) != leader) else {
+                return Ok(None);
+            };
+            lab.kill_replica(slot, true)?;
+            vec![(now + REPLACE_AFTER, Event::ReplaceReplica(slot))]
         }
         Fault::FollowerCutOff {
             heal_after,
@@ -527,7 +502,7 @@ async fn strike(
             let follower = (0..replicas)
                 .find(|s| Some(*s) != leader)
                 .expect("three replicas");
-            later.push((now + heal_after, cut_from_replicas(lab, follower)?));
+            let heal = cut_from_replicas(lab, follower)?;
             // Steered once the follower has forgotten its leader: before that its forwards
             // hang, no probe of it passes and the operator's patience leaves it at once;
             // after, it serves reads from its own copy and refuses every write.
@@ -535,10 +510,75 @@ async fn strike(
                 tokio::time::sleep(FORGET_LEADER).await;
                 steer_onto(lab, &acting_operator(lab), follower).await?;
             }
+            vec![(now + heal_after, heal)]
         }
         Fault::PartitionReplica { slot, heal_after } => {
+            vec![(now + heal_after, cut_from_replicas(lab, slot)?)]
+        }
+        Fault::ApiOutage { duration } => {
+            lab.api_outage(true);
+            *api_up = false;
+            vec![(now + duration, Event::ApiBack)]
+        }
+        fault => strike_operator(lab, fault, now).await?,
+    };
+    Ok(Some(later))
+}
+
+/// Strikes controller leader `slot` with a leader fault.
+async fn strike_leader(
+    lab: &mut Lab,
+    fault: Fault,
+    slot: usize,
+    now: Duration,
+) -> anyhow::Result<Vec<(Duration, Event)>> {
+    let replicas = lab.replica_count();
+    let mut later = Vec::new();
+    match fault {
+        Fault::LeaderFreeze { thaw_after } => {
+            lab.freeze_replica(slot, true);
+            later.push((now + thaw_after, Event::Thaw(slot)));
+        }
+        Fault::LeaderCutOff { heal_after, steer } => {
+            let onto = match steer {
+                None => None,
+                Some(SteerTo::Leader) => Some(slot),
+                Some(SteerTo::Follower) => (0..replicas).find(|s| *s != slot),
+                Some(SteerTo::LeaderOnceAnEndLanded) => {
+                    let ended = lab.controller_jobs().await.map_or(0, |j| ended_jobs(&j));
+                    let steer = Event::SteerOnceAnEndLanded {
+                        onto: slot,
+                        ended,
+                        until: now + heal_after,
+                    };
+                    later.push((now + STALE_STEER_EVERY, steer));
+                    None
+                }
+            };
+            if let Some(onto) = onto {
+                steer_onto(lab, &acting_operator(lab), onto).await?;
+            }
+            let now = lab.now();
             later.push((now + heal_after, cut_from_replicas(lab, slot)?));
         }
+        fault => {
+            lab.kill_replica(slot, fault == Fault::LeaderKillSilent)?;
+            later.push((now + REPLACE_AFTER, Event::ReplaceReplica(slot)));
+        }
+    }
+    Ok(later)
+}
+
+/// Strikes the acting operator, the API server's watches and writes, or (for the faults
+/// no named scenario has) fails the run.
+async fn strike_operator(
+    lab: &mut Lab,
+    fault: Fault,
+    now: Duration,
+) -> anyhow::Result<Vec<(Duration, Event)>> {
+    let replicas = lab.replica_count();
+    let mut later = Vec::new();
+    match fault {
         Fault::PartitionOperatorReplica { slot, heal_after } => {
             let operator = lab.operator_ip(&acting_operator(lab)).expect("an operator");
             let pair = (operator, lab.replica_ip(slot));
@@ -555,43 +595,19 @@ async fn strike(
             }
             later.push((now + heal_after, Event::Repair(pairs)));
         }
-        Fault::ApiOutage { duration } => {
-            lab.api_outage(true);
-            *api_up = false;
-            later.push((now + duration, Event::ApiBack));
-        }
         Fault::OperatorRestart => {
             lab.stop_operator(OPERATOR, Stop::Kill).await?;
             lab.start_operator(OPERATOR, &[])?;
         }
         Fault::OperatorLeaderChange { how, down_for } => {
-            let leader = acting_operator(lab);
-            match how {
-                LeaderChange::Isolate => {
-                    let pair = (lab.operator_ip(&leader).expect("an operator"), API_IP);
-                    lab.partition(pair.0, pair.1, true)?;
-                    later.push((now + down_for, Event::Repair(vec![pair])));
-                }
-                LeaderChange::Sigterm | LeaderChange::Crash => {
-                    let stop = if how == LeaderChange::Sigterm {
-                        Stop::Term
-                    } else {
-                        Stop::Kill
-                    };
-                    lab.stop_operator(&leader, stop).await?;
-                    later.push((now + down_for, Event::StartOperator(leader)));
-                }
-            }
+            later.push(change_operator_leader(lab, how, down_for, now).await?);
         }
         Fault::WatchCut => lab
             .api
             .faults()
             .cut_watches(spur_fakes::api_server::CutKind::Abort),
         Fault::StatusConflict { writes } => lab.api.faults().conflict_next_status_writes(writes),
-        Fault::NodeNotReadyFlap { .. }
-        | Fault::NodeResourcesChanged { .. }
-        | Fault::NodeDeleted { .. }
-        | Fault::ReplyLost { .. } => {
+        fault => {
             anyhow::bail!(
                 "the lab has no named scenario with {} (a seed's fault; run it with `spur-sim run`)",
                 fault.name()
@@ -599,6 +615,32 @@ async fn strike(
         }
     }
     Ok(later)
+}
+
+/// Takes the acting operator out of the picture for `down_for`; returns what brings it back.
+async fn change_operator_leader(
+    lab: &mut Lab,
+    how: LeaderChange,
+    down_for: Duration,
+    now: Duration,
+) -> anyhow::Result<(Duration, Event)> {
+    let leader = acting_operator(lab);
+    match how {
+        LeaderChange::Isolate => {
+            let pair = (lab.operator_ip(&leader).expect("an operator"), API_IP);
+            lab.partition(pair.0, pair.1, true)?;
+            Ok((now + down_for, Event::Repair(vec![pair])))
+        }
+        LeaderChange::Sigterm | LeaderChange::Crash => {
+            let stop = if how == LeaderChange::Sigterm {
+                Stop::Term
+            } else {
+                Stop::Kill
+            };
+            lab.stop_operator(&leader, stop).await?;
+            Ok((now + down_for, Event::StartOperator(leader)))
+        }
+    }
 }
 
 /// How long [`steer_onto`] may take: an operator dials afresh at its next call, and the
