@@ -20,7 +20,8 @@ pub fn binary() -> Option<PathBuf> {
         let path = PathBuf::from(path);
         return path.is_file().then_some(path);
     }
-    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/peers/spurctld/spurctld");
+    let beside =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/peers/spurctld/spurctld");
     beside.is_file().then_some(beside)
 }
 
