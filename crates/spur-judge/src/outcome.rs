@@ -73,6 +73,33 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// A run that could not be judged, with the one violation that says why: a panic in
+    /// the simulation, or a lab run that never reported.
+    pub fn failed(seed: u64, profile: Profile, violation: Violation) -> Outcome {
+        Outcome {
+            seed,
+            profile,
+            violations: vec![violation],
+            trace_hash: String::new(),
+            sim_secs: 0.0,
+            wall_ms: 0,
+            faults: Vec::new(),
+            registration_lags: Vec::new(),
+            submission_lags: Vec::new(),
+            status_lags: Vec::new(),
+            failover_submission_lags: Vec::new(),
+            duplicates: 0,
+            duplicates_stopped: 0,
+            rpcs: 0,
+            acting_writes: BTreeMap::new(),
+            acting_calls: BTreeMap::new(),
+            landed_after_cut: BTreeMap::new(),
+            service: None,
+            replay_args: String::new(),
+            timeline: None,
+        }
+    }
+
     pub fn passed(&self) -> bool {
         self.violations.is_empty()
     }

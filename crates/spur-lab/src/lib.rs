@@ -563,32 +563,15 @@ fn failed_record(
     stderr: &str,
 ) -> ScenarioRecord {
     let tail: Vec<&str> = stderr.lines().rev().take(5).collect();
+    let violation = spur_judge::checks::Violation {
+        check: "lab",
+        object: name.to_owned(),
+        at: Duration::ZERO,
+        detail: format!("{why}: {}", tail.join(" | ")),
+    };
     let mut record = ScenarioRecord::from(&Outcome {
-        seed: 0,
-        profile,
-        violations: vec![spur_judge::checks::Violation {
-            check: "lab",
-            object: name.to_owned(),
-            at: Duration::ZERO,
-            detail: format!("{why}: {}", tail.join(" | ")),
-        }],
         trace_hash: "lab".into(),
-        sim_secs: 0.0,
-        wall_ms: 0,
-        faults: Vec::new(),
-        registration_lags: Vec::new(),
-        submission_lags: Vec::new(),
-        status_lags: Vec::new(),
-        failover_submission_lags: Vec::new(),
-        duplicates: 0,
-        duplicates_stopped: 0,
-        rpcs: 0,
-        replay_args: String::new(),
-        acting_writes: Default::default(),
-        acting_calls: Default::default(),
-        landed_after_cut: Default::default(),
-        service: None,
-        timeline: None,
+        ..Outcome::failed(0, profile, violation)
     });
     record.replay = lab_replay(args, name, profile);
     record

@@ -50,32 +50,16 @@ pub fn run_isolated(seed: u64, profile: Profile, config: &ScenarioConfig) -> Out
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                 .unwrap_or_default();
+            let violation = Violation {
+                check: "panic",
+                object: "scenario".into(),
+                at: Duration::ZERO,
+                detail: what,
+            };
             Outcome {
-                seed,
-                profile,
-                violations: vec![Violation {
-                    check: "panic",
-                    object: "scenario".into(),
-                    at: Duration::ZERO,
-                    detail: what,
-                }],
-                trace_hash: String::new(),
-                sim_secs: 0.0,
-                wall_ms: 0,
-                faults: Vec::new(),
-                registration_lags: Vec::new(),
-                submission_lags: Vec::new(),
-                status_lags: Vec::new(),
-                failover_submission_lags: Vec::new(),
-                duplicates: 0,
-                duplicates_stopped: 0,
-                rpcs: 0,
-                acting_writes: BTreeMap::new(),
-                acting_calls: BTreeMap::new(),
-                landed_after_cut: BTreeMap::new(),
                 service,
                 replay_args,
-                timeline: None,
+                ..Outcome::failed(seed, profile, violation)
             }
         })
 }
