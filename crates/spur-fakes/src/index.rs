@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
+use spur_judge::checks::Observation;
 
 use crate::api_server::ApiServer;
 use crate::api_server::seed::MANAGED_LABEL;
@@ -40,6 +41,20 @@ pub struct Index {
     pub spurjobs: BTreeMap<String, SpurJobView>,
     /// Pods by namespace/name.
     pub pods: BTreeMap<String, PodView>,
+}
+
+impl Index {
+    /// The API server's side of a checks' sample, the same on every stage: SpurJobs by
+    /// name, the controller job ids that have pods, and the labelled nodes.
+    pub fn fill_observation(&self, seen: &mut Observation) {
+        seen.spurjobs = self
+            .spurjobs
+            .iter()
+            .map(|(k, v)| (k.rsplit('/').next().unwrap_or(k).to_owned(), v.clone()))
+            .collect();
+        seen.pod_job_ids = self.pods.values().filter_map(|p| p.job_id).collect();
+        seen.managed_nodes = self.managed_nodes.keys().cloned().collect();
+    }
 }
 
 #[derive(Clone, Debug, Default)]

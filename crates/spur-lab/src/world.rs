@@ -861,21 +861,16 @@ impl Lab {
                     .collect(),
             });
         }
-        let index = self.index.lock();
-        Observation {
+        let mut seen = Observation {
             holder,
             acting_operator,
             endpoint_reachable,
             leader: leader_slot.map(|s| self.replicas[s].pod.name.clone()),
             controller,
-            spurjobs: index
-                .spurjobs
-                .iter()
-                .map(|(k, v)| (k.rsplit('/').next().unwrap_or(k).to_owned(), v.clone()))
-                .collect(),
-            pod_job_ids: index.pods.values().filter_map(|p| p.job_id).collect(),
-            managed_nodes: index.managed_nodes.keys().cloned().collect(),
-        }
+            ..Observation::default()
+        };
+        self.index.lock().fill_observation(&mut seen);
+        seen
     }
 
     /// Operator `name`'s process id, while it runs.

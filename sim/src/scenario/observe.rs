@@ -104,21 +104,16 @@ pub fn observe_sim(sim: &Sim, now: Duration, operators: &[&str]) -> Observation 
                 .collect(),
         })
     });
-    let index = sim.index.lock();
-    Observation {
+    let mut seen = Observation {
         holder,
         acting_operator,
         endpoint_reachable,
         leader,
         controller,
-        spurjobs: index
-            .spurjobs
-            .iter()
-            .map(|(k, v)| (k.rsplit('/').next().unwrap_or(k).to_owned(), v.clone()))
-            .collect(),
-        pod_job_ids: index.pods.values().filter_map(|p| p.job_id).collect(),
-        managed_nodes: index.managed_nodes.keys().cloned().collect(),
-    }
+        ..Observation::default()
+    };
+    sim.index.lock().fill_observation(&mut seen);
+    seen
 }
 
 /// One readiness sample of the simulated world at `now`.
