@@ -119,6 +119,8 @@ pub fn run<S: Stage>(plan: &Plan, stage: &mut S, settings: Settings) -> Outcome 
 struct Run<'p> {
     plan: &'p Plan,
     monitor: Monitor,
+    /// What the samples showed over time, kept when the run draws a timeline.
+    recorder: Option<Recorder>,
     /// sim.md's readiness check, one judge per operator replica.
     readiness: Vec<ReadinessJudge>,
     /// The plan's operator restarts not yet passed, latest first, by fault index.
@@ -165,10 +167,8 @@ impl<'p> Run<'p> {
             .collect();
         restarts.reverse();
         schedule(plan, stage);
-        let mut monitor = Monitor::new(Deadlines::default(), &plan.operators);
-        if timeline {
-            monitor = monitor.recording();
-        }
+        let monitor = Monitor::new(Deadlines::default(), &plan.operators);
+        let recorder = timeline.then(Recorder::default);
         let mut deletions: Vec<(Duration, String)> = plan
             .jobs
             .iter()
@@ -178,6 +178,7 @@ impl<'p> Run<'p> {
         Run {
             plan,
             monitor,
+            recorder,
             readiness,
             restarts,
             deletions,
@@ -215,6 +216,9 @@ impl<'p> Run<'p> {
         self.monitor.violations.extend(acting);
         let seen = stage.observe(&self.plan.operators);
         self.monitor.observe(&seen, stage.now(), stage.api_up());
+        if let Some(recorder) = &mut self.recorder {
+            recorder.observe(&seen, stage.now());
+        }
         self.restarted(stage);
         for judge in &mut self.readiness {
             let view = stage.readiness_view(judge.operator());
@@ -265,7 +269,7 @@ impl<'p> Run<'p> {
             .collect();
         let violations = self.violations::<S>(now);
         let ending = stage.ending();
-        let timeline = self.monitor.recorder.take().map(|recorder| {
+        let timeline = self.recorder.take().map(|recorder| {
             let drawing = stage.drawing(self.plan, &self.skipped, now);
             Box::new(draw(
                 drawing,

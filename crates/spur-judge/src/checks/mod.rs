@@ -133,8 +133,6 @@ pub struct Monitor {
     pub lags: Lags,
     /// Every deadline judged, met or missed: the brackets of a run's timeline.
     pub brackets: Vec<Bracket>,
-    /// What the samples showed over time, for a run's timeline ([`Monitor::recording`]).
-    pub recorder: Option<crate::timeline::Recorder>,
 }
 
 /// One deadline as it was judged: waiting from `from`, due at `from + deadline`, and met
@@ -168,14 +166,7 @@ impl Monitor {
             violations: Vec::new(),
             lags: Lags::default(),
             brackets: Vec::new(),
-            recorder: None,
         }
-    }
-
-    /// Also records what each sample shows, for a timeline of the run.
-    pub fn recording(mut self) -> Self {
-        self.recorder = Some(crate::timeline::Recorder::default());
-        self
     }
 
     /// Notes that SpurJob `name` was deleted at `at` (by the workload).
@@ -227,9 +218,6 @@ impl Monitor {
     /// One sample of what the world looks like at `now`, however it was read (the
     /// simulation's state, or the lab's reads of real processes).
     pub fn observe(&mut self, seen: &Observation, now: Duration, api_up: bool) {
-        if let Some(recorder) = &mut self.recorder {
-            recorder.observe(seen, now);
-        }
         self.check_takeover(
             now,
             api_up,
