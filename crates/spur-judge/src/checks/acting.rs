@@ -190,56 +190,82 @@ impl ActingCheck {
             if !self.replicas.contains(host) || is_lease(w) {
                 continue;
             }
-            *self.judged.entry(host.to_owned()).or_default() += 1;
-            let term = leases.term_before(&self.lease, w.rv);
-            let holder = term.as_ref().and_then(|t| t.holder.as_deref());
-            if holder != Some(host)
-                && self.landed_after_cut(cuts, leases, (host, crate::hosts::KUBE_API_HOST, w.at))
-            {
-                continue; // not an act of the term it landed in
-            }
-            if holder != Some(host) {
-                let since = term.as_ref().map_or(0, |t| t.rv);
-                let named = named(term.as_ref());
-                self.flag(
-                    &mut violations,
-                    ("acting-without-lease", "kube-api"),
-                    host,
-                    since,
-                    w,
-                    format!("{host} applied {} while {named}", describe(w)),
-                );
-            }
-            if let Some(prev) = &self.last
-                && prev.host != host
-                && !leases.acquired_between(&self.lease, host, prev.rv, w.rv)
-            {
-                let since = term.as_ref().map_or(0, |t| t.rv);
-                let detail = format!(
-                    "{host} applied {} at {:.1}s after {} applied {} at {:.1}s, and the lease did not pass to {host} between",
-                    describe(w),
-                    w.at.as_secs_f64(),
-                    prev.host,
-                    prev.what,
-                    prev.at.as_secs_f64()
-                );
-                self.flag(
-                    &mut violations,
-                    ("acting-interleaved", "kube-api"),
-                    host,
-                    since,
-                    w,
-                    detail,
-                );
-            }
-            self.last = Some(Acted {
-                host: host.to_owned(),
-                rv: w.rv,
-                at: w.at,
-                what: describe(w),
-            });
+            self.judge_write(&mut violations, w, host, leases, cuts);
         }
         violations
+    }
+
+    /// Judges one leader-only write of replica `host` by both rules, then remembers it as
+    /// the last write the next one is weighed against.
+    fn judge_write(
+        &mut self,
+        violations: &mut Vec<Violation>,
+        w: &WriteRecord,
+        host: &str,
+        leases: &LeaseHistory,
+        cuts: &[Cut],
+    ) {
+        *self.judged.entry(host.to_owned()).or_default() += 1;
+        let term = leases.term_before(&self.lease, w.rv);
+        let holder = term.as_ref().and_then(|t| t.holder.as_deref());
+        if holder != Some(host)
+            && self.landed_after_cut(cuts, leases, (host, crate::hosts::KUBE_API_HOST, w.at))
+        {
+            return; // not an act of the term it landed in
+        }
+        let since = term.as_ref().map_or(0, |t| t.rv);
+        if holder != Some(host) {
+            let named = named(term.as_ref());
+            self.flag(
+                violations,
+                ("acting-without-lease", "kube-api"),
+                host,
+                since,
+                w,
+                format!("{host} applied {} while {named}", describe(w)),
+            );
+        }
+        self.check_interleaved(violations, w, host, since, leases);
+        self.last = Some(Acted {
+            host: host.to_owned(),
+            rv: w.rv,
+            at: w.at,
+            what: describe(w),
+        });
+    }
+
+    /// `acting-interleaved`: a write of `host` after another replica's last one needs the
+    /// Lease to have passed to `host` between them (`since`: the rv of the term it landed in).
+    fn check_interleaved(
+        &mut self,
+        violations: &mut Vec<Violation>,
+        w: &WriteRecord,
+        host: &str,
+        since: u64,
+        leases: &LeaseHistory,
+    ) {
+        let Some(prev) = &self.last else {
+            return;
+        };
+        if prev.host == host || leases.acquired_between(&self.lease, host, prev.rv, w.rv) {
+            return;
+        }
+        let detail = format!(
+            "{host} applied {} at {:.1}s after {} applied {} at {:.1}s, and the lease did not pass to {host} between",
+            describe(w),
+            w.at.as_secs_f64(),
+            prev.host,
+            prev.what,
+            prev.at.as_secs_f64()
+        );
+        self.flag(
+            violations,
+            ("acting-interleaved", "kube-api"),
+            host,
+            since,
+            w,
+            detail,
+        );
     }
 
     /// Judges the controller write calls `calls` (in the order received) against

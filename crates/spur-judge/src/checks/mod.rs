@@ -409,134 +409,168 @@ impl Monitor {
         }
     }
 
+    /// The per-SpurJob checks (its id, its submission, its status), then the deletions,
+    /// which also weigh SpurJobs already gone from the sample.
     fn check_jobs(
         &mut self,
         seen: &Observation,
         now: Duration,
         controller: &BTreeMap<u32, (&'static str, i32)>,
     ) {
-        let (by_name, pods_by_job) = (&seen.spurjobs, &seen.pod_job_ids);
-        for (name, view) in by_name {
-            let id = view.spur_job_id;
-            let state = view.state.clone();
-            let (created_at, known_id, deleted) = {
-                let w = &self.jobs[name];
-                (w.created_at, w.id, w.deleted_at.is_some())
-            };
-            match (known_id, id) {
-                (Some(old), Some(new)) if old != new => self.violate(
+        for (name, view) in &seen.spurjobs {
+            self.check_submission(name, view, now);
+            self.check_status(name, &view.state, now, controller);
+        }
+        self.check_deletions(seen, now, controller);
+    }
+
+    /// Submission: a SpurJob gets a spurJobId within its deadline, and keeps it once it
+    /// has one.
+    fn check_submission(&mut self, name: &str, view: &SpurJobView, now: Duration) {
+        let state = &view.state;
+        let (created_at, known_id, deleted) = {
+            let w = &self.jobs[name];
+            (w.created_at, w.id, w.deleted_at.is_some())
+        };
+        match (known_id, view.spur_job_id) {
+            (Some(old), Some(new)) if old != new => self.violate(
+                "spurjob-id-changed",
+                &format!("spurjob/{name}"),
+                now,
+                format!("status.spurJobId went from {old} to {new}"),
+            ),
+            // A recorded id that disappears is as lost as one that changes: the job
+            // it named is no longer tied to its SpurJob.
+            (Some(old), None) => {
+                self.violate(
                     "spurjob-id-changed",
                     &format!("spurjob/{name}"),
                     now,
-                    format!("status.spurJobId went from {old} to {new}"),
-                ),
-                // A recorded id that disappears is as lost as one that changes: the job
-                // it named is no longer tied to its SpurJob.
-                (Some(old), None) => {
-                    self.violate(
-                        "spurjob-id-changed",
-                        &format!("spurjob/{name}"),
-                        now,
-                        format!("status.spurJobId {old} was cleared"),
-                    );
-                    self.jobs.get_mut(name).expect("tracked").id = None;
-                }
-                (None, Some(new)) => {
-                    if let Some(from) = self.waiting_from(created_at) {
-                        self.lags.submission.push(ms(now.saturating_sub(from)));
-                        self.bracket("submission", format!("spurjob/{name}"), from, now, true);
-                    }
-                    // From the election, or from when the world was whole again when
-                    // something else (the API server, the Service) was still down then:
-                    // the same "could have been submitted" as the submission deadline.
-                    if let Some(elected) = self.jobs[name].waiting_at_election
-                        && let Some(from) = self.waiting_from(elected)
-                    {
-                        self.lags
-                            .failover_submission
-                            .push(ms(now.saturating_sub(from)));
-                    }
-                    let watch = self.jobs.get_mut(name).expect("tracked");
-                    watch.id = Some(new);
-                    watch.id_unconfirmed_since = Some(now);
-                }
-                // Every SpurJob a scenario creates is valid: one the operator ends without a
-                // job (`Failed`, or `Invalid` as earlier versions wrote it: a spec it or the
-                // controller refused) will never be submitted. Exempting it from the
-                // deadline, as this check once did, could only hide that bug.
-                (None, None)
-                    if !deleted && is_terminal(&state) && !self.jobs[name].submission_flagged =>
-                {
-                    self.violate(
-                        "submission",
-                        &format!("spurjob/{name}"),
-                        now,
-                        format!("marked {state} without a job, though every SpurJob of the workload is valid"),
-                    );
-                    self.jobs.get_mut(name).expect("tracked").submission_flagged = true;
-                }
-                (None, None) if !deleted => {
-                    let flagged = self.jobs[name].submission_flagged;
-                    if let Some(from) = self.waiting_from(created_at)
-                        && !flagged
-                        && now.saturating_sub(from) > self.deadlines.submission
-                    {
-                        self.bracket("submission", format!("spurjob/{name}"), from, now, false);
-                        self.violate(
-                            "submission",
-                            &format!("spurjob/{name}"),
-                            now,
-                            format!(
-                                "no spurJobId {:.1}s after it could have been submitted",
-                                now.saturating_sub(from).as_secs_f64()
-                            ),
-                        );
-                        self.jobs.get_mut(name).expect("tracked").submission_flagged = true;
-                    }
-                }
-                _ => {}
+                    format!("status.spurJobId {old} was cleared"),
+                );
+                self.jobs.get_mut(name).expect("tracked").id = None;
             }
-            // Status: a terminal state in the controller reaches the SpurJob.
-            let Some(id) = self.jobs[name].id else {
-                continue;
-            };
-            if deleted {
-                continue;
-            }
-            if let Some((controller_state, _)) = controller.get(&id)
-                && is_terminal(controller_state)
+            (None, Some(new)) => self.note_submitted(name, new, created_at, now),
+            // Every SpurJob a scenario creates is valid: one the operator ends without a
+            // job (`Failed`, or `Invalid` as earlier versions wrote it: a spec it or the
+            // controller refused) will never be submitted. Exempting it from the
+            // deadline, as this check once did, could only hide that bug.
+            (None, None)
+                if !deleted && is_terminal(state) && !self.jobs[name].submission_flagged =>
             {
-                let watch = self.jobs.get_mut(name).expect("tracked");
-                let (terminal_at, terminal_state) =
-                    *watch.terminal.get_or_insert((now, controller_state));
-                if watch.status_done {
-                    continue;
-                }
-                if state == terminal_state {
-                    watch.status_done = true;
-                    if let Some(from) = self.healthy_since.map(|h| h.max(terminal_at)) {
-                        self.lags.status.push(ms(now.saturating_sub(from)));
-                        self.bracket("status", format!("spurjob/{name}"), from, now, true);
-                    }
-                } else if let Some(from) = self.healthy_since.map(|h| h.max(terminal_at))
-                    && !watch.status_flagged
-                    && now.saturating_sub(from) > self.deadlines.status
-                {
-                    watch.status_flagged = true;
-                    self.bracket("status", format!("spurjob/{name}"), from, now, false);
-                    self.violate(
-                        "status",
-                        &format!("spurjob/{name}"),
-                        now,
-                        format!(
-                            "controller says {terminal_state} since {:.1}s; status says {state:?}",
-                            terminal_at.as_secs_f64()
-                        ),
-                    );
-                }
+                self.violate(
+                    "submission",
+                    &format!("spurjob/{name}"),
+                    now,
+                    format!("marked {state} without a job, though every SpurJob of the workload is valid"),
+                );
+                self.jobs.get_mut(name).expect("tracked").submission_flagged = true;
             }
+            (None, None) if !deleted => self.check_submission_deadline(name, created_at, now),
+            _ => {}
         }
-        // Deletion: the object goes, its job is cancelled (or over), its pods go.
+    }
+
+    /// Records the id a SpurJob was first seen with, and the lags it was submitted in.
+    fn note_submitted(&mut self, name: &str, id: u32, created_at: Duration, now: Duration) {
+        if let Some(from) = self.waiting_from(created_at) {
+            self.lags.submission.push(ms(now.saturating_sub(from)));
+            self.bracket("submission", format!("spurjob/{name}"), from, now, true);
+        }
+        // From the election, or from when the world was whole again when
+        // something else (the API server, the Service) was still down then:
+        // the same "could have been submitted" as the submission deadline.
+        if let Some(elected) = self.jobs[name].waiting_at_election
+            && let Some(from) = self.waiting_from(elected)
+        {
+            self.lags
+                .failover_submission
+                .push(ms(now.saturating_sub(from)));
+        }
+        let watch = self.jobs.get_mut(name).expect("tracked");
+        watch.id = Some(id);
+        watch.id_unconfirmed_since = Some(now);
+    }
+
+    /// Flags, once, a SpurJob still without an id past its deadline of healthy time.
+    fn check_submission_deadline(&mut self, name: &str, created_at: Duration, now: Duration) {
+        let flagged = self.jobs[name].submission_flagged;
+        if let Some(from) = self.waiting_from(created_at)
+            && !flagged
+            && now.saturating_sub(from) > self.deadlines.submission
+        {
+            self.bracket("submission", format!("spurjob/{name}"), from, now, false);
+            self.violate(
+                "submission",
+                &format!("spurjob/{name}"),
+                now,
+                format!(
+                    "no spurJobId {:.1}s after it could have been submitted",
+                    now.saturating_sub(from).as_secs_f64()
+                ),
+            );
+            self.jobs.get_mut(name).expect("tracked").submission_flagged = true;
+        }
+    }
+
+    /// Status: a terminal state in the controller reaches the SpurJob (one not deleted,
+    /// whose id is known), `state` being the state its status shows.
+    fn check_status(
+        &mut self,
+        name: &str,
+        state: &str,
+        now: Duration,
+        controller: &BTreeMap<u32, (&'static str, i32)>,
+    ) {
+        let Some(id) = self.jobs[name].id else {
+            return;
+        };
+        if self.jobs[name].deleted_at.is_some() {
+            return;
+        }
+        let Some((controller_state, _)) = controller.get(&id) else {
+            return;
+        };
+        if !is_terminal(controller_state) {
+            return;
+        }
+        let watch = self.jobs.get_mut(name).expect("tracked");
+        let (terminal_at, terminal_state) = *watch.terminal.get_or_insert((now, controller_state));
+        if watch.status_done {
+            return;
+        }
+        if state == terminal_state {
+            watch.status_done = true;
+            if let Some(from) = self.healthy_since.map(|h| h.max(terminal_at)) {
+                self.lags.status.push(ms(now.saturating_sub(from)));
+                self.bracket("status", format!("spurjob/{name}"), from, now, true);
+            }
+        } else if let Some(from) = self.healthy_since.map(|h| h.max(terminal_at))
+            && !watch.status_flagged
+            && now.saturating_sub(from) > self.deadlines.status
+        {
+            watch.status_flagged = true;
+            self.bracket("status", format!("spurjob/{name}"), from, now, false);
+            self.violate(
+                "status",
+                &format!("spurjob/{name}"),
+                now,
+                format!(
+                    "controller says {terminal_state} since {:.1}s; status says {state:?}",
+                    terminal_at.as_secs_f64()
+                ),
+            );
+        }
+    }
+
+    /// Deletion: the object goes, its job is cancelled (or over), its pods go.
+    fn check_deletions(
+        &mut self,
+        seen: &Observation,
+        now: Duration,
+        controller: &BTreeMap<u32, (&'static str, i32)>,
+    ) {
+        let (by_name, pods_by_job) = (&seen.spurjobs, &seen.pod_job_ids);
         let names: Vec<String> = self.jobs.keys().cloned().collect();
         for name in names {
             let watch = &self.jobs[&name];

@@ -83,11 +83,17 @@ impl ReadinessJudge {
                 now
             }
         };
-        let truth = view.ready();
-        let reachable = !view.endpoints.is_empty();
-        let (process_up, api_reachable) = (view.up, view.api_up);
-        self.world = Some((view, since));
         let settled_since = since.max(self.started_at);
+        let violation = self
+            .wrong(view.ready(), settled_since, now)
+            .map(|wrong| self.violation(wrong, &view, settled_since, now));
+        self.world = Some((view, since));
+        violation
+    }
+
+    /// How the answers got `truth` wrong at `now`, once per stretch of unchanged truth,
+    /// and only after the world has held since `settled_since` for the deadline.
+    fn wrong(&mut self, truth: bool, settled_since: Duration, now: Duration) -> Option<Wrong> {
         if now < settled_since + self.deadline || self.flagged {
             return None;
         }
@@ -100,6 +106,52 @@ impl ReadinessJudge {
             now,
         )?;
         self.flagged = true;
+        Some(wrong)
+    }
+
+    /// The violation `wrong` is, described with the last answers and the world `view`
+    /// that has held since `settled_since`.
+    fn violation(
+        &self,
+        wrong: Wrong,
+        view: &WorldView,
+        settled_since: Duration,
+        now: Duration,
+    ) -> Violation {
+        let said = match wrong {
+            Wrong::LiedReady(at) => format!("said ready at {:.1}s", at.as_secs_f64()),
+            Wrong::Held(ready) => format!(
+                "the kubelet holds it {}",
+                if ready { "ready" } else { "not ready" }
+            ),
+        };
+        Violation {
+            check: "readiness",
+            object: format!("{}/readyz", self.operator),
+            at: now,
+            detail: format!(
+                "{said} ({} failures in a row to drop it, {} success to add it; last answers: {}); since {:.1}s the process is {}, the API server is {} and a controller endpoint is {}",
+                self.rule.failure_threshold,
+                self.rule.success_threshold,
+                self.last_answers(now),
+                settled_since.as_secs_f64(),
+                if view.up { "up" } else { "down" },
+                if view.api_up {
+                    "up and reachable"
+                } else {
+                    "down or unreachable"
+                },
+                if view.endpoints.is_empty() {
+                    "unreachable"
+                } else {
+                    "reachable"
+                },
+            ),
+        }
+    }
+
+    /// The prober's last answers up to `now`, as many as the failure threshold counts.
+    fn last_answers(&self, now: Duration) -> String {
         let answers: Vec<String> = self
             .probes
             .last(self.rule.failure_threshold, now)
@@ -112,40 +164,11 @@ impl ReadinessJudge {
                 )
             })
             .collect();
-        let said = match wrong {
-            Wrong::LiedReady(at) => format!("said ready at {:.1}s", at.as_secs_f64()),
-            Wrong::Held(ready) => format!(
-                "the kubelet holds it {}",
-                if ready { "ready" } else { "not ready" }
-            ),
-        };
-        Some(Violation {
-            check: "readiness",
-            object: format!("{}/readyz", self.operator),
-            at: now,
-            detail: format!(
-                "{said} ({} failures in a row to drop it, {} success to add it; last answers: {}); since {:.1}s the process is {}, the API server is {} and a controller endpoint is {}",
-                self.rule.failure_threshold,
-                self.rule.success_threshold,
-                if answers.is_empty() {
-                    "none".to_owned()
-                } else {
-                    answers.join(", ")
-                },
-                settled_since.as_secs_f64(),
-                if process_up { "up" } else { "down" },
-                if api_reachable {
-                    "up and reachable"
-                } else {
-                    "down or unreachable"
-                },
-                if reachable {
-                    "reachable"
-                } else {
-                    "unreachable"
-                },
-            ),
-        })
+        if answers.is_empty() {
+            "none".to_owned()
+        } else {
+            answers.join(", ")
+        }
     }
 }
 
