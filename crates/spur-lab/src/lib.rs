@@ -173,7 +173,6 @@ pub(crate) fn binaries(
     Ok((replicas, operator))
 }
 
-/// `spur-sim lab`: whether every scenario passed.
 /// The simulation's side of `--compare-sim`, handed in by the binary: the lab may not link
 /// the simulator.
 #[derive(Clone, Copy, Debug)]
@@ -185,26 +184,13 @@ pub struct Twin {
     pub catch_calls: fn(),
 }
 
+/// `spur-sim lab`: whether every scenario passed.
 pub fn main(args: LabArgs, twin: Twin) -> anyhow::Result<bool> {
     if args.list {
-        for name in catalogue::NAMES {
-            println!("{name:<28} {}", catalogue::describe(name));
-        }
-        for name in catalogue::EXTENDED {
-            println!("{name:<28} {} (by name only)", catalogue::describe(name));
-        }
+        list();
         return Ok(true);
     }
-    let names: Vec<String> = if args.scenarios.is_empty() {
-        catalogue::NAMES.iter().map(|n| (*n).to_owned()).collect()
-    } else {
-        args.scenarios.clone()
-    };
-    for name in &names {
-        if catalogue::plan(name, args.quiet).is_none() {
-            anyhow::bail!("unknown scenario `{name}` (see `spur-sim lab --list`)");
-        }
-    }
+    let names = scenario_names(&args)?;
     if args.inside {
         let [name] = names.as_slice() else {
             anyhow::bail!("--inside runs exactly one --scenario");
@@ -238,33 +224,93 @@ pub fn main(args: LabArgs, twin: Twin) -> anyhow::Result<bool> {
     let lab: Vec<Option<ScenarioRecord>> = if args.sim_only {
         vec![None; runs.len()]
     } else {
-        if let Some(why) = kernel::missing_tools() {
-            anyhow::bail!("the lab cannot run here: {why}");
-        }
-        let (replicas, operator) = binaries(args.operator_root.as_deref(), args.replicas)?;
-        eprintln!("lab: the controller replicas are {replicas}");
-        eprintln!(
-            "lab: the operator is {}{}",
-            operator.display(),
-            if args.operator_root.is_some() {
-                " (from the image's root, read-only)"
-            } else {
-                ""
-            }
-        );
-        run_children(&args, &runs)?.into_iter().map(Some).collect()
+        run_lab(&args, &runs)?
     };
+    let passed = print_records(&args, &lab, &sim);
+    let rows = rows(&args, &runs, &lab, &sim);
+    println!("{}", table(&rows));
+    if let Some(path) = &args.plot {
+        plot(path, runs.len(), &lab, &sim)?;
+    }
+    if args.compare_sim {
+        println!("{}", fidelity(&rows));
+    }
+    Ok(passed)
+}
+
+/// `--list`: every named scenario with what it does.
+fn list() {
+    for name in catalogue::NAMES {
+        println!("{name:<28} {}", catalogue::describe(name));
+    }
+    for name in catalogue::EXTENDED {
+        println!("{name:<28} {} (by name only)", catalogue::describe(name));
+    }
+}
+
+/// The scenarios asked for (every one of `--list` when none is), each checked to exist.
+fn scenario_names(args: &LabArgs) -> anyhow::Result<Vec<String>> {
+    let names: Vec<String> = if args.scenarios.is_empty() {
+        catalogue::NAMES.iter().map(|n| (*n).to_owned()).collect()
+    } else {
+        args.scenarios.clone()
+    };
+    for name in &names {
+        if catalogue::plan(name, args.quiet).is_none() {
+            anyhow::bail!("unknown scenario `{name}` (see `spur-sim lab --list`)");
+        }
+    }
+    Ok(names)
+}
+
+/// Every run in the lab, once the kernel's tools and the binaries are known to be here.
+fn run_lab(
+    args: &LabArgs,
+    runs: &[(String, Profile)],
+) -> anyhow::Result<Vec<Option<ScenarioRecord>>> {
+    if let Some(why) = kernel::missing_tools() {
+        anyhow::bail!("the lab cannot run here: {why}");
+    }
+    let (replicas, operator) = binaries(args.operator_root.as_deref(), args.replicas)?;
+    eprintln!("lab: the controller replicas are {replicas}");
+    eprintln!(
+        "lab: the operator is {}{}",
+        operator.display(),
+        if args.operator_root.is_some() {
+            " (from the image's root, read-only)"
+        } else {
+            ""
+        }
+    );
+    Ok(run_children(args, runs)?.into_iter().map(Some).collect())
+}
+
+/// Prints each record as a JSON line under `--json`: whether all of them passed.
+fn print_records(
+    args: &LabArgs,
+    lab: &[Option<ScenarioRecord>],
+    sim: &[Vec<ScenarioRecord>],
+) -> bool {
     let mut passed = true;
-    for i in 0..runs.len() {
-        for record in lab[i].iter().chain(&sim[i]) {
+    for (lab, sim) in lab.iter().zip(sim) {
+        for record in lab.iter().chain(sim) {
             passed &= record.passed;
             if args.json {
                 println!("{}", record.to_line());
             }
         }
     }
-    let rows: Vec<Row> = runs
-        .iter()
+    passed
+}
+
+/// One row per run, its scenario named with the Service's kind when that is headless.
+fn rows(
+    args: &LabArgs,
+    runs: &[(String, Profile)],
+    lab: &[Option<ScenarioRecord>],
+    sim: &[Vec<ScenarioRecord>],
+) -> Vec<Row> {
+    runs.iter()
         .enumerate()
         .map(|(i, (name, profile))| Row {
             name: match args.service {
@@ -275,38 +321,38 @@ pub fn main(args: LabArgs, twin: Twin) -> anyhow::Result<bool> {
             lab: lab[i].clone(),
             sim: sim[i].clone(),
         })
-        .collect();
-    println!("{}", table(&rows));
-    if let Some(path) = &args.plot {
-        let lab_records: Vec<ScenarioRecord> = lab.iter().flatten().cloned().collect();
-        let sim_records: Vec<ScenarioRecord> = sim.iter().flatten().cloned().collect();
-        let mut series = Vec::new();
-        if !lab_records.is_empty() {
-            series.push(spur_judge::plot::Series {
-                name: "lab",
-                samples: spur_judge::report::lag_samples(&lab_records),
-            });
-        }
-        if !sim_records.is_empty() {
-            series.push(spur_judge::plot::Series {
-                name: "simulation",
-                samples: spur_judge::report::lag_samples(&sim_records),
-            });
-        }
-        let title = format!(
-            "Lags of {} lab scenario run(s) and their simulated twins",
-            runs.len()
-        );
-        std::fs::write(
-            path,
-            spur_judge::plot::cdf_svg(&title, &spur_judge::report::lag_panels(), &series),
-        )?;
-        eprintln!("plot: {}", path.display());
+        .collect()
+}
+
+/// `--plot`: the lab's lags beside the simulation's as an SVG picture at `path`.
+fn plot(
+    path: &Path,
+    runs: usize,
+    lab: &[Option<ScenarioRecord>],
+    sim: &[Vec<ScenarioRecord>],
+) -> anyhow::Result<()> {
+    let lab_records: Vec<ScenarioRecord> = lab.iter().flatten().cloned().collect();
+    let sim_records: Vec<ScenarioRecord> = sim.iter().flatten().cloned().collect();
+    let mut series = Vec::new();
+    if !lab_records.is_empty() {
+        series.push(spur_judge::plot::Series {
+            name: "lab",
+            samples: spur_judge::report::lag_samples(&lab_records),
+        });
     }
-    if args.compare_sim {
-        println!("{}", fidelity(&rows));
+    if !sim_records.is_empty() {
+        series.push(spur_judge::plot::Series {
+            name: "simulation",
+            samples: spur_judge::report::lag_samples(&sim_records),
+        });
     }
-    Ok(passed)
+    let title = format!("Lags of {runs} lab scenario run(s) and their simulated twins");
+    std::fs::write(
+        path,
+        spur_judge::plot::cdf_svg(&title, &spur_judge::report::lag_panels(), &series),
+    )?;
+    eprintln!("plot: {}", path.display());
+    Ok(())
 }
 
 /// The simulation's twins of every run, under seeds 1..=`seeds`, two at a time (each on a
@@ -433,126 +479,185 @@ fn lab_replay(args: &LabArgs, name: &str, profile: Profile) -> String {
 fn run_children(args: &LabArgs, runs: &[(String, Profile)]) -> anyhow::Result<Vec<ScenarioRecord>> {
     let exe = std::env::current_exe()?;
     let mut results: Vec<Option<ScenarioRecord>> = vec![None; runs.len()];
-    let mut running: Vec<(usize, std::process::Child, Instant, Duration, PathBuf)> = Vec::new();
+    let mut running: Vec<Running> = Vec::new();
     let mut next = 0;
     while next < runs.len() || !running.is_empty() {
         while running.len() < args.jobs.max(1) && next < runs.len() {
-            let (name, profile) = &runs[next];
-            let plan = catalogue::plan(name, args.quiet).expect("checked");
-            let mut command = Command::new(&exe);
-            command
-                .args(["lab", "--inside", "--scenario", name, "--profile"])
-                .arg(profile.name())
-                .arg("--quiet")
-                .arg(format!("{}s", args.quiet.as_secs()))
-                .arg("--no-endpoint")
-                .arg(args.no_endpoint.name())
-                .arg("--service")
-                .arg(args.service.name())
-                .arg("--replicas")
-                .arg(args.replicas.name());
-            if let Some(keep) = &args.keep {
-                command.arg("--keep").arg(keep);
-            }
-            if let Some(root) = &args.operator_root {
-                command.arg("--operator-root").arg(root);
-            }
-            if let Some(dir) = &args.html {
-                command.arg("--html").arg(dir);
-            }
-            // Its stderr (the pods' log tails when it fails) goes to a file: a pipe nobody
-            // reads until the child exits would stall a child that writes more than the
-            // pipe holds.
-            let stderr_path = std::env::temp_dir().join(format!(
-                "spur-lab-{name}-{profile}-{}.stderr",
-                std::process::id()
-            ));
-            let child = command
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(std::fs::File::create(&stderr_path)?)
-                .spawn()?;
-            eprintln!("lab: {name} ({profile}) started");
-            // Building the world takes a few seconds before the plan's clock starts.
-            running.push((
-                next,
-                child,
-                Instant::now(),
-                plan.end + args.overrun + Duration::from_secs(20),
-                stderr_path,
-            ));
+            running.push(start_child(args, &exe, runs, next)?);
             next += 1;
         }
         std::thread::sleep(Duration::from_millis(200));
         let mut i = 0;
         while i < running.len() {
-            let (index, child, started, limit, stderr_path) = &mut running[i];
-            let (name, profile) = &runs[*index];
-            let status = child.try_wait()?;
-            let overran = status.is_none() && started.elapsed() > *limit;
-            if status.is_none() && !overran {
-                i += 1;
-                continue;
+            match poll_child(args, runs, &mut running[i])? {
+                None => i += 1,
+                Some(record) => {
+                    results[running[i].index] = Some(record);
+                    running.remove(i);
+                }
             }
-            if overran {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-            let mut stdout = String::new();
-            if let Some(mut out) = child.stdout.take() {
-                let _ = out.read_to_string(&mut stdout);
-            }
-            let stderr = std::fs::read_to_string(&*stderr_path).unwrap_or_default();
-            let _ = std::fs::remove_file(&*stderr_path);
-            let record = stdout
-                .lines()
-                .rev()
-                .find_map(|l| serde_json::from_str::<ScenarioRecord>(l).ok());
-            let record = match record {
-                Some(record) => record,
-                None => failed_record(
-                    args,
-                    name,
-                    *profile,
-                    if overran {
-                        format!("killed after {limit:?}")
-                    } else {
-                        format!("the lab process exited ({status:?}) without a record")
-                    },
-                    &stderr,
-                ),
-            };
-            eprintln!(
-                "lab: {name} ({profile}) {} in {:.0}s",
-                if record.passed { "passed" } else { "FAILED" },
-                started.elapsed().as_secs_f64()
-            );
-            // What the run itself noted (e.g. how the operator was steered), pass or fail.
-            for note in stderr.lines().filter(|l| l.starts_with("lab: ")) {
-                eprintln!("  {name} ({profile}): {}", &note["lab: ".len()..]);
-            }
-            if !record.passed {
-                eprintln!(
-                    "{}",
-                    stderr
-                        .lines()
-                        .rev()
-                        .take(60)
-                        .collect::<Vec<_>>()
-                        .into_iter()
-                        .rev()
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                );
-            }
-            results[*index] = Some(record);
-            running.remove(i);
         }
     }
     Ok(results
         .into_iter()
         .map(|r| r.expect("every run ends"))
         .collect())
+}
+
+/// A child process running one (scenario, profile) of the lab.
+struct Running {
+    /// Its run's index in the runs.
+    index: usize,
+    child: std::process::Child,
+    started: Instant,
+    /// It is killed once it has run this long.
+    limit: Duration,
+    /// Where its stderr goes.
+    stderr_path: PathBuf,
+}
+
+/// Starts the child that runs `runs[index]` inside a namespace of its own.
+fn start_child(
+    args: &LabArgs,
+    exe: &Path,
+    runs: &[(String, Profile)],
+    index: usize,
+) -> anyhow::Result<Running> {
+    let (name, profile) = &runs[index];
+    let plan = catalogue::plan(name, args.quiet).expect("checked");
+    let mut command = inside_command(args, exe, name, *profile);
+    // Its stderr (the pods' log tails when it fails) goes to a file: a pipe nobody
+    // reads until the child exits would stall a child that writes more than the
+    // pipe holds.
+    let stderr_path = std::env::temp_dir().join(format!(
+        "spur-lab-{name}-{profile}-{}.stderr",
+        std::process::id()
+    ));
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr_path)?)
+        .spawn()?;
+    eprintln!("lab: {name} ({profile}) started");
+    // Building the world takes a few seconds before the plan's clock starts.
+    Ok(Running {
+        index,
+        child,
+        started: Instant::now(),
+        limit: plan.end + args.overrun + Duration::from_secs(20),
+        stderr_path,
+    })
+}
+
+/// The command that runs one scenario and profile `--inside`, with the parent's options.
+fn inside_command(args: &LabArgs, exe: &Path, name: &str, profile: Profile) -> Command {
+    let mut command = Command::new(exe);
+    command
+        .args(["lab", "--inside", "--scenario", name, "--profile"])
+        .arg(profile.name())
+        .arg("--quiet")
+        .arg(format!("{}s", args.quiet.as_secs()))
+        .arg("--no-endpoint")
+        .arg(args.no_endpoint.name())
+        .arg("--service")
+        .arg(args.service.name())
+        .arg("--replicas")
+        .arg(args.replicas.name());
+    if let Some(keep) = &args.keep {
+        command.arg("--keep").arg(keep);
+    }
+    if let Some(root) = &args.operator_root {
+        command.arg("--operator-root").arg(root);
+    }
+    if let Some(dir) = &args.html {
+        command.arg("--html").arg(dir);
+    }
+    command
+}
+
+/// The record of a child that has exited, or has overrun its limit (it is killed then);
+/// `None` while it still runs.
+fn poll_child(
+    args: &LabArgs,
+    runs: &[(String, Profile)],
+    running: &mut Running,
+) -> anyhow::Result<Option<ScenarioRecord>> {
+    let Running {
+        index,
+        child,
+        started,
+        limit,
+        stderr_path,
+    } = running;
+    let (name, profile) = &runs[*index];
+    let status = child.try_wait()?;
+    let overran = status.is_none() && started.elapsed() > *limit;
+    if status.is_none() && !overran {
+        return Ok(None);
+    }
+    if overran {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let mut stdout = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        let _ = out.read_to_string(&mut stdout);
+    }
+    let stderr = std::fs::read_to_string(&*stderr_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&*stderr_path);
+    let record = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<ScenarioRecord>(l).ok());
+    let record = match record {
+        Some(record) => record,
+        None => failed_record(
+            args,
+            name,
+            *profile,
+            if overran {
+                format!("killed after {limit:?}")
+            } else {
+                format!("the lab process exited ({status:?}) without a record")
+            },
+            &stderr,
+        ),
+    };
+    report_child(name, *profile, &record, *started, &stderr);
+    Ok(Some(record))
+}
+
+/// Prints how a child's run ended, its notes, and its stderr's last lines when it failed.
+fn report_child(
+    name: &str,
+    profile: Profile,
+    record: &ScenarioRecord,
+    started: Instant,
+    stderr: &str,
+) {
+    eprintln!(
+        "lab: {name} ({profile}) {} in {:.0}s",
+        if record.passed { "passed" } else { "FAILED" },
+        started.elapsed().as_secs_f64()
+    );
+    // What the run itself noted (e.g. how the operator was steered), pass or fail.
+    for note in stderr.lines().filter(|l| l.starts_with("lab: ")) {
+        eprintln!("  {name} ({profile}): {}", &note["lab: ".len()..]);
+    }
+    if !record.passed {
+        eprintln!(
+            "{}",
+            stderr
+                .lines()
+                .rev()
+                .take(60)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
 }
 
 fn failed_record(

@@ -124,6 +124,40 @@ struct OperatorPod {
     calls_seen: u64,
 }
 
+impl Replica {
+    /// Replica `slot`'s pod (127.0.1.x, hostname `spurctld-<slot>`), not yet started.
+    fn new(slot: usize) -> Replica {
+        Replica {
+            pod: Pod {
+                name: format!("spurctld-{slot}"),
+                ip: Ipv4Addr::new(127, 0, 1, slot as u8 + 1),
+                uid: 20001 + slot as u32,
+            },
+            child: None,
+            frozen: false,
+            in_service: false,
+            log_read: 0,
+        }
+    }
+}
+
+impl OperatorPod {
+    /// Operator pod `i` named `name` (127.0.3.x), not yet started.
+    fn new(i: usize, name: &str) -> OperatorPod {
+        OperatorPod {
+            name: name.to_owned(),
+            pod: Pod {
+                name: name.to_owned(),
+                ip: operator_ip(i),
+                uid: 20011 + i as u32,
+            },
+            child: None,
+            calls_banked: 0,
+            calls_seen: 0,
+        }
+    }
+}
+
 /// One lab run. Every process it started is killed when it is dropped (and, should the
 /// lab itself die, by each pod's death signal).
 pub struct Lab {
@@ -167,114 +201,25 @@ impl Lab {
     pub async fn new(setup: LabSetup, nodes: usize, operators: &[&str]) -> anyhow::Result<Lab> {
         let _ = std::fs::remove_dir_all(&setup.dir);
         std::fs::create_dir_all(&setup.dir)?;
-        let api = ApiServer::new(ApiServerConfig {
-            clock: Some(spur_fakes::api_server::clock::TimeSource::from_fn(
-                k8s_openapi::jiff::Timestamp::now,
-            )),
-            ..ApiServerConfig::default()
-        });
-        api.create(serde_json::to_value(SpurJob::crd())?)
-            .map_err(|e| anyhow::anyhow!("the SpurJob CRD: {e:?}"))?;
-        for namespace in ["spur-system", "default"] {
-            let _ = api.create(json!({"apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": namespace}}));
-        }
-        let token = install_operator_identity(&api, "spur-system", operator_rbac("spur-system"))
-            .map_err(|e| anyhow::anyhow!("the operator's ServiceAccount and RBAC: {e:?}"))?;
-        let index = ObjectIndex::attach(&api);
-        api.seed_nodes(nodes)
-            .map_err(|e| anyhow::anyhow!("nodes: {e:?}"))?;
-        let listener = tokio::net::TcpListener::bind(SocketAddr::new(API_IP.into(), API_PORT))
-            .await
-            .map_err(|e| anyhow::anyhow!("bind the API server on {API_IP}:{API_PORT}: {e}"))?;
-        let served = api.clone();
-        let mut tasks = vec![tokio::spawn(async move {
-            let _ = served.serve(listener).await;
-        })];
-        tasks.push(tokio::spawn(kubelet::run_with_clock(
-            api.clone(),
-            index.clone(),
-            KubeletConfig {
-                period: Duration::from_millis(100),
-                default_run_time: Duration::from_secs(2),
-            },
-            Clock::real(),
-        )));
-        // The kubelet's readiness probe of each operator pod, as deploy/deployment.yaml
-        // asks (the simulation's prober does the same): /readyz reads through the
-        // operator's channel, so its bounded read takes part in the channel's story.
-        let probe_answers = ProbeAnswers::default();
-        tasks.push(tokio::spawn(probe_readiness(
-            (0..operators.len()).map(operator_ip).collect(),
-            probe_answers.clone(),
-        )));
+        let (api, index, token) = api_server(nodes)?;
+        let (tasks, probe_answers) = serve_api(&api, &index, operators.len()).await?;
         let kubeconfig = setup.dir.join("kubeconfig");
         // The operator processes act as their ServiceAccount, under deploy/rbac.yaml.
         let url = format!("http://{API_IP}:{API_PORT}");
         write_kubeconfig(&kubeconfig, &url, &token, "spur-system")?;
-        let replicas = (0..3)
-            .map(|slot| Replica {
-                pod: Pod {
-                    name: format!("spurctld-{slot}"),
-                    ip: Ipv4Addr::new(127, 0, 1, slot as u8 + 1),
-                    uid: 20001 + slot as u32,
-                },
-                child: None,
-                frozen: false,
-                in_service: false,
-                log_read: 0,
-            })
-            .collect::<Vec<_>>();
+        let replicas = (0..3).map(Replica::new).collect::<Vec<_>>();
         let operators = operators
             .iter()
             .enumerate()
-            .map(|(i, name)| OperatorPod {
-                name: (*name).to_owned(),
-                pod: Pod {
-                    name: (*name).to_owned(),
-                    ip: operator_ip(i),
-                    uid: 20011 + i as u32,
-                },
-                child: None,
-                calls_banked: 0,
-                calls_seen: 0,
-            })
+            .map(|(i, name)| OperatorPod::new(i, name))
             .collect::<Vec<_>>();
-        let pods = replicas
-            .iter()
-            .map(|r| r.pod.clone())
-            .chain(operators.iter().map(|o| o.pod.clone()))
-            .collect();
-        let firewall = Firewall {
-            pods,
-            service: (SERVICE_IP, CLIENT_PORT),
-            endpoints: Vec::new(),
-            no_endpoint: setup.no_endpoint,
-            black_holed: Vec::new(),
-            partitions: Vec::new(),
-        };
+        let firewall = empty_service(&replicas, &operators, setup.no_endpoint);
         firewall.apply()?;
         let replica_state = match &setup.replicas {
             Replicas::Real(_) => None,
             Replicas::Simulated(exe) => Some(start_replica_state(&setup.dir, exe, &replicas)?),
         };
-        let hosts = match setup.service {
-            ServiceKind::ClusterIp => None,
-            ServiceKind::Headless => {
-                if let Some(root) = &setup.operator_root
-                    && !root.join("etc/hosts").is_file()
-                {
-                    anyhow::bail!(
-                        "{} has no /etc/hosts to mount the headless Service's records on: \
-                         an image from before the file (rebuild it with ci/image.sh)",
-                        root.display()
-                    );
-                }
-                let path = setup.dir.join("hosts");
-                write_hosts(&path, &[])?;
-                Some(path)
-            }
-        };
+        let hosts = headless_hosts(&setup)?;
         Ok(Lab {
             setup,
             started: Instant::now(),
@@ -1029,6 +974,107 @@ impl Drop for Lab {
         }
         for task in &self.tasks {
             task.abort();
+        }
+    }
+}
+
+/// The API server on the real clock with the SpurJob CRD, the namespaces, the operator's
+/// ServiceAccount and RBAC, and `nodes` labelled nodes; with its index and the
+/// ServiceAccount's token.
+fn api_server(nodes: usize) -> anyhow::Result<(ApiServer, ObjectIndex, String)> {
+    let api = ApiServer::new(ApiServerConfig {
+        clock: Some(spur_fakes::api_server::clock::TimeSource::from_fn(
+            k8s_openapi::jiff::Timestamp::now,
+        )),
+        ..ApiServerConfig::default()
+    });
+    api.create(serde_json::to_value(SpurJob::crd())?)
+        .map_err(|e| anyhow::anyhow!("the SpurJob CRD: {e:?}"))?;
+    for namespace in ["spur-system", "default"] {
+        let _ = api.create(json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": namespace}}));
+    }
+    let token = install_operator_identity(&api, "spur-system", operator_rbac("spur-system"))
+        .map_err(|e| anyhow::anyhow!("the operator's ServiceAccount and RBAC: {e:?}"))?;
+    let index = ObjectIndex::attach(&api);
+    api.seed_nodes(nodes)
+        .map_err(|e| anyhow::anyhow!("nodes: {e:?}"))?;
+    Ok((api, index, token))
+}
+
+/// Serves `api` over TCP on [`API_IP`], with the kubelet stand-in and its readiness probe
+/// of `operators` operator pods: the tasks, and where the probe's answers go.
+async fn serve_api(
+    api: &ApiServer,
+    index: &ObjectIndex,
+    operators: usize,
+) -> anyhow::Result<(Vec<tokio::task::JoinHandle<()>>, ProbeAnswers)> {
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(API_IP.into(), API_PORT))
+        .await
+        .map_err(|e| anyhow::anyhow!("bind the API server on {API_IP}:{API_PORT}: {e}"))?;
+    let served = api.clone();
+    let mut tasks = vec![tokio::spawn(async move {
+        let _ = served.serve(listener).await;
+    })];
+    tasks.push(tokio::spawn(kubelet::run_with_clock(
+        api.clone(),
+        index.clone(),
+        KubeletConfig {
+            period: Duration::from_millis(100),
+            default_run_time: Duration::from_secs(2),
+        },
+        Clock::real(),
+    )));
+    // The kubelet's readiness probe of each operator pod, as deploy/deployment.yaml
+    // asks (the simulation's prober does the same): /readyz reads through the
+    // operator's channel, so its bounded read takes part in the channel's story.
+    let probe_answers = ProbeAnswers::default();
+    tasks.push(tokio::spawn(probe_readiness(
+        (0..operators).map(operator_ip).collect(),
+        probe_answers.clone(),
+    )));
+    Ok((tasks, probe_answers))
+}
+
+/// The firewall of every pod with the Service as it starts: no endpoint, no fault.
+fn empty_service(
+    replicas: &[Replica],
+    operators: &[OperatorPod],
+    no_endpoint: NoEndpoint,
+) -> Firewall {
+    let pods = replicas
+        .iter()
+        .map(|r| r.pod.clone())
+        .chain(operators.iter().map(|o| o.pod.clone()))
+        .collect();
+    Firewall {
+        pods,
+        service: (SERVICE_IP, CLIENT_PORT),
+        endpoints: Vec::new(),
+        no_endpoint,
+        black_holed: Vec::new(),
+        partitions: Vec::new(),
+    }
+}
+
+/// With a headless Service: its records' file, empty until a replica is ready (the
+/// operator pods mount it as their `/etc/hosts`).
+fn headless_hosts(setup: &LabSetup) -> anyhow::Result<Option<PathBuf>> {
+    match setup.service {
+        ServiceKind::ClusterIp => Ok(None),
+        ServiceKind::Headless => {
+            if let Some(root) = &setup.operator_root
+                && !root.join("etc/hosts").is_file()
+            {
+                anyhow::bail!(
+                    "{} has no /etc/hosts to mount the headless Service's records on: \
+                     an image from before the file (rebuild it with ci/image.sh)",
+                    root.display()
+                );
+            }
+            let path = setup.dir.join("hosts");
+            write_hosts(&path, &[])?;
+            Ok(Some(path))
         }
     }
 }
