@@ -154,6 +154,44 @@ pub fn builtin_types() -> Vec<ResourceType> {
             true,
         ),
         R::builtin("batch", "v1", "Job", "jobs", &[], true, true),
+        // The workloads the controllers in `crate::workloads` run (none runs unless spawned).
+        R::builtin("", "v1", "Secret", "secrets", &[], true, false),
+        R::builtin(
+            "",
+            "v1",
+            "PersistentVolumeClaim",
+            "persistentvolumeclaims",
+            &["pvc"],
+            true,
+            true,
+        ),
+        R::builtin(
+            "apps",
+            "v1",
+            "ReplicaSet",
+            "replicasets",
+            &["rs"],
+            true,
+            true,
+        ),
+        R::builtin(
+            "apps",
+            "v1",
+            "StatefulSet",
+            "statefulsets",
+            &["sts"],
+            true,
+            true,
+        ),
+        R::builtin(
+            "discovery.k8s.io",
+            "v1",
+            "EndpointSlice",
+            "endpointslices",
+            &[],
+            true,
+            false,
+        ),
         R::builtin(
             "policy",
             "v1",
@@ -218,6 +256,98 @@ pub fn builtin_types() -> Vec<ResourceType> {
             true,
         ),
     ]
+}
+
+/// What the real API server does to an object of some kinds before storing it, on create
+/// and update alike: a Secret's `stringData` is merged into `data` (base64, winning over
+/// `data`'s same keys) and never stored, its `type` defaults to `Opaque`, and each `data`
+/// value must be base64 (422 otherwise).
+pub fn normalize(rt: &ResourceType, obj: &mut Value) -> ApiResult<()> {
+    if rt.group.is_empty() && rt.kind == "Secret" {
+        normalize_secret(obj)?;
+    }
+    Ok(())
+}
+
+fn normalize_secret(obj: &mut Value) -> ApiResult<()> {
+    let Some(fields) = obj.as_object_mut() else {
+        return Ok(());
+    };
+    let string_data = fields.remove("stringData");
+    if fields.get("data").is_none_or(Value::is_null) {
+        fields.insert("data".into(), Value::Object(serde_json::Map::new()));
+    }
+    let data = fields["data"]
+        .as_object_mut()
+        .ok_or_else(|| ApiError::invalid("Secret is invalid: data: must be a map"))?;
+    for (key, value) in data.iter() {
+        if value.as_str().and_then(base64_decode).is_none() {
+            return Err(ApiError::invalid(format!(
+                "Secret is invalid: data[{key}]: Invalid value: must be base64-encoded bytes"
+            )));
+        }
+    }
+    if let Some(Value::Object(strings)) = string_data {
+        for (key, value) in strings {
+            let text = value.as_str().unwrap_or_default();
+            data.insert(key, Value::String(base64_encode(text.as_bytes())));
+        }
+    }
+    if data.is_empty() {
+        fields.remove("data");
+    }
+    if fields
+        .get("type")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        fields.insert("type".into(), Value::String("Opaque".into()));
+    }
+    Ok(())
+}
+
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with padding, as a Secret's `data` holds it.
+pub fn base64_encode(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(BASE64[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Decodes standard padded base64; `None` when `text` is not that.
+pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let bytes = text.as_bytes();
+    if !bytes.len().is_multiple_of(4) {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
+    for (index, chunk) in bytes.chunks(4).enumerate() {
+        let last = index + 1 == bytes.len() / 4;
+        let pad = chunk.iter().rev().take_while(|b| **b == b'=').count();
+        if pad > 2 || (pad > 0 && !last) {
+            return None;
+        }
+        let mut n = 0u32;
+        for (i, b) in chunk[..4 - pad].iter().enumerate() {
+            let v = BASE64.iter().position(|c| c == b)? as u32;
+            n |= v << (18 - 6 * i);
+        }
+        out.extend((0..3 - pad).map(|i| (n >> (16 - 8 * i)) as u8));
+    }
+    Some(out)
 }
 
 /// The resources a CustomResourceDefinition serves, one per served version.
@@ -335,6 +465,32 @@ mod tests {
         assert_eq!(types[0].qualified(), "spurjobs.spur.amd.com");
         assert!(types[0].status_subresource && types[0].namespaced && types[0].custom);
         assert_eq!(types[0].short_names, vec!["sj"]);
+    }
+
+    #[test]
+    fn base64_round_trips() {
+        for text in ["", "a", "ab", "abc", "hello", "s3cr3t!\n"] {
+            let encoded = base64_encode(text.as_bytes());
+            assert_eq!(base64_decode(&encoded).unwrap(), text.as_bytes());
+        }
+        assert_eq!(base64_encode(b"hello"), "aGVsbG8=");
+        assert!(base64_decode("a=bc").is_none() && base64_decode("abc").is_none());
+    }
+
+    #[test]
+    fn secret_string_data_goes_into_data() {
+        let rt = builtin_types()
+            .into_iter()
+            .find(|t| t.kind == "Secret")
+            .unwrap();
+        let mut s = json!({"data": {"a": "eA=="}, "stringData": {"a": "y", "b": "hello"}});
+        normalize(&rt, &mut s).unwrap();
+        assert_eq!(
+            s,
+            json!({"data": {"a": "eQ==", "b": "aGVsbG8="}, "type": "Opaque"})
+        );
+        let mut bad = json!({"data": {"a": "not base64"}});
+        assert_eq!(normalize(&rt, &mut bad).unwrap_err().code, 422);
     }
 
     #[test]

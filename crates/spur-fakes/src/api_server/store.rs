@@ -16,7 +16,7 @@ use super::{
     clock::TimeSource,
     error::{ApiError, ApiResult},
     patch::{PatchKind, apply_patch},
-    resources::{ResourceKey, ResourceType, builtin_types, types_from_crd},
+    resources::{ResourceKey, ResourceType, builtin_types, normalize, types_from_crd},
     selectors::Filter,
 };
 
@@ -289,6 +289,7 @@ impl Store {
         mut obj: Value,
     ) -> ApiResult<Arc<Value>> {
         check_type_fields(rt, &mut obj)?;
+        normalize(rt, &mut obj)?;
         let meta = metadata_mut(&mut obj)?;
         set_namespace(rt, meta, namespace)?;
         self.generate_missing_name(rt, meta)?;
@@ -424,6 +425,7 @@ impl Store {
         let key = object_key(rt, namespace, name);
         let existing = self.get(rt, namespace, name)?;
         check_type_fields(rt, &mut obj)?;
+        normalize(rt, &mut obj)?;
         let meta = metadata_mut(&mut obj)?;
         match meta.get("name").and_then(Value::as_str) {
             Some(n) if n != name => {
