@@ -16,3 +16,4 @@ pub mod index;
 pub mod kubelet;
 pub mod leases;
 pub mod model;
+pub mod workloads;
