@@ -21,7 +21,7 @@ use crate::operator::KUBE_API_HOST;
 use crate::world::{KillMode, World};
 pub use checks::{Deadlines, Violation};
 pub use plan::{Fault, Intensity, LeaderChange, Plan, ScenarioConfig, plan};
-use spur_fakes::api_server::{ApiResult, OutageMode};
+use spur_fakes::api_server::{ApiResult, ApiServer, OutageMode};
 use spur_fakes::leases::LeaseHistory;
 use spur_fakes::model::LostReply;
 use spur_judge::profiles::Profile;
@@ -137,168 +137,217 @@ fn schedule_fault(
     sim.world.at(at, move |w: &mut World| {
         let now = w.elapsed();
         match fault {
-            Fault::LeaderKillSilent | Fault::LeaderKillGraceful => {
-                let mode = if fault == Fault::LeaderKillSilent {
-                    KillMode::Silent
-                } else {
-                    KillMode::Graceful
-                };
-                if let Some(leader) = w.leader()
-                    && let Some(slot) = w.cluster().slot_of(&leader)
-                {
-                    w.kill(&leader, mode);
-                    w.at(now + REPLACE_AFTER, move |w| {
-                        w.replace_replica(slot);
-                    });
-                } else {
-                    skipped_for_no_leader(w, &fault, skip);
-                }
-            }
-            Fault::LeaderFreeze { thaw_after } => {
-                if let Some(leader) = w.leader() {
-                    w.freeze(&leader);
-                    w.at(now + thaw_after, move |w| w.thaw(&leader));
-                } else {
-                    skipped_for_no_leader(w, &fault, skip);
-                }
-            }
+            Fault::LeaderKillSilent => kill_leader(w, &fault, KillMode::Silent, now, skip),
+            Fault::LeaderKillGraceful => kill_leader(w, &fault, KillMode::Graceful, now, skip),
+            Fault::LeaderFreeze { thaw_after } => freeze_leader(w, &fault, now + thaw_after, skip),
             Fault::LeaderCutOff { heal_after, .. } => {
-                if let Some(leader) = w.leader()
-                    && let Some(slot) = w.cluster().slot_of(&leader)
-                {
-                    cut_from_peers(w, slot, now + heal_after);
-                } else {
-                    skipped_for_no_leader(w, &fault, skip);
-                }
+                cut_off_leader(w, &fault, now + heal_after, skip)
             }
-            Fault::FollowerKill => {
-                let leader = w.leader();
-                let follower = (0..w.cluster().config().replicas)
-                    .find(|slot| Some(w.cluster().host_of(*slot)) != leader);
-                if let Some(slot) = follower {
-                    w.kill_replica(slot, KillMode::Silent);
-                    w.at(now + REPLACE_AFTER, move |w| {
-                        w.replace_replica(slot);
-                    });
-                } else {
-                    w.trace().record(
-                        crate::determinism::sim_elapsed(),
-                        "harness",
-                        format!("{} skipped: no controller follower to strike", fault.name()),
-                    );
-                    skip();
-                }
-            }
-            Fault::PartitionOperatorReplica { slot, heal_after } => {
-                let replica = w.cluster().host_of(slot);
-                let operator = acting_operator(&leases, &stops);
-                w.partition(&operator, &replica);
-                w.at(now + heal_after, move |w| w.repair(&operator, &replica));
-            }
+            Fault::FollowerKill => kill_follower(w, &fault, now, skip),
             Fault::FollowerCutOff { heal_after, .. } => {
-                let leader = w.leader();
-                let follower = (0..w.cluster().config().replicas)
-                    .find(|slot| Some(w.cluster().host_of(*slot)) != leader)
-                    .expect("three replicas");
+                let follower = first_follower(w).expect("three replicas");
                 cut_from_peers(w, follower, now + heal_after);
             }
             Fault::PartitionReplica { slot, heal_after } => {
                 cut_from_peers(w, slot, now + heal_after);
             }
-            Fault::ApiOutage { duration } => {
-                api.faults().start_outage(OutageMode::Unavailable);
-                api_up.set(false);
-                let api = api.clone();
-                w.at(now + duration, move |_| {
-                    api.faults().end_outage();
-                    api_up.set(true);
-                });
-            }
-            Fault::WatchCut => api
-                .faults()
-                .cut_watches(spur_fakes::api_server::CutKind::Abort),
-            Fault::StatusConflict { writes } => api.faults().conflict_next_status_writes(writes),
-            // A replica that a leader change took down is already on its way back: its
-            // restart is that fault's to make (restarting it early would also run it
-            // with its SIGTERM still pending).
-            Fault::OperatorRestart if w.net().is_down(OPERATOR) => {
-                w.trace()
-                    .record(now, "harness", format!("{OPERATOR} is down: no restart"));
-                skip();
-            }
-            Fault::OperatorRestart => w.restart(OPERATOR),
-            Fault::NodeNotReadyFlap { node, down_for } => {
-                let name = format!("node-{node}");
-                let taint = json!({"spec": {"taints": [
-                    {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]}});
-                let tainted = api.merge_patch("v1", "Node", None, &name, &taint, false);
-                landed(&format!("taint Node {name}"), tainted, Missing::Expected);
-                let api = api.clone();
-                w.at(now + down_for, move |_| {
-                    let clear = json!({"spec": {"taints": null}});
-                    let cleared = api.merge_patch("v1", "Node", None, &name, &clear, false);
-                    landed(&format!("untaint Node {name}"), cleared, Missing::Expected);
-                });
-            }
-            Fault::NodeResourcesChanged { node } => {
-                let name = format!("node-{node}");
-                let change = json!({"status": {"allocatable": {"cpu": "48"}}});
-                let changed = api.merge_patch("v1", "Node", None, &name, &change, true);
-                landed(&format!("change Node {name}"), changed, Missing::Expected);
-            }
-            Fault::ReplyLost { hang } => {
-                let how = if hang {
-                    LostReply::Hang
-                } else {
-                    LostReply::TransportError
-                };
-                w.cluster().lose_next_reply("SubmitJob", how);
+            Fault::PartitionOperatorReplica { slot, heal_after } => {
+                let replicas = vec![w.cluster().host_of(slot)];
+                let operator = acting_operator(&leases, &stops);
+                cut_operator_from(w, operator, replicas, now + heal_after);
             }
             Fault::PartitionOperatorService { heal_after } => {
                 let replicas: Vec<String> = (0..w.cluster().config().replicas)
                     .map(|slot| w.cluster().host_of(slot))
                     .collect();
                 let operator = acting_operator(&leases, &stops);
-                for replica in &replicas {
-                    w.partition(&operator, replica);
-                }
-                w.at(now + heal_after, move |w| {
-                    for replica in &replicas {
-                        w.repair(&operator, replica);
-                    }
-                });
+                cut_operator_from(w, operator, replicas, now + heal_after);
             }
-            Fault::NodeDeleted { node } => {
-                let name = format!("node-{node}");
-                let deleted = api.delete("v1", "Node", None, &name);
-                landed(&format!("delete Node {name}"), deleted, Missing::Expected);
-            }
+            Fault::ApiOutage { duration } => api_outage(w, &api, api_up, now + duration),
+            Fault::WatchCut => api
+                .faults()
+                .cut_watches(spur_fakes::api_server::CutKind::Abort),
+            Fault::StatusConflict { writes } => api.faults().conflict_next_status_writes(writes),
+            Fault::OperatorRestart => restart_operator(w, now, skip),
             Fault::OperatorLeaderChange { how, down_for } => {
                 let leader = acting_operator(&leases, &stops);
-                let stop = stops[&leader].clone();
-                match how {
-                    LeaderChange::Isolate => {
-                        w.partition(&leader, KUBE_API_HOST);
-                        w.at(now + down_for, move |w| w.repair(&leader, KUBE_API_HOST));
-                        return;
-                    }
-                    // The process drains, releases the lease and exits; the pod is out of
-                    // the picture (not ready) from now.
-                    LeaderChange::Sigterm => {
-                        w.trace()
-                            .record(now, "harness", format!("stop {leader} (SIGTERM)"));
-                        w.net().mark_down(&leader);
-                        stop.stop();
-                    }
-                    LeaderChange::Crash => w.kill(&leader, KillMode::Graceful),
-                }
-                w.at(now + down_for, move |w| {
-                    stop.reset();
-                    w.restart(&leader);
-                });
+                change_operator_leader(w, leader, &stops, how, now, down_for);
             }
+            Fault::NodeNotReadyFlap { node, down_for } => {
+                flap_node_ready(w, &api, node, now + down_for)
+            }
+            Fault::NodeResourcesChanged { node } => change_node_resources(&api, node),
+            Fault::NodeDeleted { node } => delete_node(&api, node),
+            Fault::ReplyLost { hang } => lose_next_submit_reply(w, hang),
         }
     });
+}
+
+/// The first controller replica by slot that does not lead now, if any.
+fn first_follower(w: &World) -> Option<usize> {
+    let leader = w.leader();
+    (0..w.cluster().config().replicas).find(|slot| Some(w.cluster().host_of(*slot)) != leader)
+}
+
+/// Kills the controller leader with `mode`, and replaces its pod [`REPLACE_AFTER`] later.
+fn kill_leader(w: &mut World, fault: &Fault, mode: KillMode, now: Duration, skip: impl FnOnce()) {
+    if let Some(leader) = w.leader()
+        && let Some(slot) = w.cluster().slot_of(&leader)
+    {
+        w.kill(&leader, mode);
+        w.at(now + REPLACE_AFTER, move |w| {
+            w.replace_replica(slot);
+        });
+    } else {
+        skipped_for_no_leader(w, fault, skip);
+    }
+}
+
+/// Freezes the controller leader until `thaw_at`.
+fn freeze_leader(w: &mut World, fault: &Fault, thaw_at: Duration, skip: impl FnOnce()) {
+    if let Some(leader) = w.leader() {
+        w.freeze(&leader);
+        w.at(thaw_at, move |w| w.thaw(&leader));
+    } else {
+        skipped_for_no_leader(w, fault, skip);
+    }
+}
+
+/// Cuts the controller leader off from the other replicas until `heal_at`.
+fn cut_off_leader(w: &mut World, fault: &Fault, heal_at: Duration, skip: impl FnOnce()) {
+    if let Some(leader) = w.leader()
+        && let Some(slot) = w.cluster().slot_of(&leader)
+    {
+        cut_from_peers(w, slot, heal_at);
+    } else {
+        skipped_for_no_leader(w, fault, skip);
+    }
+}
+
+/// Kills the first follower silently, and replaces its pod [`REPLACE_AFTER`] later.
+fn kill_follower(w: &mut World, fault: &Fault, now: Duration, skip: impl FnOnce()) {
+    if let Some(slot) = first_follower(w) {
+        w.kill_replica(slot, KillMode::Silent);
+        w.at(now + REPLACE_AFTER, move |w| {
+            w.replace_replica(slot);
+        });
+    } else {
+        w.trace().record(
+            crate::determinism::sim_elapsed(),
+            "harness",
+            format!("{} skipped: no controller follower to strike", fault.name()),
+        );
+        skip();
+    }
+}
+
+/// Cuts `operator` off from each of `replicas` until `heal_at`.
+fn cut_operator_from(w: &mut World, operator: String, replicas: Vec<String>, heal_at: Duration) {
+    for replica in &replicas {
+        w.partition(&operator, replica);
+    }
+    w.at(heal_at, move |w| {
+        for replica in &replicas {
+            w.repair(&operator, replica);
+        }
+    });
+}
+
+/// The API server answers 503 until `end_at`; `api_up` follows it for the checks.
+fn api_outage(w: &mut World, api: &ApiServer, api_up: Rc<Cell<bool>>, end_at: Duration) {
+    api.faults().start_outage(OutageMode::Unavailable);
+    api_up.set(false);
+    let api = api.clone();
+    w.at(end_at, move |_| {
+        api.faults().end_outage();
+        api_up.set(true);
+    });
+}
+
+/// Restarts the operator, unless it is down: a replica that a leader change took down is
+/// already on its way back, and restarting it early would run it with its SIGTERM pending.
+fn restart_operator(w: &mut World, now: Duration, skip: impl FnOnce()) {
+    if w.net().is_down(OPERATOR) {
+        w.trace()
+            .record(now, "harness", format!("{OPERATOR} is down: no restart"));
+        skip();
+    } else {
+        w.restart(OPERATOR);
+    }
+}
+
+/// Takes the acting operator replica `leader` away from the lease as `how` says, and
+/// brings it back `down_for` after `now`.
+fn change_operator_leader(
+    w: &mut World,
+    leader: String,
+    stops: &BTreeMap<String, OperatorStop>,
+    how: LeaderChange,
+    now: Duration,
+    down_for: Duration,
+) {
+    let stop = stops[&leader].clone();
+    match how {
+        LeaderChange::Isolate => {
+            w.partition(&leader, KUBE_API_HOST);
+            w.at(now + down_for, move |w| w.repair(&leader, KUBE_API_HOST));
+            return;
+        }
+        // The process drains, releases the lease and exits; the pod is out of the
+        // picture (not ready) from now.
+        LeaderChange::Sigterm => {
+            w.trace()
+                .record(now, "harness", format!("stop {leader} (SIGTERM)"));
+            w.net().mark_down(&leader);
+            stop.stop();
+        }
+        LeaderChange::Crash => w.kill(&leader, KillMode::Graceful),
+    }
+    w.at(now + down_for, move |w| {
+        stop.reset();
+        w.restart(&leader);
+    });
+}
+
+/// The controller leader applies the next SubmitJob and loses its reply: the caller's
+/// call hangs (`hang`) or fails with a transport error.
+fn lose_next_submit_reply(w: &World, hang: bool) {
+    let how = if hang {
+        LostReply::Hang
+    } else {
+        LostReply::TransportError
+    };
+    w.cluster().lose_next_reply("SubmitJob", how);
+}
+
+/// Taints Node `node` NotReady, and clears its taints at `clear_at`.
+fn flap_node_ready(w: &mut World, api: &ApiServer, node: usize, clear_at: Duration) {
+    let name = format!("node-{node}");
+    let taint = json!({"spec": {"taints": [
+        {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]}});
+    let tainted = api.merge_patch("v1", "Node", None, &name, &taint, false);
+    landed(&format!("taint Node {name}"), tainted, Missing::Expected);
+    let api = api.clone();
+    w.at(clear_at, move |_| {
+        let clear = json!({"spec": {"taints": null}});
+        let cleared = api.merge_patch("v1", "Node", None, &name, &clear, false);
+        landed(&format!("untaint Node {name}"), cleared, Missing::Expected);
+    });
+}
+
+/// Changes the allocatable CPU of Node `node`.
+fn change_node_resources(api: &ApiServer, node: usize) {
+    let name = format!("node-{node}");
+    let change = json!({"status": {"allocatable": {"cpu": "48"}}});
+    let changed = api.merge_patch("v1", "Node", None, &name, &change, true);
+    landed(&format!("change Node {name}"), changed, Missing::Expected);
+}
+
+/// Deletes Node `node`.
+fn delete_node(api: &ApiServer, node: usize) {
+    let name = format!("node-{node}");
+    let deleted = api.delete("v1", "Node", None, &name);
+    landed(&format!("delete Node {name}"), deleted, Missing::Expected);
 }
 
 /// Whether the object of a harness write may already be gone.
