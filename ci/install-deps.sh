@@ -5,7 +5,7 @@ set -euo pipefail
 
 need_apt=()
 # kubectl, for the test that drives the simulated API server the way a person would
-# (sim/tests/kube_api.rs). The machine image may already carry one from another package.
+# (sim/tests/simulated/kube_api.rs). The machine image may already carry one from another package.
 if ! command -v kubectl >/dev/null 2>&1; then
   need_apt+=(kubernetes-client)
 fi

@@ -11,6 +11,9 @@ bash ci/install-deps.sh
 # jobs sharing the machine.
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# A build from a clean checkout gains nothing from incremental compilation's records, and
+# writing them costs time and disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 step() { printf '\n== %s\n' "$*"; }
 

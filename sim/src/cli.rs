@@ -190,7 +190,7 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 2)]
     pub jobs: usize,
     /// Also write the table into this file (README.md) between its compare-table markers;
-    /// `sim/tests/readme_figures.rs` fails when the README's table is not what this prints.
+    /// `sim/tests/sweeps/readme_figures.rs` fails when the README's table is not what this prints.
     #[arg(long)]
     pub readme: Option<PathBuf>,
     /// Also draw each lag's distribution per profile (cumulative, log time axis, the

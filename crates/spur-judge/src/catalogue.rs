@@ -42,7 +42,7 @@ pub const EXTENDED: [&str; 5] = [
     LEADER_CUT_STALE_READ,
 ];
 
-/// The long cut of `sim/tests/cut_replica.rs` on real processes: what earns rotation in the
+/// The long cut of `sim/tests/simulated/cut_replica.rs` on real processes: what earns rotation in the
 /// lab.
 pub const LEADER_CUT_IDLE: &str = "leader-cut-idle";
 /// How long `leader-cut-idle` keeps the leader cut off: spurctld's new leader waits its

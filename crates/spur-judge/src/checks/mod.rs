@@ -29,7 +29,7 @@ pub struct Deadlines {
     /// spurctld marks a node DOWN after its heartbeat timeout (90 s) without a heartbeat,
     /// and the operator sends one each heartbeat interval (30 s), so a world healthy for
     /// both has had a full timeout of heartbeat rounds. The cut leader of
-    /// `sim/tests/cut_replica.rs` (and the lab's `leader-cut-idle`) is what it catches: an
+    /// `sim/tests/simulated/cut_replica.rs` (and the lab's `leader-cut-idle`) is what it catches: an
     /// operator whose heartbeats all go to a leader cut off from its peers.
     pub node_liveness: Duration,
     /// With the API server up, some live operator replica holds the Lease within this of

@@ -74,7 +74,7 @@
 //!    never lands on the replica it left, no two rounds in a row reach the cut leader, and
 //!    the new leader hears every node at least every other round. Rotating to the first
 //!    candidate whose probe was answered, as an earlier version did, can stay on the cut
-//!    leader: it did for all 215 s of the named scenario (`sim/tests/cut_replica.rs`), on
+//!    leader: it did for all 215 s of the named scenario (`sim/tests/simulated/cut_replica.rs`), on
 //!    3 of the 18 seeds of 0..60 that meet its precondition the nodes went DOWN, and with
 //!    rotation off they always did; on real processes, the lab's `leader-cut-long`.
 //! 6. **A replica that contradicts an acknowledged write is left** ([`Rule::ReadYourWrites`]):

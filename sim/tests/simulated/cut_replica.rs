@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-mod common;
+use crate::common;
 use common::{run_until_true, s};
 
 use serde_json::json;

@@ -1,7 +1,7 @@
 //! Controller replicas under faults: silent and graceful leader kills, elections, a
 //! follower that cannot reach the leader.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

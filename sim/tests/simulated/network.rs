@@ -1,7 +1,7 @@
 //! The simulated network: the Service with no ready replica, the headless kind, the
 //! kernel's SYN timeout, tonic, hyper and axum over turmoil.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

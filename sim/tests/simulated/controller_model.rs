@@ -1,7 +1,7 @@
 //! The controller model beyond the wire conformance: optional refusals, state loss, the
 //! scheduler, replacement pods, stale reads.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

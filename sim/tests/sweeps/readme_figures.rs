@@ -10,13 +10,13 @@ fn threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
-const README: &str = include_str!("../../README.md");
+const README: &str = include_str!("../../../README.md");
 
 /// The page of measured figures, which holds the bench-nodes one.
-const EVIDENCE: &str = include_str!("../../docs/evidence.md");
+const EVIDENCE: &str = include_str!("../../../docs/evidence.md");
 
 /// The picture of the same seeds beside the table (`docs/compare-lags.svg`).
-const PLOT: &str = include_str!("../../docs/compare-lags.svg");
+const PLOT: &str = include_str!("../../../docs/compare-lags.svg");
 
 #[test]
 fn the_readme_compare_table_and_plot_are_what_compare_prints() {

@@ -3,7 +3,7 @@
 //! dry run accepts every object, a real apply creates them and a second apply changes
 //! nothing it should not; then the example SpurJob is accepted by the installed CRD.
 
-mod common;
+use crate::common;
 
 use common::kubectl::KubeApiProcess;
 

@@ -2,7 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-mod common;
+use crate::common;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::{
