@@ -565,3 +565,43 @@ fn endpoint_slices_follow_the_selected_pods() {
         "owned by the Service"
     );
 }
+
+#[tokio::test]
+async fn the_scale_subresource_sets_replicas() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use kube::api::{Patch, PatchParams};
+    let api = server();
+    api.create(deployment(2, "web:1")).unwrap();
+    let deploys: Api<Deployment> = Api::namespaced(api.in_memory_client(), "default");
+    let scale = deploys.get_scale("web").await.unwrap();
+    assert_eq!(scale.spec.unwrap().replicas, Some(2));
+    assert_eq!(scale.status.unwrap().selector.as_deref(), Some("app=web"));
+    let patch = Patch::Merge(json!({"spec": {"replicas": 5}}));
+    let scaled = deploys
+        .patch_scale("web", &PatchParams::default(), &patch)
+        .await
+        .unwrap();
+    assert_eq!(scaled.spec.unwrap().replicas, Some(5));
+    assert_eq!(
+        get(&api, "apps/v1", "Deployment", "web")["spec"]["replicas"],
+        5
+    );
+    let negative = Patch::Merge(json!({"spec": {"replicas": -1}}));
+    let kube::Error::Api(err) = deploys
+        .patch_scale("web", &PatchParams::default(), &negative)
+        .await
+        .unwrap_err()
+    else {
+        panic!("not an API error");
+    };
+    assert_eq!(err.code, 422);
+    let sets: Api<StatefulSet> = Api::namespaced(api.in_memory_client(), "default");
+    api.create(statefulset("Parallel", 1)).unwrap();
+    let patch = Patch::Merge(json!({"spec": {"replicas": 3}}));
+    sets.patch_scale("db", &PatchParams::default(), &patch)
+        .await
+        .unwrap();
+    let mut w = workloads(&api);
+    steps(&mut w, 1);
+    assert_eq!(pods(&api, "db-").len(), 3);
+}

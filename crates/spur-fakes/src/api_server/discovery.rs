@@ -92,6 +92,12 @@ pub fn resource_list(store: &Store, group: &str, version: &str) -> Option<Value>
                 "kind": t.kind, "verbs": ["get", "patch", "update"],
             }));
         }
+        if super::scale::has_scale(t) {
+            resources.push(json!({
+                "name": format!("{}/scale", t.plural), "singularName": "", "namespaced": t.namespaced,
+                "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": ["get", "patch", "update"],
+            }));
+        }
     }
     let group_version = if group.is_empty() {
         version.to_owned()

@@ -43,6 +43,7 @@ pub mod patch;
 pub mod pod_io;
 pub mod rbac;
 pub mod resources;
+pub mod scale;
 pub mod seed;
 pub mod selectors;
 mod server;

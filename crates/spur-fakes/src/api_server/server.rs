@@ -405,6 +405,8 @@ struct Target {
     namespace: Option<String>,
     name: Option<String>,
     status: bool,
+    /// `.../scale` (see [`super::scale`]).
+    scale: bool,
 }
 
 /// How the client asked for objects in the `Accept` header.
@@ -510,8 +512,12 @@ fn serve_resource(
         namespace,
         name,
         status,
+        scale,
     } = target;
     let ns = namespace.as_deref();
+    if let (true, Some(name)) = (scale, &name) {
+        return scale_response(&shared, parts, body, &peer, &rt, ns, name);
+    }
 
     match (&parts.method, name) {
         (&Method::GET, None) => list_or_watch(shared, rt, namespace, query, shape),
@@ -556,6 +562,42 @@ fn serve_resource(
         (&Method::DELETE, None) => delete_collection(&shared, &peer, &rt, namespace, query),
         (method, _) => Err(ApiError::method_not_allowed(method.as_str())),
     }
+}
+
+/// GET, PUT or PATCH on `.../scale`: the object's Scale, written to its `spec.replicas`.
+fn scale_response(
+    shared: &Shared,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    peer: &Option<Arc<str>>,
+    rt: &ResourceType,
+    ns: Option<&str>,
+    name: &str,
+) -> ApiResult<Response> {
+    use super::scale::{ScaleChange, scale_of, write as write_scale};
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let object = match parts.method {
+        Method::GET => shared.store.lock().expect("store lock").get(rt, ns, name)?,
+        Method::PUT => {
+            let scale = json_body(content_type, body)?;
+            write(shared, peer, WriteMethod::Update, rt, false, |store| {
+                write_scale(store, rt, ns, name, ScaleChange::Replace(&scale))
+            })?
+        }
+        Method::PATCH => {
+            let kind = PatchKind::from_content_type(content_type)?;
+            let patch = parse_patch_body(kind, body)?;
+            write(shared, peer, WriteMethod::Patch, rt, false, |store| {
+                write_scale(store, rt, ns, name, ScaleChange::Patch(kind, &patch))
+            })?
+        }
+        ref other => return Err(ApiError::method_not_allowed(other.as_str())),
+    };
+    Ok(Json(scale_of(&object)).into_response())
 }
 
 /// A status write refused with 409 when the faults hold a conflict for the next one.
@@ -831,10 +873,11 @@ fn resolve(store: &Store, group: &str, version: &str, rest: &[&str]) -> Option<T
         [plural, tail @ ..] => (lookup(plural)?, None, tail),
         [] => return None,
     };
-    let (name, status) = match tail {
-        [] => (None, false),
-        [name] => (Some((*name).to_owned()), false),
-        [name, "status"] => (Some((*name).to_owned()), true),
+    let (name, status, scale) = match tail {
+        [] => (None, false, false),
+        [name] => (Some((*name).to_owned()), false, false),
+        [name, "status"] => (Some((*name).to_owned()), true, false),
+        [name, "scale"] if super::scale::has_scale(&rt) => (Some((*name).to_owned()), false, true),
         _ => return None,
     };
     // Named namespaced objects live under a namespace; cluster-scoped ones never do; only
@@ -849,6 +892,7 @@ fn resolve(store: &Store, group: &str, version: &str, rest: &[&str]) -> Option<T
         namespace,
         name,
         status,
+        scale,
     })
 }
 
