@@ -107,156 +107,55 @@ impl ResourceType {
 
 /// The kinds every server starts with.
 pub fn builtin_types() -> Vec<ResourceType> {
-    use ResourceType as R;
-    vec![
-        R::builtin("", "v1", "Namespace", "namespaces", &["ns"], false, true),
-        R::builtin("", "v1", "Node", "nodes", &["no"], false, true),
-        R::builtin("", "v1", "Pod", "pods", &["po"], true, true),
-        R::builtin("", "v1", "Service", "services", &["svc"], true, true),
-        R::builtin("", "v1", "ConfigMap", "configmaps", &["cm"], true, false),
-        R::builtin("", "v1", "Event", "events", &["ev"], true, false),
-        R::builtin(
-            "events.k8s.io",
-            "v1",
-            "Event",
-            "events",
-            &["ev"],
-            true,
-            false,
-        ),
-        R::builtin(
-            "coordination.k8s.io",
-            "v1",
-            "Lease",
-            "leases",
-            &[],
-            true,
-            false,
-        ),
-        // What deploy/ and deploy/sim-sweep/ hold, so `kubectl apply -k` works against
-        // this server: stored and served like any object, with no controller behind them.
-        R::builtin(
-            "",
-            "v1",
-            "ServiceAccount",
-            "serviceaccounts",
-            &["sa"],
-            true,
-            false,
-        ),
-        R::builtin(
-            "apps",
-            "v1",
-            "Deployment",
-            "deployments",
-            &["deploy"],
-            true,
-            true,
-        ),
-        R::builtin("batch", "v1", "Job", "jobs", &[], true, true),
-        // The workloads the controllers in `crate::workloads` run (none runs unless spawned).
-        R::builtin("", "v1", "Secret", "secrets", &[], true, false),
-        R::builtin(
-            "",
-            "v1",
-            "PersistentVolumeClaim",
-            "persistentvolumeclaims",
-            &["pvc"],
-            true,
-            true,
-        ),
-        R::builtin(
-            "apps",
-            "v1",
-            "ReplicaSet",
-            "replicasets",
-            &["rs"],
-            true,
-            true,
-        ),
-        R::builtin(
-            "apps",
-            "v1",
-            "StatefulSet",
-            "statefulsets",
-            &["sts"],
-            true,
-            true,
-        ),
-        R::builtin(
-            "discovery.k8s.io",
-            "v1",
-            "EndpointSlice",
-            "endpointslices",
-            &[],
-            true,
-            false,
-        ),
-        R::builtin(
-            "policy",
-            "v1",
-            "PodDisruptionBudget",
-            "poddisruptionbudgets",
-            &["pdb"],
-            true,
-            true,
-        ),
-        R::builtin(
-            "networking.k8s.io",
-            "v1",
-            "NetworkPolicy",
-            "networkpolicies",
-            &["netpol"],
-            true,
-            false,
-        ),
-        R::builtin(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "ClusterRole",
-            "clusterroles",
-            &[],
-            false,
-            false,
-        ),
-        R::builtin(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "ClusterRoleBinding",
-            "clusterrolebindings",
-            &[],
-            false,
-            false,
-        ),
-        R::builtin(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "Role",
-            "roles",
-            &[],
-            true,
-            false,
-        ),
-        R::builtin(
-            "rbac.authorization.k8s.io",
-            "v1",
-            "RoleBinding",
-            "rolebindings",
-            &[],
-            true,
-            false,
-        ),
-        R::builtin(
-            "apiextensions.k8s.io",
-            "v1",
-            "CustomResourceDefinition",
-            "customresourcedefinitions",
-            &["crd", "crds"],
-            false,
-            true,
-        ),
-    ]
+    BUILTIN
+        .iter()
+        .map(|&(group, version, kind, plural, short, namespaced, status)| {
+            ResourceType::builtin(group, version, kind, plural, short, namespaced, status)
+        })
+        .collect()
 }
+
+/// Group, version, kind, plural, short names, namespaced, status subresource: one kind a
+/// line, so the table reads like `kubectl api-resources`.
+type Builtin = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    bool,
+    bool,
+);
+
+#[rustfmt::skip]
+const BUILTIN: &[Builtin] = &[
+    ("", "v1", "Namespace", "namespaces", &["ns"], false, true),
+    ("", "v1", "Node", "nodes", &["no"], false, true),
+    ("", "v1", "Pod", "pods", &["po"], true, true),
+    ("", "v1", "Service", "services", &["svc"], true, true),
+    ("", "v1", "ConfigMap", "configmaps", &["cm"], true, false),
+    ("", "v1", "Event", "events", &["ev"], true, false),
+    ("events.k8s.io", "v1", "Event", "events", &["ev"], true, false),
+    ("coordination.k8s.io", "v1", "Lease", "leases", &[], true, false),
+    // What deploy/ and deploy/sim-sweep/ hold, so `kubectl apply -k` works against
+    // this server: stored and served like any object, with no controller behind them.
+    ("", "v1", "ServiceAccount", "serviceaccounts", &["sa"], true, false),
+    ("apps", "v1", "Deployment", "deployments", &["deploy"], true, true),
+    ("batch", "v1", "Job", "jobs", &[], true, true),
+    // The workloads the controllers in `crate::workloads` run (none runs unless spawned).
+    ("", "v1", "Secret", "secrets", &[], true, false),
+    ("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", &["pvc"], true, true),
+    ("apps", "v1", "ReplicaSet", "replicasets", &["rs"], true, true),
+    ("apps", "v1", "StatefulSet", "statefulsets", &["sts"], true, true),
+    ("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", &[], true, false),
+    ("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", &["pdb"], true, true),
+    ("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", &["netpol"], true, false),
+    ("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", &[], false, false),
+    ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", &[], false, false),
+    ("rbac.authorization.k8s.io", "v1", "Role", "roles", &[], true, false),
+    ("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", &[], true, false),
+    ("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", &["crd", "crds"], false, true),
+];
 
 /// What the real API server does to an object of some kinds before storing it, on create
 /// and update alike: a Secret's `stringData` is merged into `data` (base64, winning over
