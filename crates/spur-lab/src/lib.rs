@@ -18,6 +18,7 @@
 //! and it checks the operator on real TCP against the model the simulation uses.
 
 pub mod bench;
+pub mod cluster;
 pub mod heal;
 pub mod kernel;
 pub mod real_peer;

@@ -1,0 +1,289 @@
+//! The kubelet's loop: reads the pods bound to its node, admits new ones (finalizer,
+//! address, namespaces), drives their containers and probes, writes their status, and
+//! stops and finalizes the deleted ones.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams};
+use serde_json::json;
+
+use super::KubeletConfig;
+use super::containers;
+use super::pod_net::{Addresses, Bridge, PodNet};
+use super::pod_state::{ContainerRun, PodRun, now};
+
+/// Everything the kubelet made; dropping it kills every process and removes every
+/// namespace, veth and the bridge (pods first: the fields drop in order).
+struct Node {
+    pods: BTreeMap<String, PodRun>,
+    addresses: Addresses,
+    bridge: Bridge,
+}
+
+/// Runs the pods bound to `node_name` until the returned future is dropped; `Err` only when
+/// the bridge cannot be made. Errors of the API server are logged and retried.
+pub async fn run_kubelet(
+    client: kube::Client,
+    node_name: &str,
+    config: KubeletConfig,
+) -> anyhow::Result<()> {
+    let addresses = Addresses::new(config.pod_cidr.0, config.pod_cidr.1);
+    let bridge = Bridge::create(&config.bridge, addresses.gateway(), config.pod_cidr.1)?;
+    std::fs::create_dir_all(&config.log_dir)?;
+    let mut node = Node {
+        pods: BTreeMap::new(),
+        addresses,
+        bridge,
+    };
+    let api = kube::Api::<Pod>::all(client.clone());
+    let params = ListParams::default().fields(&format!("spec.nodeName={node_name}"));
+    loop {
+        match api.list(&params).await {
+            Ok(list) => sync(&client, &mut node, list.items, &config).await,
+            Err(e) => eprintln!("kubelet {node_name}: listing pods: {e}"),
+        }
+        tokio::time::sleep(config.sync_period).await;
+    }
+}
+
+/// One pass over the node's pods.
+async fn sync(client: &kube::Client, node: &mut Node, listed: Vec<Pod>, config: &KubeletConfig) {
+    let by_uid: BTreeMap<String, Pod> = listed
+        .into_iter()
+        .filter_map(|p| Some((p.metadata.uid.clone()?, p)))
+        .collect();
+    for (uid, pod) in &by_uid {
+        if !node.pods.contains_key(uid) && admissible(pod) {
+            match admit(client, node, pod, config).await {
+                Ok(run) => {
+                    node.pods.insert(uid.clone(), run);
+                }
+                Err(e) => eprintln!("kubelet: admitting pod {uid}: {e:#}"),
+            }
+        }
+    }
+    let uids: Vec<String> = node.pods.keys().cloned().collect();
+    for uid in uids {
+        let current = by_uid.get(&uid);
+        let deleting = current.is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+        let run = node.pods.get_mut(&uid).expect("listed above");
+        if deleting {
+            if terminate(client, run, current, config).await {
+                let run = node.pods.remove(&uid).expect("listed above");
+                node.addresses.give_back(run.net.ip);
+            }
+            continue;
+        }
+        if let Some(pod) = current {
+            run.pod = pod.clone();
+        }
+        step(client, run, config).await;
+    }
+}
+
+/// A pod this kubelet should start: not being deleted, not already ended.
+fn admissible(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
+}
+
+/// Takes a pod on: its finalizer, then its address and namespaces, then its containers.
+async fn admit(
+    client: &kube::Client,
+    node: &mut Node,
+    pod: &Pod,
+    config: &KubeletConfig,
+) -> anyhow::Result<PodRun> {
+    let namespace = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    set_finalizer(client, pod, &config.finalizer, true).await?;
+    let (ip, offset) = node
+        .addresses
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("the pod CIDR is full"))?;
+    let net = match PodNet::create(&node.bridge, &name, ip, &format!("spv{offset}")) {
+        Ok(net) => net,
+        Err(e) => {
+            node.addresses.give_back(ip);
+            return Err(e);
+        }
+    };
+    let dir = config.log_dir.join(format!("{namespace}_{name}_{uid}"));
+    std::fs::create_dir_all(&dir)?;
+    let containers = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .map(|c| ContainerRun::new(c.clone(), config))
+        .collect();
+    Ok(PodRun {
+        namespace,
+        name,
+        uid,
+        pod: pod.clone(),
+        containers,
+        net,
+        host_ip: node.bridge.gateway,
+        dir,
+        start_time: now(),
+        kill_at: None,
+        written: serde_json::Value::Null,
+    })
+}
+
+/// Adds (or removes) the kubelet's finalizer, keeping everyone else's.
+async fn set_finalizer(
+    client: &kube::Client,
+    pod: &Pod,
+    finalizer: &str,
+    present: bool,
+) -> anyhow::Result<()> {
+    let mut finalizers = pod.metadata.finalizers.clone().unwrap_or_default();
+    finalizers.retain(|f| f != finalizer);
+    if present {
+        finalizers.push(finalizer.to_owned());
+    }
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let api = kube::Api::<Pod>::namespaced(client.clone(), namespace);
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let patch = json!({"metadata": {"finalizers": finalizers}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// One pass over a running pod: exits, starts, probes, then its status if it changed.
+async fn step(client: &kube::Client, run: &mut PodRun, config: &KubeletConfig) {
+    let policy = run.policy();
+    for i in 0..run.containers.len() {
+        run.containers[i].reap(&policy, config);
+        if run.containers[i].start_due() {
+            start(client, run, i, &policy, config).await;
+        }
+        run.containers[i].show_backoff();
+    }
+    run.probe(config).await;
+    let status = run.status();
+    if status != run.written {
+        let api = kube::Api::<Pod>::namespaced(client.clone(), &run.namespace);
+        let patch = json!({"status": status});
+        match api
+            .patch_status(&run.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => run.written = status,
+            Err(e) => eprintln!("kubelet: status of {}/{}: {e}", run.namespace, run.name),
+        }
+    }
+}
+
+/// Starts container `i`: its image's program, environment and command line.
+async fn start(
+    client: &kube::Client,
+    run: &mut PodRun,
+    i: usize,
+    policy: &str,
+    config: &KubeletConfig,
+) {
+    let spec = run.containers[i].spec.clone();
+    let image = spec.image.clone().unwrap_or_default();
+    let command = spec.command.clone().unwrap_or_default();
+    let ip = run.net.ip.to_string();
+    let env = match containers::environment(client, &run.pod, &spec, &ip).await {
+        Ok(env) => env,
+        Err(message) => {
+            run.containers[i].state = super::pod_state::State::Waiting {
+                reason: "CreateContainerConfigError".into(),
+                message,
+            };
+            return;
+        }
+    };
+    let command: Vec<String> = command
+        .iter()
+        .map(|w| containers::expand(w, &env))
+        .collect();
+    let resolved = match config.images.resolve(&image, &command) {
+        Ok(resolved) => resolved,
+        Err(why) => return run.containers[i].start_failed(why, policy, config),
+    };
+    let mut args = resolved.args;
+    args.extend(
+        spec.args
+            .iter()
+            .flatten()
+            .map(|w| containers::expand(w, &env)),
+    );
+    let (uid, gid) = containers::user_of(&run.pod, &spec);
+    let sandbox = containers::Sandbox {
+        netns: &run.net.netns,
+        utsns: &run.net.utsns,
+        uid,
+        gid,
+    };
+    let process = containers::command(&sandbox, &resolved.program, &args, &env);
+    let log = run.dir.join(format!("{}.log", spec.name));
+    match containers::start(process, &log) {
+        Ok(child) => run.containers[i].running(child),
+        Err(e) => {
+            let why = super::images::Unresolved::NoCommand(format!(
+                "{}: {e}",
+                resolved.program.display()
+            ));
+            run.containers[i].start_failed(why, policy, config);
+        }
+    }
+}
+
+/// A deleted pod: SIGTERM, SIGKILL after its grace, then its namespaces go and its
+/// finalizer, which lets the API server remove it. Whether the pod is finished.
+async fn terminate(
+    client: &kube::Client,
+    run: &mut PodRun,
+    current: Option<&Pod>,
+    config: &KubeletConfig,
+) -> bool {
+    let kill_at = *run.kill_at.get_or_insert_with(|| {
+        for c in &run.containers {
+            if let Some(child) = &c.child {
+                containers::signal(child, libc::SIGTERM);
+            }
+        }
+        let grace = run
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds)
+            .map_or(config.default_grace, |s| {
+                std::time::Duration::from_secs(s.max(0) as u64)
+            });
+        Instant::now() + grace
+    });
+    for c in &mut run.containers {
+        if let Some(child) = &mut c.child
+            && let Ok(Some(_)) = child.try_wait()
+        {
+            c.child = None;
+        }
+    }
+    let running = run.containers.iter().any(|c| c.child.is_some());
+    if running && Instant::now() < kill_at {
+        return false;
+    }
+    // Dropping the containers SIGKILLs what is left and reaps it.
+    run.containers.clear();
+    if let Some(pod) = current
+        && let Err(e) = set_finalizer(client, pod, &config.finalizer, false).await
+    {
+        eprintln!("kubelet: finalizing {}/{}: {e}", run.namespace, run.name);
+        return false;
+    }
+    true
+}

@@ -1,0 +1,87 @@
+//! "A Kubernetes made of processes": a kubelet that runs the pods bound to its node as real
+//! Linux processes, each pod in network and UTS namespaces of its own on a bridge.
+//!
+//! - [`images`]: which host program an image and command run;
+//! - [`pod_net`]: the bridge, each pod's namespaces, veth and address;
+//! - [`containers`]: a container's environment, command line and process;
+//! - [`pod_state`]: a pod's containers through starts, exits, restarts and probes, and the
+//!   status they make;
+//! - [`probes`]: readiness and liveness;
+//! - [`kubelet`]: the loop that reads the API server and drives all of the above.
+//!
+//! The caller runs [`run_kubelet`] inside a private network namespace of its own
+//! ([`crate::kernel::enter_private_network`]), on a thread that outlives the pods (each
+//! process dies with the thread that forked it). The kubelet stops when its future is
+//! dropped: every process, namespace, veth and the bridge go with it.
+
+pub mod containers;
+pub mod images;
+pub mod kubelet;
+pub mod pod_net;
+pub mod pod_state;
+pub mod probes;
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use kubelet::run_kubelet;
+
+/// The kubelet's settings.
+#[derive(Clone, Debug)]
+pub struct KubeletConfig {
+    /// Which program each image runs.
+    pub images: images::ImageTable,
+    /// Where each pod's container logs go (`<dir>/<namespace>_<pod>_<uid>/<container>.log`).
+    pub log_dir: PathBuf,
+    /// The pod network (default 10.244.0.0/16, flannel's and kind's): its first address is
+    /// the bridge's, the rest the pods'.
+    pub pod_cidr: (Ipv4Addr, u8),
+    /// The bridge's name (default `spurbr0`: short, as link names are at most 15 bytes).
+    pub bridge: String,
+    /// How often pods, processes and probes are looked at (default 200 ms: a restart or a
+    /// probe's verdict shows within it, and a poll of one node's pods costs little).
+    pub sync_period: Duration,
+    /// The first delay before restarting a container that exited (default 10 s, the
+    /// kubelet's); it doubles at each exit up to `restart_backoff_max`.
+    pub restart_backoff: Duration,
+    /// The longest restart delay (default 300 s, the kubelet's).
+    pub restart_backoff_max: Duration,
+    /// A container that ran this long before exiting restarts after `restart_backoff`
+    /// again (default 10 min, the kubelet's).
+    pub backoff_reset: Duration,
+    /// The first delay before pulling an unmapped image again (default 10 s, the kubelet's
+    /// image back-off); doubles up to `restart_backoff_max`. The table is re-read at
+    /// each try, so an image added meanwhile starts.
+    pub image_backoff: Duration,
+    /// A container's grace after a liveness probe failed: SIGTERM, then SIGKILL after this
+    /// (default 2 s: the probe already waited failureThreshold periods).
+    pub liveness_grace: Duration,
+    /// Grace after deletion when a pod's spec has no terminationGracePeriodSeconds (30 s,
+    /// the API's default). The simulated API server stamps deletionGracePeriodSeconds 0 on
+    /// every delete, so the spec's value is the one honoured.
+    pub default_grace: Duration,
+    /// The finalizer this kubelet puts on every pod it runs, so a deletion waits for its
+    /// processes to stop (the simulated API server removes a pod at once otherwise).
+    pub finalizer: String,
+}
+
+impl KubeletConfig {
+    /// The defaults above, with `images` and logs under `log_dir`.
+    pub fn new(images: images::ImageTable, log_dir: PathBuf) -> Self {
+        Self {
+            images,
+            log_dir,
+            pod_cidr: (Ipv4Addr::new(10, 244, 0, 0), 16),
+            bridge: "spurbr0".into(),
+            sync_period: Duration::from_millis(200),
+            restart_backoff: Duration::from_secs(10),
+            restart_backoff_max: Duration::from_secs(300),
+            backoff_reset: Duration::from_secs(600),
+            image_backoff: Duration::from_secs(10),
+            liveness_grace: Duration::from_secs(2),
+            default_grace: Duration::from_secs(30),
+            finalizer: "spur.rocm.com/process-kubelet".into(),
+        }
+    }
+}
