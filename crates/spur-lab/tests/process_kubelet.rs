@@ -54,6 +54,11 @@ fn print_logs(dir: &Path) {
 #[test]
 fn a_process_kubelet_runs_probes_and_deletes_pods_leaving_nothing() {
     if let Some(why) = skip_reason() {
+        // CI runs as root with the tools installed: there a skip would hide a failure.
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI cannot run the process kubelet: {why}"
+        );
         eprintln!("SKIPPED process_kubelet: {why}");
         return;
     }
