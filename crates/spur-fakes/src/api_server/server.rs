@@ -501,12 +501,7 @@ fn serve_resource(
     let peer = parts.extensions.get::<Peer>().and_then(|p| p.0.clone());
     let user = parts.extensions.get::<UserInfo>().cloned();
     let shape = shape(&parts.headers);
-    let content_type = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
+    let content_type = content_type(&parts.headers);
     let Target {
         rt,
         namespace,
@@ -526,7 +521,7 @@ fn serve_resource(
             if rt.namespaced && ns.is_none() {
                 return Err(ApiError::method_not_allowed("POST"));
             }
-            let obj = json_body(&content_type, body)?;
+            let obj = json_body(content_type, body)?;
             if let Some(user) = &user {
                 admit_create(&shared, user, parts, &obj, &peer)?;
             }
@@ -536,7 +531,7 @@ fn serve_resource(
             Ok((StatusCode::CREATED, Json((*created).clone())).into_response())
         }
         (&Method::PUT, Some(name)) => {
-            let obj = json_body(&content_type, body)?;
+            let obj = json_body(content_type, body)?;
             injected_status_conflict(&shared, &rt, status, &name)?;
             let updated = write(&shared, &peer, WriteMethod::Update, &rt, status, |store| {
                 store.update(&rt, ns, &name, obj, status)
@@ -544,7 +539,7 @@ fn serve_resource(
             Ok(Json((*updated).clone()).into_response())
         }
         (&Method::PATCH, Some(name)) => {
-            let kind = PatchKind::from_content_type(&content_type)?;
+            let kind = PatchKind::from_content_type(content_type)?;
             let patch = parse_patch_body(kind, body)?;
             injected_status_conflict(&shared, &rt, status, &name)?;
             let patched = write(&shared, &peer, WriteMethod::Patch, &rt, status, |store| {
@@ -564,6 +559,14 @@ fn serve_resource(
     }
 }
 
+/// The request's Content-Type, or "" without one (or with one that is not text).
+fn content_type(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
 /// GET, PUT or PATCH on `.../scale`: the object's Scale, written to its `spec.replicas`.
 fn scale_response(
     shared: &Shared,
@@ -575,11 +578,7 @@ fn scale_response(
     name: &str,
 ) -> ApiResult<Response> {
     use super::scale::{ScaleChange, scale_of, write as write_scale};
-    let content_type = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+    let content_type = content_type(&parts.headers);
     let object = match parts.method {
         Method::GET => shared.store.lock().expect("store lock").get(rt, ns, name)?,
         Method::PUT => {

@@ -162,14 +162,7 @@ impl Session {
         grace: Duration,
     ) -> Option<Behind> {
         let shown = jobs.iter().map(|job| (job.job_id, Some(job.state())));
-        // Only the acknowledged ids are looked up in the answer, not every id a poll asks
-        // for.
-        let missing: Vec<(u32, Option<pb::JobState>)> = asked
-            .iter()
-            .filter(|id| self.acked.contains_key(id))
-            .filter(|id| !jobs.iter().any(|job| job.job_id == **id))
-            .map(|id| (*id, None))
-            .collect();
+        let missing = self.missing(jobs, asked);
         let mut behind = None;
         for (job_id, state) in shown.chain(missing) {
             let Some(ack) = self.acked.get_mut(&job_id) else {
@@ -223,6 +216,18 @@ impl Session {
             });
         }
         behind
+    }
+
+    /// The acknowledged ids among `asked` that `jobs` leaves out, as shown in no state.
+    fn missing(&self, jobs: &[pb::JobInfo], asked: &[u32]) -> Vec<(u32, Option<pb::JobState>)> {
+        // Only the acknowledged ids are looked up in the answer, not every id a poll asks
+        // for.
+        asked
+            .iter()
+            .filter(|id| self.acked.contains_key(id))
+            .filter(|id| !jobs.iter().any(|job| job.job_id == **id))
+            .map(|id| (*id, None))
+            .collect()
     }
 
     /// Dial `dial`'s Ping named `replica`: the replica an acknowledgement's contradiction

@@ -277,21 +277,11 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
         }
         _ => false,
     };
-    let mut stopped = Vec::new();
-    if !restart {
-        let request = end_report(&pod, job_id, &node, &end);
-        let reported = report(&ctx, &pod, request).await?;
-        if end.exit_code != 0 && OnRankFailure::of_pod(&pod) == Some(OnRankFailure::FailJob) {
-            stopped = stop_other_ranks(&ctx, &pods, &pod, &node, &end).await?;
-        }
-        if start_missed {
-            // Deleted rather than marked: its job is over, and were it to start later it
-            // would run with no job behind it. A pod being deleted is not reconciled again.
-            delete_pod(&pods, &pod).await?;
-        } else {
-            mark_reported(&pods, &pod, &reported).await?;
-        }
-    }
+    let stopped = if restart {
+        Vec::new()
+    } else {
+        report_end(&ctx, &pods, &pod, job_id, &node, &end, start_missed).await?
+    };
     // Told once the pod is done with (a failed step above retries the whole reconcile, which
     // would tell it twice).
     tell_failure(&ctx, &pod, &node, &end, &stopped).await;
@@ -303,6 +293,33 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<ReportContext>) -> Result<Act
     }
     tracing::info!(pod = %pod.name_any(), job_id, node = %node, exit_code = end.exit_code, message = %end.message, restart, "the pod's end is handled");
     Ok(Action::await_change())
+}
+
+/// Reports the end of a run that is not restarted, stops the other ranks when the job fails
+/// with it, and marks the pod reported (or deletes it); the ranks it stopped.
+async fn report_end(
+    ctx: &ReportContext,
+    pods: &Api<Pod>,
+    pod: &Pod,
+    job_id: u32,
+    node: &str,
+    end: &PodEnd,
+    start_missed: bool,
+) -> Result<Vec<String>, ReportError> {
+    let request = end_report(pod, job_id, node, end);
+    let reported = report(ctx, pod, request).await?;
+    let mut stopped = Vec::new();
+    if end.exit_code != 0 && OnRankFailure::of_pod(pod) == Some(OnRankFailure::FailJob) {
+        stopped = stop_other_ranks(ctx, pods, pod, node, end).await?;
+    }
+    if start_missed {
+        // Deleted rather than marked: its job is over, and were it to start later it would
+        // run with no job behind it. A pod being deleted is not reconciled again.
+        delete_pod(pods, pod).await?;
+    } else {
+        mark_reported(pods, pod, &reported).await?;
+    }
+    Ok(stopped)
 }
 
 /// How `pod` ended, and whether by missing its start timeout; `Err`, with what to do

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use spur_proto as pb;
 
 use crate::quantity;
@@ -51,31 +52,64 @@ pub fn registration(
         .and_then(|s| s.allocatable.as_ref())
         .unwrap_or(&empty);
     let mut warnings = Vec::new();
-    let quantity_of = |key: &str, warnings: &mut Vec<FieldWarning>| {
-        let raw = allocatable.get(key)?;
-        quantity::parse(&raw.0)
-            .map_err(|e| {
-                warnings.push(FieldWarning {
-                    field: format!("status.allocatable[{key}]"),
-                    reason: e.to_string(),
-                })
-            })
-            .ok()
+    let cpus = allocated(allocatable, "cpu", &mut warnings).map_or(0, |q| saturate_u32(q.whole()));
+    let memory_mb =
+        allocated(allocatable, "memory", &mut warnings).map_or(0, |q| saturate_u64(q.mebibytes()));
+    let gpus = gpus(allocatable, &labels, &mut warnings);
+    let request = pb::RegisterAgentRequest {
+        hostname: name,
+        resources: Some(pb::ResourceSet {
+            cpus,
+            memory_mb,
+            gpus,
+            generic: BTreeMap::new(),
+        }),
+        version: version.to_owned(),
+        address: agent.address.clone(),
+        port: u32::from(agent.port),
+        wg_pubkey: String::new(),
+        labels,
+        join_token: String::new(),
     };
+    (request, warnings)
+}
 
-    let cpus = quantity_of("cpu", &mut warnings).map_or(0, |q| saturate_u32(q.whole()));
-    let memory_mb = quantity_of("memory", &mut warnings).map_or(0, |q| saturate_u64(q.mebibytes()));
+/// The node's allocatable `key`, if it has one that parses; one that does not yields a
+/// warning.
+fn allocated(
+    allocatable: &BTreeMap<String, Quantity>,
+    key: &str,
+    warnings: &mut Vec<FieldWarning>,
+) -> Option<quantity::Quantity> {
+    let raw = allocatable.get(key)?;
+    quantity::parse(&raw.0)
+        .map_err(|e| {
+            warnings.push(FieldWarning {
+                field: format!("status.allocatable[{key}]"),
+                reason: e.to_string(),
+            })
+        })
+        .ok()
+}
+
+/// One entry per GPU the node's allocatable counts, numbered across vendors, with the type,
+/// memory and links its labels give.
+fn gpus(
+    allocatable: &BTreeMap<String, Quantity>,
+    labels: &BTreeMap<String, String>,
+    warnings: &mut Vec<FieldWarning>,
+) -> Vec<pb::GpuResource> {
     let mut gpus = Vec::new();
     for (resource, vendor) in GPU_RESOURCES {
-        let Some(count) = quantity_of(resource, &mut warnings).map(|q| q.whole()) else {
+        let Some(count) = allocated(allocatable, resource, warnings).map(|q| q.whole()) else {
             continue;
         };
         let gpu_type = labels
             .get(GPU_TYPE_LABEL)
             .cloned()
             .unwrap_or_else(|| vendor.to_owned());
-        let memory_mb = gpu_memory_mb(&labels, &mut warnings);
-        let link_type = gpu_link(&labels, &mut warnings);
+        let memory_mb = gpu_memory_mb(labels, warnings);
+        let link_type = gpu_link(labels, warnings);
         // A GPU count beyond a node's physical slots is a typo, not hardware.
         let count = count.min(64) as u32;
         for device_id in 0..count {
@@ -93,22 +127,7 @@ pub fn registration(
             });
         }
     }
-    let request = pb::RegisterAgentRequest {
-        hostname: name,
-        resources: Some(pb::ResourceSet {
-            cpus,
-            memory_mb,
-            gpus,
-            generic: BTreeMap::new(),
-        }),
-        version: version.to_owned(),
-        address: agent.address.clone(),
-        port: u32::from(agent.port),
-        wg_pubkey: String::new(),
-        labels,
-        join_token: String::new(),
-    };
-    (request, warnings)
+    gpus
 }
 
 /// Each GPU's memory in MiB, from the node's label; 0 without one, or with one that does

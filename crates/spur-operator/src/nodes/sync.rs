@@ -472,24 +472,14 @@ impl NodeSync {
                 };
                 tracked.backoff.reset();
                 match action {
-                    Action::Register(request) => {
-                        tracked.registered = Some(request);
-                        // A registration never changes a known node's state: what was
-                        // acknowledged still holds, and when nothing was (this process's
-                        // first registration of the node), the availability is sent. A node
-                        // new to the controller starts IDLE.
-                        if std::mem::take(&mut tracked.unknown_to_controller) {
-                            tracked.acked = Some(Availability::Up);
-                        }
-                        if let Some(since) = tracked.waiting_since.take() {
-                            self.metrics
-                                .registration_lag_seconds
-                                .observe(since.elapsed().as_secs_f64());
-                        }
-                        let count = self.registered.insert(&name, token.unwrap_or_default());
-                        self.metrics.nodes_registered.set(count as i64);
-                        tracing::info!(node = %name, "node registered with the controller");
-                    }
+                    Action::Register(request) => on_registered(
+                        tracked,
+                        &self.metrics,
+                        &self.registered,
+                        &name,
+                        request,
+                        token,
+                    ),
                     Action::SetAvailability(availability) => {
                         tracing::info!(node = %name, ?availability, "node availability acknowledged");
                         tracked.acked = Some(availability);
@@ -527,6 +517,33 @@ impl NodeSync {
         }
         self.consider(&name);
     }
+}
+
+/// Records `name`'s accepted registration: the request it now holds, the availability it
+/// leaves acknowledged, and the lag and count metrics.
+fn on_registered(
+    tracked: &mut Tracked,
+    metrics: &Metrics,
+    registered: &Registered,
+    name: &str,
+    request: pb::RegisterAgentRequest,
+    token: Option<String>,
+) {
+    tracked.registered = Some(request);
+    // A registration never changes a known node's state: what was acknowledged still holds,
+    // and when nothing was (this process's first registration of the node), the availability
+    // is sent. A node new to the controller starts IDLE.
+    if std::mem::take(&mut tracked.unknown_to_controller) {
+        tracked.acked = Some(Availability::Up);
+    }
+    if let Some(since) = tracked.waiting_since.take() {
+        metrics
+            .registration_lag_seconds
+            .observe(since.elapsed().as_secs_f64());
+    }
+    let count = registered.insert(name, token.unwrap_or_default());
+    metrics.nodes_registered.set(count as i64);
+    tracing::info!(node = %name, "node registered with the controller");
 }
 
 /// Makes the call an action needs. `Ok(Reply::Done(Some(token)))` for an accepted
