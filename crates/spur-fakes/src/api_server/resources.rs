@@ -109,9 +109,11 @@ impl ResourceType {
 pub fn builtin_types() -> Vec<ResourceType> {
     BUILTIN
         .iter()
-        .map(|&(group, version, kind, plural, short, namespaced, status)| {
-            ResourceType::builtin(group, version, kind, plural, short, namespaced, status)
-        })
+        .map(
+            |&(group, version, kind, plural, short, namespaced, status)| {
+                ResourceType::builtin(group, version, kind, plural, short, namespaced, status)
+            },
+        )
         .collect()
 }
 
