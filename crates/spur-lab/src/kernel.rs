@@ -55,6 +55,16 @@ pub fn missing_tools() -> Option<String> {
     None
 }
 
+/// A libc call's status as a `Result`: 0 is success, anything else names `errno`. Safe to
+/// call between fork and exec (it allocates nothing on success, and reads errno otherwise).
+pub(crate) fn check(status: libc::c_int) -> std::io::Result<()> {
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Runs `program` to its end, `stdin` fed to it; its stderr names a failure.
 pub(super) fn run(program: &str, args: &[&str], stdin: Option<&str>) -> std::io::Result<()> {
     let mut child = Command::new(program)
@@ -126,13 +136,6 @@ impl Pod {
         // memory allocated before the fork.
         unsafe {
             command.pre_exec(move || {
-                let check = |status: libc::c_int| {
-                    if status == 0 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                };
                 let namespaces = if image.is_some() || hosts.is_some() {
                     libc::CLONE_NEWUTS | libc::CLONE_NEWNS
                 } else {
@@ -230,13 +233,6 @@ impl ImageRoot {
 
     /// In the child, between fork and exec: async-signal-safe system calls only.
     fn enter(&self) -> std::io::Result<()> {
-        let check = |status: libc::c_int| {
-            if status == 0 {
-                Ok(())
-            } else {
-                Err(std::io::Error::last_os_error())
-            }
-        };
         let none = std::ptr::null::<libc::c_char>();
         // SAFETY: every pointer is a NUL-terminated string owned by `self` or null.
         unsafe {

@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Pod, Secret};
 
+use crate::kernel::check;
+
 /// The PATH a container gets when its spec sets none (the usual image default).
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -177,19 +179,12 @@ pub fn command(
     // SAFETY: setpgid, setgroups, setgid, setuid and prctl are async-signal-safe.
     unsafe {
         command.pre_exec(move || {
-            let ok = |s: libc::c_int| {
-                if s == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            };
-            ok(libc::setpgid(0, 0))?;
-            ok(libc::setgroups(0, std::ptr::null()))?;
-            ok(libc::setgid(gid))?;
-            ok(libc::setuid(uid))?;
+            check(libc::setpgid(0, 0))?;
+            check(libc::setgroups(0, std::ptr::null()))?;
+            check(libc::setgid(gid))?;
+            check(libc::setuid(uid))?;
             // After the change of user, which clears the death signal.
-            ok(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))
+            check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))
         });
     }
     command

@@ -11,6 +11,8 @@ use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, Stdio};
 
+use crate::kernel::check;
+
 /// The bridge every pod's veth is a port of; removed on drop.
 #[derive(Debug)]
 pub struct Bridge {
@@ -160,16 +162,9 @@ fn pause(hostname: &str) -> anyhow::Result<Child> {
     // before the fork.
     unsafe {
         command.pre_exec(move || {
-            let ok = |s: libc::c_int| {
-                if s == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            };
-            ok(libc::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWUTS))?;
-            ok(libc::sethostname(name.as_ptr().cast(), name.len()))?;
-            ok(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))
+            check(libc::unshare(libc::CLONE_NEWNET | libc::CLONE_NEWUTS))?;
+            check(libc::sethostname(name.as_ptr().cast(), name.len()))?;
+            check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))
         });
     }
     Ok(command.spawn()?)
