@@ -9,6 +9,8 @@
 //!   `spur_operator::net::Listener` (`crate::net::SimListener`, a tokio `TcpListener`, a
 //!   [`transport::MemoryListener`]); the state lives in
 //!   the `ApiServer` (clones share it), so it survives a restart of the host serving it;
+//! - over TLS, as pods reach it: [`tls::TlsIdentity::generate`], then
+//!   [`ApiServer::serve_tls`];
 //! - clients: [`client_over`] / [`client_over_with`] build a `kube::Client` over any
 //!   `spur_operator::net::Dialer`, with kube's default transport (30 s connect bound,
 //!   429/503/504 retries); [`ApiServer::in_memory_client`] for tests;
@@ -48,6 +50,7 @@ pub mod seed;
 pub mod selectors;
 mod server;
 pub mod store;
+pub mod tls;
 pub mod transport;
 mod watch;
 pub mod writes;

@@ -43,6 +43,7 @@ use super::{
     seed,
     selectors::{FieldSelector, Filter, LabelSelector},
     store::{Change, ListPage, Preconditions, Store, StoreConfig},
+    tls::TlsIdentity,
     transport::memory_pair,
     watch::{WatchRequest, partial_metadata, watch_stream},
     writes::{WriteLog, WriteMethod, WriteRecord, lease_holder},
@@ -219,6 +220,32 @@ impl ApiServer {
         loop {
             let (io, peer) = listener.accept().await?;
             tokio::spawn(self.serve_connection_from(io, crate::clock::peer_host(peer)));
+        }
+    }
+
+    /// [`ApiServer::serve`] over TLS with `identity`: each accepted connection's handshake
+    /// runs on its own task, bounded by the identity's handshake timeout, so a stalled
+    /// client delays no other; a failed handshake ends only its connection.
+    pub async fn serve_tls<L: Listener>(
+        &self,
+        mut listener: L,
+        identity: TlsIdentity,
+    ) -> io::Result<()> {
+        loop {
+            let (io, peer) = listener.accept().await?;
+            let (server, identity) = (self.clone(), identity.clone());
+            tokio::spawn(async move {
+                let handshake = identity.acceptor().accept(io);
+                match tokio::time::timeout(identity.handshake_timeout(), handshake).await {
+                    Ok(Ok(tls)) => {
+                        server
+                            .serve_connection_from(tls, crate::clock::peer_host(peer))
+                            .await;
+                    }
+                    Ok(Err(error)) => tracing::debug!(%error, %peer, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
         }
     }
 
