@@ -61,6 +61,10 @@ enum Command {
     /// How long after a network cut heals the kernel delivers what an open connection sent
     /// across it, against the simulation's delivery at the heal. Needs root.
     LabHeal(spur_lab::heal::LabHealArgs),
+    /// A local Kubernetes whose pods are processes: the simulated API server with RBAC,
+    /// the workload controllers, DNS, and a process kubelet per node, in a private network
+    /// namespace; prints the kubeconfig for kubectl and runs until stopped. Needs root.
+    Cluster(spur_lab::cluster::up::ClusterArgs),
     /// Serve the simulated Kubernetes API server over TCP (and write a kubeconfig for it).
     KubeApi(spur_fakes::api_server::cli::KubeApiArgs),
     /// Runs a small fixed scenario and prints its trace hash: the same seed must print the
@@ -102,6 +106,7 @@ fn run(command: Command) -> anyhow::Result<bool> {
         ),
         Command::LabBench(args) => spur_lab::bench::main(args),
         Command::LabHeal(args) => spur_lab::heal::main(args),
+        Command::Cluster(args) => spur_lab::cluster::up::main(args),
         Command::Controllers(args) => {
             spur_fakes::model::tcp::main(args)?;
             Ok(true)

@@ -135,6 +135,12 @@ async fn pods(client: &kube::Client, dir: &Path) -> anyhow::Result<()> {
         "Pending"
     );
 
+    let maps =
+        kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "default");
+    let map = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web"},
+        "data": {"greeting": "hi"}});
+    maps.create(&PostParams::default(), &serde_json::from_value(map)?)
+        .await?;
     api.create(
         &PostParams::default(),
         &serde_json::from_value(web(&shared))?,
@@ -152,7 +158,7 @@ async fn pods(client: &kube::Client, dir: &Path) -> anyhow::Result<()> {
     assert_eq!(ready["status"]["podIPs"][0]["ip"], ip.as_str());
     assert_eq!(ready["status"]["containerStatuses"][0]["ready"], true);
     let log = std::fs::read_to_string(log_of(dir, &ready))?;
-    let expected = format!("env: hello-web-on-{NODE} ip={ip} host=web arg={ip} uid=1000");
+    let expected = format!("env: hello-web-on-{NODE} ip={ip} host=web arg={ip} uid=1000 conf=hi");
     assert!(log.contains(&expected), "the log {log:?} has {expected:?}");
 
     api.create(&PostParams::default(), &serde_json::from_value(peer(&ip))?)
@@ -276,11 +282,13 @@ async fn gone(api: &kube::Api<Pod>, name: &str) -> anyhow::Result<()> {
 /// A busybox pod as uid 1000: prints its env, serves HTTP on 8080, and notes SIGTERM.
 fn web(shared: &Path) -> Value {
     let d = shared.display();
-    let script = format!(
-        "echo \"env: $GREETING ip=$POD_IP host=`hostname` arg=$1 uid=`id -u`\"; echo $$$$ > {d}/pid; \
-         trap 'echo sigterm > {d}/term; exit 0' TERM; \
-         {PYTHON} -m http.server 8080 --bind 0.0.0.0 & wait"
-    );
+    // The host's directory reaches the container only as a volume, at /shared; the
+    // ConfigMap's key is a file under /etc/web.
+    let script = "echo \"env: $GREETING ip=$POD_IP host=`hostname` arg=$1 uid=`id -u` \
+         conf=`cat /etc/web/greeting`\"; echo $$$$ > /shared/pid; \
+         trap 'echo sigterm > /shared/term; exit 0' TERM; \
+         PYTHON -m http.server 8080 --bind 0.0.0.0 & wait"
+        .replace("PYTHON", PYTHON);
     let field = |path: &str| json!({"fieldRef": {"fieldPath": path}});
     let probe = |kind: Value| {
         let mut p = json!({"periodSeconds": 1, "failureThreshold": 3});
@@ -295,6 +303,8 @@ fn web(shared: &Path) -> Value {
         "command": ["sh", "-c", script], "args": ["web", "$(POD_IP)"],
         "securityContext": {"runAsUser": 1000, "runAsGroup": 1000},
         "ports": [{"name": "http", "containerPort": 8080}],
+        "volumeMounts": [{"name": "shared", "mountPath": "/shared"},
+            {"name": "conf", "mountPath": "/etc/web", "readOnly": true}],
         "env": [
             {"name": "POD_NAME", "valueFrom": field("metadata.name")},
             {"name": "POD_IP", "valueFrom": field("status.podIP")},
@@ -303,7 +313,9 @@ fn web(shared: &Path) -> Value {
         ],
         "readinessProbe": probe(json!({"httpGet": {"port": "http", "path": "/"}})),
         "livenessProbe": probe(json!({"tcpSocket": {"port": 8080}, "initialDelaySeconds": 10})),
-    }]}})
+    }],
+    "volumes": [{"name": "shared", "hostPath": {"path": d.to_string(), "type": "Directory"}},
+        {"name": "conf", "configMap": {"name": "web"}}]}})
 }
 
 /// A pod that fetches web's page by its address, once.

@@ -6,6 +6,7 @@
 mod common;
 
 mod cli;
+mod cluster;
 mod controllers_tcp;
 mod deploy;
 mod determinism;

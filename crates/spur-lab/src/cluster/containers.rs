@@ -2,6 +2,7 @@
 //! ConfigMap keys), its command line, and its start in the pod's namespaces as its user.
 
 use std::collections::BTreeMap;
+use std::ffi::CString;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
@@ -9,10 +10,11 @@ use std::process::{Child, Command, Stdio};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Pod, Secret};
 
+use super::mounts::MountPlan;
 use crate::kernel::check;
 
 /// The PATH a container gets when its spec sets none (the usual image default).
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Expands `$(NAME)` from `env` as Kubernetes does: `$$` escapes a `$`, an unknown name
 /// stays as written.
@@ -121,7 +123,7 @@ fn present(
 }
 
 /// The downward API's fields a kubelet fills in.
-fn field_value(pod: &Pod, path: &str, pod_ip: &str) -> Result<String, String> {
+pub(super) fn field_value(pod: &Pod, path: &str, pod_ip: &str) -> Result<String, String> {
     let meta = &pod.metadata;
     let spec = pod.spec.as_ref();
     let value = match path {
@@ -151,12 +153,59 @@ pub fn user_of(pod: &Pod, container: &Container) -> (u32, u32) {
     (uid as u32, gid as u32)
 }
 
+/// A container's supplementary groups: the pod's `fsGroup`, then its `supplementalGroups`.
+pub fn groups_of(pod: &Pod) -> Vec<libc::gid_t> {
+    let context = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let fs_group = context.and_then(|c| c.fs_group);
+    let supplemental = context.and_then(|c| c.supplemental_groups.clone());
+    fs_group
+        .into_iter()
+        .chain(supplemental.into_iter().flatten())
+        .map(|g| g as libc::gid_t)
+        .collect()
+}
+
 /// Where and as whom a process of the pod runs.
 pub struct Sandbox<'a> {
     pub netns: &'a OwnedFd,
     pub utsns: &'a OwnedFd,
     pub uid: u32,
     pub gid: u32,
+    /// Supplementary groups (the pod's `fsGroup` and `supplementalGroups`).
+    pub groups: Vec<libc::gid_t>,
+    /// How its filesystem is entered: a container's own mount namespace built from a plan,
+    /// or the root of a running container (an exec probe's, `/proc/<pid>/root`).
+    pub filesystem: Filesystem,
+}
+
+/// A process's view of the filesystem.
+#[derive(Clone, Debug)]
+pub enum Filesystem {
+    /// The host's, as it is.
+    Host,
+    /// A mount namespace of its own, built by the plan.
+    Built(MountPlan),
+    /// A running container's root, entered by chroot.
+    Enter(CString),
+}
+
+impl Filesystem {
+    /// Between fork and exec: system calls only.
+    fn enter(&self) -> std::io::Result<()> {
+        match self {
+            Self::Host => Ok(()),
+            Self::Built(plan) => {
+                // SAFETY: unshare(2) has no memory preconditions.
+                check(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
+                plan.replay()
+            }
+            // SAFETY: the path is a NUL-terminated string owned by `self`.
+            Self::Enter(root) => unsafe {
+                check(libc::chroot(root.as_ptr()))?;
+                check(libc::chdir(c"/".as_ptr()))
+            },
+        }
+    }
 }
 
 /// `program args` in the pod's namespaces as its user, in a process group of its own
@@ -176,11 +225,15 @@ pub fn command(
         .current_dir("/");
     super::pod_net::enter(&mut command, Some(sandbox.netns), Some(sandbox.utsns));
     let (uid, gid) = (sandbox.uid, sandbox.gid);
-    // SAFETY: setpgid, setgroups, setgid, setuid and prctl are async-signal-safe.
+    let groups = sandbox.groups.clone();
+    let filesystem = sandbox.filesystem.clone();
+    // SAFETY: unshare, mount, mkdir, open, chroot, chdir, setpgid, setgroups, setgid,
+    // setuid and prctl are async-signal-safe, on memory allocated before the fork.
     unsafe {
         command.pre_exec(move || {
+            filesystem.enter()?;
             check(libc::setpgid(0, 0))?;
-            check(libc::setgroups(0, std::ptr::null()))?;
+            check(libc::setgroups(groups.len(), groups.as_ptr()))?;
             check(libc::setgid(gid))?;
             check(libc::setuid(uid))?;
             // After the change of user, which clears the death signal.

@@ -49,6 +49,9 @@ pub struct ImageTable {
     entries: Vec<Entry>,
 }
 
+/// Upstream Spur's image, as its manifests and users name it.
+const UPSTREAM_IMAGES: [&str; 3] = ["spur", "ghcr.io/rocm/spur", "rocm/spur"];
+
 /// Shell-style images whose commands are the host's own (`sh`, `sleep`, `python3`...).
 const SHELL_IMAGES: [&str; 6] = ["busybox", "alpine", "debian", "ubuntu", "python", "bash"];
 
@@ -65,9 +68,14 @@ impl ImageTable {
         );
         if let Some(spurctld) = spurctld {
             // Upstream's manifests run `spur:latest` with `command: [spurctld]`.
-            for repo in ["spur", "ghcr.io/rocm/spur", "rocm/spur"] {
+            for repo in UPSTREAM_IMAGES {
                 table.add(repo, Some("spurctld"), Some(spurctld.to_owned()));
             }
+        }
+        // Upstream's operator Deployment runs the same image with `command:
+        // [spur-k8s-operator]`: a migrating user swaps in ours under that name.
+        for repo in UPSTREAM_IMAGES {
+            table.add(repo, Some("spur-k8s-operator"), Some(operator.to_owned()));
         }
         for repo in SHELL_IMAGES {
             table.add(repo, None, None);
@@ -119,6 +127,20 @@ impl ImageTable {
             self.add(&repository(repo), command, program);
         }
         Ok(())
+    }
+
+    /// The table in its file's format, the winning (later) lines last.
+    pub fn describe(&self) -> String {
+        let mut text = String::from("# repository  command  program\n");
+        for entry in &self.entries {
+            let command = entry.command.as_deref().unwrap_or("*");
+            let program = entry
+                .program
+                .as_ref()
+                .map_or_else(|| "host".to_owned(), |p| p.display().to_string());
+            text.push_str(&format!("{}  {command}  {program}\n", entry.repository));
+        }
+        text
     }
 
     /// The program a container of `image` runs for `command` (empty: the entrypoint).
@@ -233,6 +255,14 @@ mod tests {
             (ctld.program, ctld.args),
             (PathBuf::from("/ctld"), words(&["--x"]))
         );
+        let upstream_operator = table
+            .resolve(
+                "spur:latest",
+                &words(&["spur-k8s-operator", "--listen=[::]:6818"]),
+            )
+            .unwrap();
+        assert_eq!(upstream_operator.program, PathBuf::from("/op"));
+        assert!(table.describe().contains("spur  spur-k8s-operator  /op\n"));
         assert!(matches!(
             table.resolve("spur:latest", &words(&["spurd"])),
             Err(Unresolved::NoCommand(_))

@@ -3,16 +3,19 @@
 //! stops and finalizes the deleted ones.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Event, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::KubeletConfig;
 use super::containers;
+use super::mounts::MountPlan;
 use super::pod_net::{Addresses, Bridge, PodNet};
 use super::pod_state::{ContainerRun, PodRun, now};
+use super::volumes::{self, VolumeSources};
 
 /// Everything the kubelet made; dropping it kills every process and removes every
 /// namespace, veth and the bridge (pods first: the fields drop in order).
@@ -108,7 +111,12 @@ async fn admit(
         .addresses
         .take()
         .ok_or_else(|| anyhow::anyhow!("the pod CIDR is full"))?;
-    let net = match PodNet::create(&node.bridge, &name, ip, &format!("spv{offset}")) {
+    let net = match PodNet::create(
+        &node.bridge,
+        &name,
+        ip,
+        &format!("{}v{offset}", config.bridge),
+    ) {
         Ok(net) => net,
         Err(e) => {
             node.addresses.give_back(ip);
@@ -135,6 +143,8 @@ async fn admit(
         start_time: now(),
         kill_at: None,
         written: serde_json::Value::Null,
+        volumes: None,
+        mount_error: None,
     })
 }
 
@@ -184,7 +194,8 @@ async fn step(client: &kube::Client, run: &mut PodRun, config: &KubeletConfig) {
     }
 }
 
-/// Starts container `i`: its image's program, environment and command line.
+/// Starts container `i`: its volumes (made once per pod), image's program, environment,
+/// command line and filesystem.
 async fn start(
     client: &kube::Client,
     run: &mut PodRun,
@@ -193,40 +204,39 @@ async fn start(
     config: &KubeletConfig,
 ) {
     let spec = run.containers[i].spec.clone();
-    let image = spec.image.clone().unwrap_or_default();
-    let command = spec.command.clone().unwrap_or_default();
-    let ip = run.net.ip.to_string();
-    let env = match containers::environment(client, &run.pod, &spec, &ip).await {
-        Ok(env) => env,
-        Err(message) => {
-            run.containers[i].state = super::pod_state::State::Waiting {
-                reason: "CreateContainerConfigError".into(),
-                message,
-            };
-            return;
-        }
+    let Some(volumes) = pod_volumes(client, run, i, config).await else {
+        return;
     };
-    let command: Vec<String> = command
-        .iter()
+    let ip = run.net.ip.to_string();
+    let mut env = match containers::environment(client, &run.pod, &spec, &ip).await {
+        Ok(env) => env,
+        Err(message) => return run.containers[i].waiting("CreateContainerConfigError", message),
+    };
+    for (name, value) in service_env(config) {
+        env.entry(name).or_insert(value);
+    }
+    let command: Vec<String> = (spec.command.iter().flatten())
         .map(|w| containers::expand(w, &env))
         .collect();
+    let image = spec.image.clone().unwrap_or_default();
     let resolved = match config.images.resolve(&image, &command) {
         Ok(resolved) => resolved,
         Err(why) => return run.containers[i].start_failed(why, policy, config),
     };
+    let filesystem = match container_filesystem(run, &spec, &volumes, config) {
+        Ok(filesystem) => filesystem,
+        Err(message) => return run.containers[i].waiting("CreateContainerError", message),
+    };
     let mut args = resolved.args;
-    args.extend(
-        spec.args
-            .iter()
-            .flatten()
-            .map(|w| containers::expand(w, &env)),
-    );
+    args.extend((spec.args.iter().flatten()).map(|w| containers::expand(w, &env)));
     let (uid, gid) = containers::user_of(&run.pod, &spec);
     let sandbox = containers::Sandbox {
         netns: &run.net.netns,
         utsns: &run.net.utsns,
         uid,
         gid,
+        groups: containers::groups_of(&run.pod),
+        filesystem,
     };
     let process = containers::command(&sandbox, &resolved.program, &args, &env);
     let log = run.dir.join(format!("{}.log", spec.name));
@@ -239,6 +249,101 @@ async fn start(
             ));
             run.containers[i].start_failed(why, policy, config);
         }
+    }
+}
+
+/// What every container is told of the API server, as the kubelet's service links are.
+fn service_env(config: &KubeletConfig) -> Vec<(String, String)> {
+    let Some(issuer) = &config.service_accounts else {
+        return Vec::new();
+    };
+    let (host, port) = (&issuer.host, issuer.port);
+    vec![
+        ("KUBERNETES_SERVICE_HOST".into(), host.clone()),
+        ("KUBERNETES_SERVICE_PORT".into(), port.to_string()),
+        ("KUBERNETES_SERVICE_PORT_HTTPS".into(), port.to_string()),
+        ("KUBERNETES_PORT".into(), format!("tcp://{host}:{port}")),
+    ]
+}
+
+/// The pod's volumes, made at the first start; `None` while one cannot be mounted: the
+/// container waits in ContainerCreating, and each new reason is a FailedMount event.
+async fn pod_volumes(
+    client: &kube::Client,
+    run: &mut PodRun,
+    i: usize,
+    config: &KubeletConfig,
+) -> Option<BTreeMap<String, PathBuf>> {
+    if let Some(volumes) = &run.volumes {
+        return Some(volumes.clone());
+    }
+    let sources = VolumeSources {
+        client,
+        pod_dir: &run.dir,
+        claims_dir: &config.claims_dir,
+        service_accounts: config.service_accounts.as_ref(),
+    };
+    match volumes::prepare(&sources, &run.pod).await {
+        Ok(volumes) => {
+            run.volumes = Some(volumes.clone());
+            Some(volumes)
+        }
+        Err(message) => {
+            if run.mount_error.as_ref() != Some(&message) {
+                warn(client, &run.pod, "FailedMount", &message).await;
+                run.mount_error = Some(message.clone());
+            }
+            run.containers[i].waiting("ContainerCreating", message);
+            run.containers[i].next_start = Instant::now() + config.mount_retry;
+            None
+        }
+    }
+}
+
+/// The container's own filesystem: its binds, the namespace's hosts file, a read-only root
+/// if its securityContext asks, its working directory.
+fn container_filesystem(
+    run: &PodRun,
+    spec: &Container,
+    volumes: &BTreeMap<String, PathBuf>,
+    config: &KubeletConfig,
+) -> Result<containers::Filesystem, String> {
+    let binds = volumes::binds(spec, volumes)?;
+    let hosts = config.hosts_dir.as_ref().map(|d| d.join(&run.namespace));
+    if let Some(hosts) = hosts.as_ref().filter(|h| !h.is_file()) {
+        return Err(format!(
+            "the cluster DNS has not written {} yet",
+            hosts.display()
+        ));
+    }
+    let scratch = run.dir.join("rootfs").join(&spec.name);
+    std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
+    let context = spec.security_context.as_ref();
+    let read_only = context.and_then(|c| c.read_only_root_filesystem) == Some(true);
+    let workdir = PathBuf::from(spec.working_dir.as_deref().unwrap_or("/"));
+    let plan = MountPlan::new(&scratch, &binds, hosts.as_deref(), read_only, &workdir)
+        .map_err(|e| format!("{e:#}"))?;
+    Ok(containers::Filesystem::Built(plan))
+}
+
+/// A Warning event on `pod`, as a kubelet records one; a failure to record is only logged.
+async fn warn(client: &kube::Client, pod: &Pod, reason: &str, message: &str) {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    let event: Event = match serde_json::from_value(json!({
+        "metadata": {"generateName": format!("{name}."), "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name,
+            "namespace": namespace, "uid": pod.metadata.uid},
+        "reason": reason, "message": message, "type": "Warning",
+        "source": {"component": "kubelet", "host": pod.spec.as_ref().and_then(|s| s.node_name.clone())},
+        "firstTimestamp": super::pod_state::now(), "lastTimestamp": super::pod_state::now(), "count": 1,
+    })) {
+        Ok(event) => event,
+        Err(e) => return eprintln!("kubelet: event {reason}: {e}"),
+    };
+    let api = kube::Api::<Event>::namespaced(client.clone(), namespace);
+    if let Err(e) = api.create(&Default::default(), &event).await {
+        eprintln!("kubelet: event {reason} on {namespace}/{name}: {e}");
     }
 }
 

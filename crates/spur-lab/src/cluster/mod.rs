@@ -7,22 +7,35 @@
 //! - [`pod_state`]: a pod's containers through starts, exits, restarts and probes, and the
 //!   status they make;
 //! - [`probes`]: readiness and liveness;
-//! - [`kubelet`]: the loop that reads the API server and drives all of the above.
+//! - [`mounts`]: a container's filesystem: an overlay of the host's root, its volumes, the
+//!   cluster's hosts file;
+//! - [`volumes`]: a pod's volumes made on the host (configMap, secret, emptyDir, claims,
+//!   hostPath, projected, the service-account credentials);
+//! - [`kubelet`]: the loop that reads the API server and drives all of the above;
+//! - [`dns`], [`claims`]: the cluster's DNS as hosts files, claims bound to directories
+//!   and `default` ServiceAccounts;
+//! - [`up`]: `spur-sim cluster`, all of it behind one command and a kubeconfig.
 //!
 //! The caller runs [`run_kubelet`] inside a private network namespace of its own
 //! ([`crate::kernel::enter_private_network`]), on a thread that outlives the pods (each
 //! process dies with the thread that forked it). The kubelet stops when its future is
 //! dropped: every process, namespace, veth and the bridge go with it.
 
+pub mod claims;
 pub mod containers;
+pub mod dns;
 pub mod images;
 pub mod kubelet;
+pub mod mounts;
 pub mod pod_net;
 pub mod pod_state;
 pub mod probes;
+pub mod up;
+pub mod volumes;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use kubelet::run_kubelet;
@@ -64,11 +77,47 @@ pub struct KubeletConfig {
     /// The finalizer this kubelet puts on every pod it runs, so a deletion waits for its
     /// processes to stop (the simulated API server removes a pod at once otherwise).
     pub finalizer: String,
+    /// How long a pod whose volume could not be made waits before the next try (default
+    /// 2 s: a claim is bound within a pass of the claims controller, and a real kubelet's
+    /// first volume retries are as quick).
+    pub mount_retry: Duration,
+    /// The cluster's hosts files, `<dir>/<namespace>` bound at each container's
+    /// `/etc/hosts` ([`dns`]); `None`: the host's.
+    pub hosts_dir: Option<PathBuf>,
+    /// Where bound claims live (`<dir>/<namespace>/<claim>`, [`claims`]; default
+    /// `<log_dir>/claims`).
+    pub claims_dir: PathBuf,
+    /// Issues the tokens of service-account volumes and the automatic credentials, and
+    /// tells pods where the API server is; `None`: pods get no credentials.
+    pub service_accounts: Option<ServiceAccountIssuer>,
+}
+
+/// The token issuer and the API server's address a pod is given.
+#[derive(Clone)]
+pub struct ServiceAccountIssuer {
+    /// A token of ServiceAccount `(namespace, name)`; `Err` names why none is issued.
+    #[allow(clippy::type_complexity)]
+    pub token: Arc<dyn Fn(&str, &str) -> Result<String, String> + Send + Sync>,
+    /// The CA a pod's `ca.crt` holds.
+    pub ca_pem: String,
+    /// `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT`.
+    pub host: String,
+    pub port: u16,
+}
+
+impl std::fmt::Debug for ServiceAccountIssuer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceAccountIssuer")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
 }
 
 impl KubeletConfig {
     /// The defaults above, with `images` and logs under `log_dir`.
     pub fn new(images: images::ImageTable, log_dir: PathBuf) -> Self {
+        let claims_dir = log_dir.join("claims");
         Self {
             images,
             log_dir,
@@ -82,6 +131,10 @@ impl KubeletConfig {
             liveness_grace: Duration::from_secs(2),
             default_grace: Duration::from_secs(30),
             finalizer: "spur.rocm.com/process-kubelet".into(),
+            mount_retry: Duration::from_secs(2),
+            hosts_dir: None,
+            claims_dir,
+            service_accounts: None,
         }
     }
 }

@@ -150,6 +150,14 @@ impl ContainerRun {
         }
     }
 
+    /// Waiting to start for `reason` (ContainerCreating, CreateContainerConfigError...).
+    pub fn waiting(&mut self, reason: &str, message: String) {
+        self.state = State::Waiting {
+            reason: reason.into(),
+            message,
+        };
+    }
+
     /// Whether a start is due now.
     pub fn start_due(&self) -> bool {
         !self.done && self.child.is_none() && Instant::now() >= self.next_start
@@ -284,6 +292,10 @@ pub struct PodRun {
     pub kill_at: Option<Instant>,
     /// The last status written, so an unchanged one is not written again.
     pub written: Value,
+    /// The volumes' host paths, once made.
+    pub volumes: Option<std::collections::BTreeMap<String, PathBuf>>,
+    /// The last FailedMount reason reported, so a retry does not repeat its event.
+    pub mount_error: Option<String>,
 }
 
 impl PodRun {
@@ -395,13 +407,24 @@ impl PodRun {
             return false;
         };
         let (uid, gid) = containers::user_of(&self.pod, spec);
+        // The command runs inside the container: its root, its volumes, its hosts file.
+        let running = self.containers.iter().find(|c| c.spec.name == spec.name);
+        let pid = running.and_then(|c| c.child.as_ref()).map(Child::id);
+        let Some(pid) = pid else {
+            return false;
+        };
+        let Ok(root) = std::ffi::CString::new(format!("/proc/{pid}/root")) else {
+            return false;
+        };
         let sandbox = containers::Sandbox {
             netns: &self.net.netns,
             utsns: &self.net.utsns,
             uid,
             gid,
+            groups: containers::groups_of(&self.pod),
+            filesystem: containers::Filesystem::Enter(root),
         };
-        let Some(program) = which(program) else {
+        let Some(program) = which(program, pid) else {
             return false;
         };
         let mut cmd = containers::command(&sandbox, &program, args, &Default::default());
@@ -425,12 +448,14 @@ impl PodRun {
     }
 }
 
-/// An exec probe's program on the host: a path as it is, else on PATH.
-fn which(program: &str) -> Option<PathBuf> {
+/// An exec probe's program as the container sees it: a path as it is, else the first
+/// directory of the container's default PATH that holds it under its root.
+fn which(program: &str, pid: u32) -> Option<PathBuf> {
     if program.contains('/') {
         return Some(PathBuf::from(program));
     }
-    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+    let root = PathBuf::from(format!("/proc/{pid}/root"));
+    std::env::split_paths(containers::DEFAULT_PATH)
         .map(|d| d.join(program))
-        .find(|p| p.is_file())
+        .find(|p| root.join(p.strip_prefix("/").unwrap_or(p)).is_file())
 }

@@ -1,0 +1,242 @@
+//! `spur-sim cluster` as a user meets it: the cluster started, upstream's spurctld
+//! StatefulSet and then `deploy/` applied with kubectl, and a two-node SpurJob run to
+//! completion by our operator's pods, all as processes; then the cluster stopped, leaving
+//! no process behind.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::kubectl::kubectl_binary;
+
+/// Why this machine cannot run the cluster, if it cannot.
+fn missing() -> Option<String> {
+    if let Some(why) = spur_lab::kernel::missing_tools() {
+        return Some(why);
+    }
+    if spur_lab::real_peer::binary().is_none() {
+        return Some("the real spurctld was not found (set SPURCTLD)".into());
+    }
+    let operator = operator_binary();
+    (!operator.is_file()).then(|| {
+        format!(
+            "{} is missing: cargo build -p spur-operator",
+            operator.display()
+        )
+    })
+}
+
+fn operator_binary() -> PathBuf {
+    std::env::var_os("SPUR_OPERATOR_BIN").map_or_else(
+        || workspace().join("target/debug/spur-operator"),
+        PathBuf::from,
+    )
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The cluster's process; killed (and with it every pod) if the test ends early.
+struct ClusterProcess {
+    child: Child,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl ClusterProcess {
+    fn start(name: &str) -> ClusterProcess {
+        let dir = std::env::temp_dir().join(format!("spur-cluster-{name}-{}", std::process::id()));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_spur-sim"))
+            .args([
+                "cluster",
+                "--listen",
+                "127.0.0.1:0",
+                "--nodes",
+                "2",
+                "--dir",
+            ])
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start spur-sim cluster");
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let kubeconfig = loop {
+            let line = lines
+                .next()
+                .expect("spur-sim cluster ended before printing its kubeconfig")
+                .expect("its output");
+            println!("cluster: {line}");
+            if let Some(path) = line.strip_prefix("export KUBECONFIG=") {
+                break PathBuf::from(path);
+            }
+        };
+        // Keep reading its output, so it never blocks on a full pipe.
+        std::thread::spawn(move || {
+            lines.for_each(|l| println!("cluster: {}", l.unwrap_or_default()))
+        });
+        ClusterProcess {
+            child,
+            dir,
+            kubeconfig,
+        }
+    }
+
+    /// Runs kubectl against the cluster: its status and combined output.
+    fn kubectl(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(kubectl_binary())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .output()
+            .expect("run kubectl");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
+    fn apply(&self, args: &[&str]) {
+        let (ok, out) = self.kubectl(&[&["apply"], args].concat());
+        assert!(ok, "kubectl apply {args:?}: {out}");
+        println!("{out}");
+    }
+
+    /// What a person would look at when the job did not complete.
+    fn diagnose(&self) -> String {
+        let mut text = String::new();
+        for args in [
+            &["get", "pods", "-A", "-o", "wide"][..],
+            &["get", "spurjobs", "-A", "-o", "yaml"],
+            &["get", "events", "-A"],
+        ] {
+            text.push_str(&format!("--- kubectl {args:?}\n{}\n", self.kubectl(args).1));
+        }
+        for log in logs(&self.dir.join("logs")) {
+            let content = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = content.lines().rev().take(40).collect();
+            text.push_str(&format!("--- {}\n", log.display()));
+            for line in tail.into_iter().rev() {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        text
+    }
+
+    /// SIGTERM, as a user's Ctrl-C; the cluster must be gone within 30 s.
+    fn stop(mut self) {
+        let netns = std::fs::read_link(format!("/proc/{}/ns/net", self.child.id())).ok();
+        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                assert!(status.success(), "spur-sim cluster exited with {status}");
+                let left = netns.map(|n| processes_in(&n)).unwrap_or_default();
+                assert!(left.is_empty(), "processes {left:?} outlived the cluster");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("spur-sim cluster did not stop within 30 s of SIGTERM");
+    }
+}
+
+impl Drop for ClusterProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Every container log under the cluster's log directory.
+fn logs(dir: &Path) -> Vec<PathBuf> {
+    let pods = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    let mut logs: Vec<PathBuf> = pods
+        .flat_map(|pod| {
+            std::fs::read_dir(pod.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|log| log.path())
+        .collect();
+    logs.sort();
+    logs
+}
+
+/// The processes whose network namespace is `netns` (a `net:[inode]` link).
+fn processes_in(netns: &Path) -> Vec<String> {
+    let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    entries
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| std::fs::read_link(e.path().join("ns/net")).is_ok_and(|l| l == netns))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Polls the SpurJob's state until `want` (or the deadline); the last state seen.
+fn wait_for_state(cluster: &ClusterProcess, name: &str, want: &str, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    let mut state = String::new();
+    while Instant::now() < deadline {
+        let (_, out) = cluster.kubectl(&["get", "spurjob", name, "-o", "jsonpath={.status.state}"]);
+        state = out.trim().to_owned();
+        if state == want {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    state
+}
+
+#[test]
+fn deploy_applied_to_a_cluster_of_processes_completes_a_spurjob() {
+    if let Some(why) = missing() {
+        // CI runs as root with everything installed: there a skip would hide a failure.
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI cannot run the cluster: {why}"
+        );
+        eprintln!("SKIPPED cluster: {why}");
+        return;
+    }
+    let cluster = ClusterProcess::start("deploy");
+    let examples = workspace().join("deploy/examples/cluster");
+    cluster.apply(&["-f", &examples.join("spurctld.yaml").display().to_string()]);
+    cluster.apply(&["-k", &workspace().join("deploy").display().to_string()]);
+    cluster.apply(&["-f", &examples.join("hello.yaml").display().to_string()]);
+    let started = Instant::now();
+    let state = wait_for_state(&cluster, "hello", "Completed", Duration::from_secs(150));
+    if state != "Completed" {
+        panic!(
+            "SpurJob hello is {state:?} after {:?}, not Completed\n{}",
+            started.elapsed(),
+            cluster.diagnose()
+        );
+    }
+    println!(
+        "SpurJob hello Completed {:?} after it was applied",
+        started.elapsed()
+    );
+    let (_, leases) = cluster.kubectl(&[
+        "get",
+        "lease",
+        "-n",
+        "spur-system",
+        "-o",
+        "jsonpath={.items[*].spec.holderIdentity}",
+    ]);
+    assert!(
+        leases.trim().starts_with("spur-operator-"),
+        "one operator replica holds the Lease: {leases:?}"
+    );
+    cluster.stop();
+}
