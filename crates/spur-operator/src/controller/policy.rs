@@ -14,17 +14,16 @@
 //! 1. **One shared channel; a failed call drops it** ([`Rule::DropOnFailure`]). A transport
 //!    failure (UNAVAILABLE, UNKNOWN, CANCELLED, DEADLINE_EXCEEDED, a failed connect) drops
 //!    the channel the call used, and the next call dials the Service afresh: a request bound
-//!    alone would cancel the call but leave the next one on the same dead connection (the
-//!    seed's runs 3 and 5), and a follower that refuses writes keeps refusing them: one cut
-//!    off from its peers refuses every write until the cut heals, and a channel kept on it
-//!    is left only when another rule moves it (the lab's `follower-cut-off`). An answer
-//!    (NOT_FOUND, INVALID_ARGUMENT, ...) keeps the channel. The dropped channel is Pinged
-//!    for its replica's name and the next round passes over that replica as rule 4 does
+//!    alone would cancel the call but leave the next one on the same dead connection, and a
+//!    follower that refuses writes keeps refusing them: one cut off from its peers refuses
+//!    every write until the cut heals, and a channel kept on it is left only when another
+//!    rule moves it (docs/evidence.md, `follower-cut-off`). An answer (NOT_FOUND,
+//!    INVALID_ARGUMENT, ...) keeps the channel. The dropped channel is Pinged for its
+//!    replica's name and the next round passes over that replica as rule 4 does
 //!    ([`Rule::Avoid`]): a headless Service's name resolves to its pods in one order, and a
-//!    dialer that takes them in turn can meet the same one at the same point of every round
-//!    (with a follower cut off from its peers answering the probe first from its own copy,
-//!    and the operator cut off from the leader, SpurJobs waited 20 s and more for an id
-//!    while every round shared that follower's channel and every write on it was refused).
+//!    dialer that takes them in turn can meet the same one at the same point of every round.
+//!    A follower cut off from its peers answers the probe from its own copy, so without the
+//!    pass-over every round could share it again while it refuses every write.
 //!    A round whose every candidate answered its probe and was passed over (the Service
 //!    handed out no other replica; with one replica, there is none) falls back to it
 //!    instead of failing its calls: it dials once more, passing over nothing, and shares
@@ -36,12 +35,11 @@
 //!    each one dialed is asked for a job that cannot exist (GetJobs of id `u32::MAX`) within
 //!    the probe's bound. A follower whose forwards hang (its leader frozen, gone, or cut off
 //!    from it) does not answer, and the Service is dialed again, up to `dials` times; when
-//!    every probe failed, the calls waiting fail and their callers retry within a second
-//!    (sharing the last channel anyway, as an earlier version did, made no seed of 0..300
-//!    faster or slower, and its calls then hung on a replica known not to serve). On real
-//!    processes, the lab's `leader-freeze` (a frozen leader stays in the Service): with the
-//!    rule off, 2 of 10 runs gave a SpurJob its id over 3 s after the election; as shipped
-//!    none of 8 did.
+//!    every probe failed, the calls waiting fail and their callers retry within a second:
+//!    sharing the last channel anyway, as an earlier version did, left its calls hung on a
+//!    replica known not to serve. A frozen leader stays in the Service, so without the probe
+//!    a dial that lands on it, or on a follower still forwarding to it, is shared unasked
+//!    (docs/evidence.md, `leader-freeze`).
 //! 3. **Dials are hedged** ([`Rule::Hedge`]): while no dial of a round has a verdict, another
 //!    starts every quarter of the probe's bound. A SYN that a Service with no ready endpoint
 //!    dropped is retransmitted by the kernel only after 1 s, 3 s, ...; a dial made a moment
@@ -59,11 +57,10 @@
 //!    and every call that waited that long on the old one is abandoned (CANCELLED), for its
 //!    caller to retry on the new channel. That is what takes a write off a follower
 //!    forwarding to a leader that vanished, or off a leader cut off from its peers, within
-//!    about a second instead of the request bound (5 s) after a new leader is elected (the
-//!    lab's `leader-cut-follower`, seed 7163). At most one round per bound, however many
-//!    calls wait. An abandoned write may still have
-//!    applied, as when the request bound fires: SubmitJob looks for its SpurJob's UID before
-//!    submitting again.
+//!    about a second instead of the request bound (5 s) after a new leader is elected
+//!    (docs/evidence.md, `leader-cut-follower`). At most one round per bound, however many
+//!    calls wait. An abandoned write may still have applied, as when the request bound
+//!    fires: SubmitJob looks for its SpurJob's UID before submitting again.
 //! 5. **A channel is replaced at its maximum age** ([`Rule::Rotate`]), by one to another
 //!    replica whose probe is answered (named and passed over as in rule 4), else kept: a
 //!    leader cut off from its peers keeps a healthy connection and answers reads and
@@ -74,9 +71,8 @@
 //!    never lands on the replica it left, no two rounds in a row reach the cut leader, and
 //!    the new leader hears every node at least every other round. Rotating to the first
 //!    candidate whose probe was answered, as an earlier version did, can stay on the cut
-//!    leader: it did for all 215 s of the named scenario (`sim/tests/simulated/cut_replica.rs`), on
-//!    3 of the 18 seeds of 0..60 that meet its precondition the nodes went DOWN, and with
-//!    rotation off they always did; on real processes, the lab's `leader-cut-long`.
+//!    leader, since its own state answers the probe (`sim/tests/simulated/cut_replica.rs`;
+//!    docs/evidence.md, `leader-cut-long`).
 //! 6. **A replica that contradicts an acknowledged write is left** ([`Rule::ReadYourWrites`]):
 //!    the client remembers each job whose end its agent reported and a replica acknowledged
 //!    ([`super::session`]); a read sent a grace (2 s: four Raft heartbeats) after that
@@ -88,12 +84,9 @@
 //!    while (a partition leaving it on the stale replica's side), the round that finds no
 //!    other replica ends, the next one lands on the same replica, and its reads are left
 //!    again, until another replica repeats the contradiction or it has lasted 10 s (then it
-//!    is the truth: a report for an attempt already replaced). Seeds 102027, 105313, 106392
-//!    and 106877 read such a replica for 15 s and more; on real processes, the lab's
-//!    `leader-cut-stale-read` (an ended job read through a leader cut off before it
-//!    existed, the operator confined to that leader for 5 s): 8.5–8.7 s late as shipped,
-//!    24.7–25.9 s with the rule off, 26–30 s when the acknowledgement was forgotten after one
-//!    leaving.
+//!    is the truth: a report for an attempt already replaced). Forgetting the
+//!    acknowledgement after one leaving let the next stale reads be believed until the
+//!    rotation (docs/evidence.md, `leader-cut-stale-read`).
 //!
 //! Bounds outside this module: the connect timeout (a dropped SYN costs it, not the
 //! kernel's ~127 s), HTTP/2 keepalive (a connection whose peer vanished is found dead) and
