@@ -197,8 +197,8 @@ fn wait_for_state(cluster: &ClusterProcess, name: &str, want: &str, within: Dura
     state
 }
 
-#[test]
-fn deploy_applied_to_a_cluster_of_processes_completes_a_spurjob() {
+/// Skips the test (loudly) where it cannot run; under CI that is a failure.
+fn runnable() -> bool {
     if let Some(why) = missing() {
         // CI runs as root with everything installed: there a skip would hide a failure.
         assert!(
@@ -206,6 +206,56 @@ fn deploy_applied_to_a_cluster_of_processes_completes_a_spurjob() {
             "CI cannot run the cluster: {why}"
         );
         eprintln!("SKIPPED cluster: {why}");
+        return false;
+    }
+    true
+}
+
+/// Waits for SpurJob `name` to complete, or fails with the cluster's state.
+fn completes(cluster: &ClusterProcess, name: &str) {
+    let started = Instant::now();
+    let state = wait_for_state(cluster, name, "Completed", Duration::from_secs(150));
+    assert!(
+        state == "Completed",
+        "SpurJob {name} is {state:?} after {:?}, not Completed\n{}",
+        started.elapsed(),
+        cluster.diagnose()
+    );
+    println!(
+        "SpurJob {name} Completed {:?} after it was applied",
+        started.elapsed()
+    );
+}
+
+/// Upstream's manifests as a migrating user has them (spurctld's StatefulSet, upstream's
+/// operator Deployment, Service and RBAC), with this project's operator run for upstream's
+/// `spur-k8s-operator` command: spurctld reaches it through the Service's clusterIP.
+#[test]
+fn upstreams_manifests_with_our_operator_complete_a_spurjob() {
+    if !runnable() {
+        return;
+    }
+    let cluster = ClusterProcess::start("upstream");
+    let examples = workspace().join("deploy/examples/cluster");
+    let file = |name: &str| examples.join(name).display().to_string();
+    cluster.apply(&[
+        "-f",
+        &workspace().join("deploy/crd.yaml").display().to_string(),
+    ]);
+    cluster.apply(&[
+        "-f",
+        &file("spurctld.yaml"),
+        "-f",
+        &file("upstream-operator.yaml"),
+    ]);
+    cluster.apply(&["-f", &file("hello.yaml")]);
+    completes(&cluster, "hello");
+    cluster.stop();
+}
+
+#[test]
+fn deploy_applied_to_a_cluster_of_processes_completes_a_spurjob() {
+    if !runnable() {
         return;
     }
     let cluster = ClusterProcess::start("deploy");

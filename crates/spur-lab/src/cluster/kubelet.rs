@@ -212,7 +212,7 @@ async fn start(
         Ok(env) => env,
         Err(message) => return run.containers[i].waiting("CreateContainerConfigError", message),
     };
-    for (name, value) in service_env(config) {
+    for (name, value) in base_env(&run.pod, config) {
         env.entry(name).or_insert(value);
     }
     let command: Vec<String> = (spec.command.iter().flatten())
@@ -252,18 +252,25 @@ async fn start(
     }
 }
 
-/// What every container is told of the API server, as the kubelet's service links are.
-fn service_env(config: &KubeletConfig) -> Vec<(String, String)> {
+/// What every container has before its own env: `HOSTNAME`, as the container runtime sets
+/// it, and the API server's address, as the kubelet's service links give it.
+fn base_env(pod: &Pod, config: &KubeletConfig) -> Vec<(String, String)> {
+    let spec = pod.spec.as_ref();
+    let hostname = (spec.and_then(|s| s.hostname.clone()))
+        .or_else(|| pod.metadata.name.clone())
+        .unwrap_or_default();
+    let mut env = vec![("HOSTNAME".to_owned(), hostname)];
     let Some(issuer) = &config.service_accounts else {
-        return Vec::new();
+        return env;
     };
     let (host, port) = (&issuer.host, issuer.port);
-    vec![
+    env.extend([
         ("KUBERNETES_SERVICE_HOST".into(), host.clone()),
         ("KUBERNETES_SERVICE_PORT".into(), port.to_string()),
         ("KUBERNETES_SERVICE_PORT_HTTPS".into(), port.to_string()),
         ("KUBERNETES_PORT".into(), format!("tcp://{host}:{port}")),
-    ]
+    ]);
+    env
 }
 
 /// The pod's volumes, made at the first start; `None` while one cannot be mounted: the

@@ -12,8 +12,8 @@
 //! - [`volumes`]: a pod's volumes made on the host (configMap, secret, emptyDir, claims,
 //!   hostPath, projected, the service-account credentials);
 //! - [`kubelet`]: the loop that reads the API server and drives all of the above;
-//! - [`dns`], [`claims`]: the cluster's DNS as hosts files, claims bound to directories
-//!   and `default` ServiceAccounts;
+//! - [`dns`], [`claims`], [`services`]: the cluster's DNS as hosts files, claims bound to
+//!   directories and `default` ServiceAccounts, Services' clusterIPs as kube-proxy's rules;
 //! - [`up`]: `spur-sim cluster`, all of it behind one command and a kubeconfig.
 //!
 //! The caller runs [`run_kubelet`] inside a private network namespace of its own
@@ -30,6 +30,7 @@ pub mod mounts;
 pub mod pod_net;
 pub mod pod_state;
 pub mod probes;
+pub mod services;
 pub mod up;
 pub mod volumes;
 

@@ -22,7 +22,7 @@ use spur_fakes::workloads::{self, WorkloadsConfig};
 
 use super::dns::{self, DnsConfig};
 use super::images::ImageTable;
-use super::{KubeletConfig, ServiceAccountIssuer, claims, run_kubelet};
+use super::{KubeletConfig, ServiceAccountIssuer, claims, run_kubelet, services};
 
 /// Where pods reach the API server: the first node's bridge address, which the cluster's
 /// namespace owns, so every pod routes to it through its own node's gateway.
@@ -139,6 +139,10 @@ async fn run(
         api.clone(),
         claims_dir.clone(),
         claims::ClaimsConfig::default(),
+    ));
+    tasks.spawn(services::run_services(
+        api.clone(),
+        services::ServicesConfig::default(),
     ));
     let template = kubelet_config(&args.dir, images, &api, &identity, hosts_dir, claims_dir);
     let kubelets = Kubelets::start(&api, args.nodes, &template)?;

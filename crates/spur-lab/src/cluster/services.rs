@@ -1,0 +1,238 @@
+//! Services as kube-proxy makes them, in nftables of the cluster's network namespace: each
+//! Service with a clusterIP is DNATed to its ready endpoints, chosen at random per
+//! connection, and masqueraded, so the reply comes back through the node that translated
+//! it (no `br_netfilter` here: a pod answering a pod of its own bridge would otherwise skip
+//! the translation back). A clusterIP is given to each Service that lacks one, from
+//! `10.96.0.0/16` (kubeadm's and kind's Service range), a pass after its creation, since the
+//! simulated API server allocates none.
+//!
+//! A Service with no ready endpoint has no rule: its clusterIP has no route, so a connect
+//! fails at once (host unreachable), where kube-proxy's reject answers connection refused.
+//! TCP only; a UDP port is left out, and so is a NodePort's node port.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use spur_fakes::api_server::ApiServer;
+use spur_fakes::workloads::SERVICE_NAME_LABEL;
+
+/// The nftables table the rules live in.
+const TABLE: &str = "spurcluster";
+
+/// The clusterIPs given out: 10.96.0.10 onward (below it kubeadm keeps the API server's
+/// and DNS's addresses).
+const FIRST_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const LAST_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 255, 254);
+
+/// How often Services and endpoints are looked at.
+#[derive(Clone, Debug)]
+pub struct ServicesConfig {
+    /// Default 200 ms, the cluster DNS's period: a pod that turns Ready is reachable
+    /// through its Service about when its name resolves.
+    pub period: Duration,
+}
+
+impl Default for ServicesConfig {
+    fn default() -> Self {
+        Self {
+            period: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Gives each Service without a clusterIP the next free one; the Services given one.
+pub fn allocate_cluster_ips(api: &ApiServer) -> anyhow::Result<Vec<String>> {
+    let services = api.list("v1", "Service")?;
+    let mut used: BTreeSet<Ipv4Addr> = services
+        .iter()
+        .filter_map(|s| s["spec"]["clusterIP"].as_str()?.parse().ok())
+        .collect();
+    let mut given = Vec::new();
+    for svc in &services {
+        let ip = svc["spec"]["clusterIP"].as_str().unwrap_or_default();
+        if !ip.is_empty() || svc["spec"]["type"] == "ExternalName" {
+            continue;
+        }
+        let free = (u32::from(FIRST_CLUSTER_IP)..=u32::from(LAST_CLUSTER_IP))
+            .map(Ipv4Addr::from)
+            .find(|ip| !used.contains(ip))
+            .ok_or_else(|| anyhow::anyhow!("the Service range 10.96.0.0/16 is full"))?;
+        used.insert(free);
+        let (ns, name) = (
+            text(&svc["metadata"]["namespace"]),
+            text(&svc["metadata"]["name"]),
+        );
+        let patch =
+            json!({"spec": {"clusterIP": free.to_string(), "clusterIPs": [free.to_string()]}});
+        api.merge_patch("v1", "Service", Some(ns), name, &patch, false)?;
+        given.push(format!("{ns}/{name}"));
+    }
+    Ok(given)
+}
+
+/// The whole table for these Services and EndpointSlices, replacing the last one in one
+/// transaction (`nft -f`).
+pub fn ruleset(services: &[Value], slices: &[Value]) -> String {
+    let mut rules =
+        format!("table ip {TABLE} {{}}\ndelete table ip {TABLE}\ntable ip {TABLE} {{\n");
+    rules.push_str("  chain services {\n    type nat hook prerouting priority dstnat;\n");
+    for svc in services {
+        let Some(vip) = svc["spec"]["clusterIP"]
+            .as_str()
+            .and_then(|ip| ip.parse::<Ipv4Addr>().ok())
+        else {
+            continue;
+        };
+        for port in svc["spec"]["ports"].as_array().into_iter().flatten() {
+            if port["protocol"].as_str().unwrap_or("TCP") != "TCP" {
+                continue;
+            }
+            let targets = endpoints(svc, slices, text(&port["name"]));
+            if targets.is_empty() {
+                continue;
+            }
+            let map: Vec<String> = (targets.iter().enumerate())
+                .map(|(i, (ip, target))| format!("{i} : {ip} . {target}"))
+                .collect();
+            let _ = writeln!(
+                rules,
+                "    ip daddr {vip} tcp dport {} dnat ip to numgen random mod {} map {{ {} }}",
+                port["port"].as_i64().unwrap_or_default(),
+                targets.len(),
+                map.join(", ")
+            );
+        }
+    }
+    rules.push_str("  }\n  chain replies {\n    type nat hook postrouting priority srcnat;\n");
+    rules.push_str("    ct status dnat masquerade\n  }\n}\n");
+    rules
+}
+
+/// The ready endpoints of `svc` for its port named `port_name`: each address with the
+/// port its slice resolved.
+fn endpoints(svc: &Value, slices: &[Value], port_name: &str) -> Vec<(Ipv4Addr, i64)> {
+    let mine = slices.iter().filter(|s| {
+        s["metadata"]["namespace"] == svc["metadata"]["namespace"]
+            && s["metadata"]["labels"][SERVICE_NAME_LABEL] == svc["metadata"]["name"]
+    });
+    let mut targets = Vec::new();
+    for slice in mine {
+        let ports = slice["ports"].as_array().into_iter().flatten();
+        let Some(target) = ports
+            .filter(|p| text(&p["name"]) == port_name)
+            .find_map(|p| p["port"].as_i64())
+        else {
+            continue;
+        };
+        let ready = (slice["endpoints"].as_array().into_iter().flatten())
+            .filter(|e| e["conditions"]["ready"] != false);
+        for endpoint in ready {
+            let addresses = endpoint["addresses"].as_array().into_iter().flatten();
+            targets.extend(
+                addresses
+                    .filter_map(|a| a.as_str()?.parse().ok())
+                    .map(|ip| (ip, target)),
+            );
+        }
+    }
+    targets.sort();
+    targets
+}
+
+fn text(value: &Value) -> &str {
+    value.as_str().unwrap_or_default()
+}
+
+/// One pass: clusterIPs given, then the rules installed if they changed; `last` is the
+/// ruleset installed before.
+pub fn refresh_services(api: &ApiServer, last: &mut String) -> anyhow::Result<()> {
+    allocate_cluster_ips(api)?;
+    let services = api.list("v1", "Service")?;
+    let slices = api.list("discovery.k8s.io/v1", "EndpointSlice")?;
+    let rules = ruleset(&services, &slices);
+    if rules != *last {
+        crate::kernel::run("nft", &["-f", "-"], Some(&rules))?;
+        *last = rules;
+    }
+    Ok(())
+}
+
+/// Keeps the Services' rules current for ever, a pass each `config.period`; a failed pass
+/// is reported once until it changes.
+pub async fn run_services(api: ApiServer, config: ServicesConfig) {
+    let mut ticks = tokio::time::interval(config.period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut installed, mut last_error) = (String::new(), None);
+    loop {
+        ticks.tick().await;
+        let error = refresh_services(&api, &mut installed)
+            .err()
+            .map(|e| format!("{e:#}"));
+        if error.is_some() && error != last_error {
+            eprintln!("cluster services: {}", error.as_deref().unwrap_or_default());
+        }
+        last_error = error;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spur_fakes::api_server::ApiServerConfig;
+
+    use super::*;
+
+    #[test]
+    fn a_service_gets_a_cluster_ip_once_and_headless_ones_none() {
+        let api = ApiServer::new(ApiServerConfig::default());
+        let service = |name: &str, spec: Value| {
+            json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "default"}, "spec": spec})
+        };
+        api.create(service("agent", json!({"ports": [{"port": 6818}]})))
+            .expect("agent");
+        api.create(service(
+            "peers",
+            json!({"clusterIP": "None", "ports": [{"port": 6821}]}),
+        ))
+        .expect("peers");
+        let given = allocate_cluster_ips(&api).expect("allocate");
+        assert!(given.contains(&"default/agent".to_owned()), "{given:?}");
+        assert!(!given.contains(&"default/peers".to_owned()));
+        let agent = api
+            .get("v1", "Service", Some("default"), "agent")
+            .expect("get");
+        let ip = agent["spec"]["clusterIP"]
+            .as_str()
+            .expect("an address")
+            .to_owned();
+        assert!(ip.starts_with("10.96."), "{ip}");
+        assert!(
+            !allocate_cluster_ips(&api)
+                .expect("again")
+                .contains(&"default/agent".to_owned())
+        );
+    }
+
+    #[test]
+    fn ready_endpoints_are_dnated_on_their_resolved_port_and_unready_ones_left_out() {
+        let svc = json!({"metadata": {"name": "agent", "namespace": "spur"},
+            "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "grpc", "port": 6818}]}});
+        let slice = json!({"metadata": {"namespace": "spur", "labels": {SERVICE_NAME_LABEL: "agent"}},
+            "ports": [{"name": "grpc", "port": 16818}],
+            "endpoints": [{"addresses": ["10.244.1.3"], "conditions": {"ready": true}},
+                {"addresses": ["10.244.0.4"], "conditions": {"ready": false}}]});
+        let rules = ruleset(std::slice::from_ref(&svc), &[slice]);
+        assert!(
+            rules.contains("ip daddr 10.96.0.10 tcp dport 6818 dnat ip to numgen random mod 1 map { 0 : 10.244.1.3 . 16818 }"),
+            "{rules}"
+        );
+        assert!(!rules.contains("10.244.0.4"), "{rules}");
+        assert!(
+            !ruleset(&[svc], &[]).contains("dnat ip to"),
+            "no endpoint, no rule"
+        );
+    }
+}
