@@ -14,10 +14,10 @@ use spur_operator::SpurJob;
 
 use crate::operator::{KUBE_API_HOST, KUBE_API_PORT, config_from_flags, run_operator};
 use crate::world::{World, WorldConfig};
-use spur_fakes::api_server::clock::TimeSource;
 use spur_fakes::api_server::install::{install_operator_identity, operator_rbac};
 use spur_fakes::api_server::store::StoreConfig;
 use spur_fakes::api_server::{ApiServer, ApiServerConfig, seed};
+use spur_fakes::clock::TimeSource;
 use spur_fakes::index::ObjectIndex;
 use spur_fakes::leases::LeaseHistory;
 use spur_judge::trace::fnv1a;

@@ -13,10 +13,9 @@ use kube::{
 };
 use serde_json::{Value, json};
 use spur_fakes::api_server::{
-    ApiServer, ApiServerConfig, ClientOptions, clock::TimeSource, resources::base64_decode,
-    store::StoreConfig,
+    ApiServer, ApiServerConfig, ClientOptions, resources::base64_decode, store::StoreConfig,
 };
-use spur_fakes::clock::Clock;
+use spur_fakes::clock::{Clock, TimeSource};
 use spur_fakes::workloads::{HASH_LABEL, POD_INDEX_LABEL, POD_NAME_LABEL, Workloads};
 
 const EPOCH: u64 = 1_767_225_600;

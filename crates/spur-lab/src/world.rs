@@ -983,7 +983,7 @@ impl Drop for Lab {
 /// ServiceAccount's token.
 fn api_server(nodes: usize) -> anyhow::Result<(ApiServer, ObjectIndex, String)> {
     let api = ApiServer::new(ApiServerConfig {
-        clock: Some(spur_fakes::api_server::clock::TimeSource::from_fn(
+        clock: Some(spur_fakes::clock::TimeSource::from_fn(
             k8s_openapi::jiff::Timestamp::now,
         )),
         ..ApiServerConfig::default()

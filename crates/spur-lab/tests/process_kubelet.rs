@@ -10,8 +10,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::{Value, json};
 use spur_fakes::api_server::auth::UserInfo;
-use spur_fakes::api_server::clock::TimeSource;
 use spur_fakes::api_server::{ApiServer, ApiServerConfig};
+use spur_fakes::clock::TimeSource;
 use spur_lab::cluster::{KubeletConfig, images::ImageTable, run_kubelet};
 
 const NODE: &str = "node-a";

@@ -35,9 +35,13 @@ pub struct FenceLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LockLabels {
-    /// `lease` or `configmap` (`lease::LockKind`).
+    /// One of [`ELECTION_LOCKS`].
     pub kind: &'static str,
 }
+
+/// The values of `spur_operator_election_lock`'s `kind` label, one for each kind of
+/// object an election record can live in (`lease::LockKind::label`).
+pub const ELECTION_LOCKS: [&str; 2] = ["lease", "configmap"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RestartLabels {
@@ -150,15 +154,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Sets the election's gauges: which lock it uses and whether it is blocked.
-    pub fn set_election(&self, lock: crate::lease::LockKind, blocked: bool) {
-        for kind in [
-            crate::lease::LockKind::Lease,
-            crate::lease::LockKind::ConfigMap,
-        ] {
+    /// Sets the election's gauges: which lock it uses (one of [`ELECTION_LOCKS`]) and
+    /// whether it is blocked.
+    pub fn set_election(&self, lock: &'static str, blocked: bool) {
+        debug_assert!(ELECTION_LOCKS.contains(&lock), "unknown lock kind {lock}");
+        for kind in ELECTION_LOCKS {
             let used = i64::from(kind == lock);
             self.election_lock
-                .get_or_create(&LockLabels { kind: kind.label() })
+                .get_or_create(&LockLabels { kind })
                 .set(used);
         }
         self.election_blocked.set(i64::from(blocked));
@@ -361,7 +364,7 @@ impl Metrics {
         metrics.fence_refused("closed");
         metrics.duplicate_cancelled("launch");
         metrics.job_restarted("PodFailed");
-        metrics.set_election(crate::lease::LockKind::Lease, false);
+        metrics.set_election("lease", false);
         metrics
             .reconciles
             .get_or_create(&ReconcileLabels { kind: "node" })

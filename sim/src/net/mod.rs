@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rand_chacha::ChaCha8Rng;
+use spur_fakes::clock::sim_elapsed;
 use spur_operator::net::Dialer;
 
 pub use frozen::{Freezable, FreezableListener};
@@ -355,7 +356,7 @@ impl Dialer for TurmoilDialer {
             while !net.can_reach(&local, &host) {
                 if rto == net.config.syn_initial_rto {
                     net.trace.record(
-                        crate::determinism::sim_elapsed(),
+                        sim_elapsed(),
                         &local,
                         format!("SYN to {host}:{port} unanswered"),
                     );
@@ -363,7 +364,7 @@ impl Dialer for TurmoilDialer {
                 tokio::time::sleep(rto).await;
                 if retries_left == 0 {
                     net.trace.record(
-                        crate::determinism::sim_elapsed(),
+                        sim_elapsed(),
                         &local,
                         format!("connect to {host}:{port} timed out (kernel)"),
                     );

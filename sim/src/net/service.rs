@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use spur_fakes::clock::sim_elapsed;
 use spur_operator::net::{Dialer, Turns, dial_in_turn};
 
 use turmoil::net::TcpStream;
 
 use super::{Network, NoEndpoint, ServiceKind, TurmoilDialer, syn_timed_out};
-use crate::determinism::sim_elapsed;
 
 /// One Service's endpoints, with the propagation delay applied when read.
 #[derive(Debug)]

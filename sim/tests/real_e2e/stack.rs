@@ -169,7 +169,7 @@ impl Stack {
 
         // The API server, its CRD, its nodes, and the kubelet stand-in.
         let api = ApiServer::new(ApiServerConfig {
-            clock: Some(spur_fakes::api_server::clock::TimeSource::from_fn(
+            clock: Some(spur_fakes::clock::TimeSource::from_fn(
                 k8s_openapi::jiff::Timestamp::now,
             )),
             ..ApiServerConfig::default()

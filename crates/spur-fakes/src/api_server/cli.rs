@@ -9,9 +9,9 @@ use std::{
 use k8s_openapi::jiff::Timestamp;
 
 use super::auth::UserInfo;
-use super::clock::TimeSource;
 use super::server::{ApiServer, ApiServerConfig};
 use super::store::StoreConfig;
+use crate::clock::TimeSource;
 
 /// Serve the simulated Kubernetes API server over TCP until stopped.
 #[derive(clap::Args, Debug, Clone)]

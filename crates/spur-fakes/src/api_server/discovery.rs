@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
-use super::{clock::parse_time, resources::ResourceType, store::Store, watch::partial_metadata};
+use super::{resources::ResourceType, store::Store, watch::partial_metadata};
+use crate::clock::parse_time;
 
 const VERBS: [&str; 8] = [
     "create",

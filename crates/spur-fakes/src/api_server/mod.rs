@@ -35,7 +35,6 @@ mod access;
 pub mod auth;
 pub mod cli;
 pub mod client;
-pub mod clock;
 mod discovery;
 pub mod error;
 mod event_view;

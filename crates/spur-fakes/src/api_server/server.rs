@@ -28,11 +28,12 @@ use serde_json::{Value, json};
 use spur_operator::net::Listener;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::clock::TimeSource;
+
 use super::{
     access::{self, Authorization, Denial},
     auth::{Tokens, UserInfo},
     client::{ClientOptions, client_over_with},
-    clock::TimeSource,
     discovery,
     error::{ApiError, ApiResult},
     event_view,

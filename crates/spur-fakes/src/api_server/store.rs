@@ -12,8 +12,9 @@ use std::{
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
+use crate::clock::TimeSource;
+
 use super::{
-    clock::TimeSource,
     error::{ApiError, ApiResult},
     patch::{PatchKind, apply_patch},
     resources::{ResourceKey, ResourceType, builtin_types, normalize, types_from_crd},

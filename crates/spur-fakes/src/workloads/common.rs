@@ -173,7 +173,7 @@ pub(crate) fn pod_from_template(template: &Value, owner: &Value, extra_labels: &
 /// Now by `clock`'s wall time, as a Kubernetes `Time`.
 pub(crate) fn timestamp(clock: &Clock) -> String {
     k8s_openapi::jiff::Timestamp::try_from((clock.wall)())
-        .map(crate::api_server::clock::format_time)
+        .map(crate::clock::format_time)
         .unwrap_or_default()
 }
 

@@ -25,6 +25,8 @@ use crate::metrics::Metrics;
 use crate::net::Dialer;
 
 type Connector = dyn Fn() -> BoxFuture<'static, Result<Channel, ConnectError>> + Send + Sync;
+/// Where a call waits for the channel the policy gives it.
+type ChannelWait = oneshot::Receiver<Result<Channel, ControllerError>>;
 
 /// The operator's client of spurctld: cheap to clone, safe to share between tasks. No
 /// connection is opened until the first call.
@@ -455,31 +457,17 @@ impl ControllerClient {
         Resp: Answer,
     {
         let asked = message.asked().to_vec();
-        let (call, channel, abandoned) = {
-            let mut state = self.lock();
-            let call = state.next_call;
-            state.next_call += 1;
-            let (give, channel) = oneshot::channel();
-            let (abandon, abandoned) = oneshot::channel();
-            state.waiting.insert(call, give);
-            state.running.insert(call, abandon);
-            self.apply(&mut state, Event::CallStarted { call });
-            (call, channel, abandoned)
-        };
+        let (call, channel, abandoned) = self.enter_call();
         let guard = CallGuard {
             client: self,
             call,
             armed: true,
         };
-        let channel = match channel.await {
-            Ok(Ok(channel)) => channel,
-            Ok(Err(error)) => {
+        let channel = match self.await_channel(channel).await {
+            Ok(channel) => channel,
+            Err(error) => {
                 guard.end(Ended::Left);
                 return Err(error);
-            }
-            Err(_) => {
-                guard.end(Ended::Left);
-                return Err(self.connect_error("the client stopped waiting for a channel"));
             }
         };
         // Checked now, not when the call started: the wait for a channel can outlast the
@@ -491,13 +479,7 @@ impl ControllerClient {
                 return Err(ControllerError::NotActing { method, refused });
             }
         };
-        let client = pb::SlurmControllerClient::new(channel)
-            .max_decoding_message_size(self.inner.max_message_bytes)
-            .max_encoding_message_size(self.inner.max_message_bytes);
-        let mut request = Request::new(message);
-        if let Some(auth) = &self.inner.authorization {
-            request.metadata_mut().insert("authorization", auth.clone());
-        }
+        let (client, request) = self.request_on(channel, message);
         let started = tokio::time::Instant::now();
         let answer = tokio::select! {
             answer = rpc(client, request) => answer,
@@ -515,43 +497,103 @@ impl ControllerClient {
             }
         };
         match answer {
-            Ok(response) => {
-                let response = response.into_inner();
-                if let Some(behind) = self.behind(call, response.jobs(), &asked, started) {
-                    return Err(self.leave_behind(guard, method, behind));
-                }
-                guard.end(Ended::Answered);
-                Ok(response)
-            }
-            Err(status) => {
-                // NOT_FOUND for a job whose end a replica acknowledged: this one never heard
-                // of it.
-                if status.code() == Code::NotFound
-                    && let Some(behind) = self.behind(call, &[], &asked, started)
-                {
-                    return Err(self.leave_behind(guard, method, behind));
-                }
-                let leader_hint = leader_hint(status.metadata());
-                let error = ControllerError::Status {
-                    method,
-                    code: status.code(),
-                    // The causes say which bound fired (e.g. "keep-alive timed out").
-                    message: status_text(&status),
-                    leader_hint,
-                };
-                let ended = match classify(status.code()) {
-                    FailureKind::Transport => {
-                        self.lock().last_call_failure = Some(error.to_string());
-                        Ended::Failed
-                    }
-                    FailureKind::Answer => Ended::Answered,
-                };
-                guard.end(ended);
-                // Not a cause for a later drop when this failure dropped nothing.
-                self.lock().last_call_failure = None;
-                Err(error)
-            }
+            Ok(response) => self.on_response(guard, method, &asked, started, response),
+            Err(status) => Err(self.on_status(guard, method, &asked, started, status)),
         }
+    }
+
+    /// Enters a call: gives it an id and a place among the calls waiting for a channel and
+    /// those that can be abandoned, and tells the policy it started.
+    fn enter_call(&self) -> (CallId, ChannelWait, oneshot::Receiver<()>) {
+        let mut state = self.lock();
+        let call = state.next_call;
+        state.next_call += 1;
+        let (give, channel) = oneshot::channel();
+        let (abandon, abandoned) = oneshot::channel();
+        state.waiting.insert(call, give);
+        state.running.insert(call, abandon);
+        self.apply(&mut state, Event::CallStarted { call });
+        (call, channel, abandoned)
+    }
+
+    /// The channel the policy gives a call, or why it gives none.
+    async fn await_channel(&self, channel: ChannelWait) -> Result<Channel, ControllerError> {
+        match channel.await {
+            Ok(Ok(channel)) => Ok(channel),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(self.connect_error("the client stopped waiting for a channel")),
+        }
+    }
+
+    /// A client on `channel` and the request carrying `message`, with the bounds on message
+    /// size and the authorization this client sends.
+    fn request_on<Req>(
+        &self,
+        channel: Channel,
+        message: Req,
+    ) -> (pb::SlurmControllerClient<Channel>, Request<Req>) {
+        let client = pb::SlurmControllerClient::new(channel)
+            .max_decoding_message_size(self.inner.max_message_bytes)
+            .max_encoding_message_size(self.inner.max_message_bytes);
+        let mut request = Request::new(message);
+        if let Some(auth) = &self.inner.authorization {
+            request.metadata_mut().insert("authorization", auth.clone());
+        }
+        (client, request)
+    }
+
+    /// Ends a call answered by `response`: as answered, or as behind (rule 6).
+    fn on_response<Resp: Answer>(
+        &self,
+        guard: CallGuard<'_>,
+        method: &'static str,
+        asked: &[u32],
+        started: tokio::time::Instant,
+        response: Response<Resp>,
+    ) -> Result<Resp, ControllerError> {
+        let response = response.into_inner();
+        if let Some(behind) = self.behind(guard.call, response.jobs(), asked, started) {
+            return Err(self.leave_behind(guard, method, behind));
+        }
+        guard.end(Ended::Answered);
+        Ok(response)
+    }
+
+    /// Ends a call that failed with `status`, as behind, failed (the channel's fault) or
+    /// answered (the request's), and gives the error its caller gets.
+    fn on_status(
+        &self,
+        guard: CallGuard<'_>,
+        method: &'static str,
+        asked: &[u32],
+        started: tokio::time::Instant,
+        status: Status,
+    ) -> ControllerError {
+        // NOT_FOUND for a job whose end a replica acknowledged: this one never heard of it.
+        if status.code() == Code::NotFound
+            && let Some(behind) = self.behind(guard.call, &[], asked, started)
+        {
+            return self.leave_behind(guard, method, behind);
+        }
+        let leader_hint = leader_hint(status.metadata());
+        let error = ControllerError::Status {
+            method,
+            code: status.code(),
+            // The causes say which bound fired (e.g. "keep-alive timed out").
+            message: status_text(&status),
+            leader_hint,
+        };
+        let ended = match classify(status.code()) {
+            FailureKind::Transport => {
+                self.lock().last_call_failure = Some(error.to_string());
+                Ended::Failed
+            }
+            FailureKind::Answer => Ended::Answered,
+        };
+        guard.end(ended);
+        // Not a cause for a later drop when this failure dropped nothing.
+        self.lock().last_call_failure = None;
+        error
     }
 
     /// Rule 6: whether `jobs`, read by `call` sent at `sent` that asked for `asked` by id,

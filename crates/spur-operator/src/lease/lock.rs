@@ -30,14 +30,6 @@ impl LockKind {
         }
     }
 
-    /// The API group as RBAC names it.
-    pub fn api_group(self) -> &'static str {
-        match self {
-            LockKind::Lease => "coordination.k8s.io",
-            LockKind::ConfigMap => "\"\"",
-        }
-    }
-
     /// The label on `spur_operator_election_lock`.
     pub fn label(self) -> &'static str {
         match self {
@@ -222,6 +214,12 @@ impl Locks {
 mod tests {
     use super::*;
     use k8s_openapi::jiff::Timestamp;
+
+    #[test]
+    fn each_lock_kind_has_its_election_label() {
+        let labels = [LockKind::Lease, LockKind::ConfigMap].map(LockKind::label);
+        assert_eq!(labels, crate::metrics::ELECTION_LOCKS);
+    }
 
     #[test]
     fn a_config_map_carries_the_same_record_a_lease_does() {

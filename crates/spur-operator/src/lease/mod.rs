@@ -213,7 +213,7 @@ impl Elector {
         let (leading, leading_rx) = watch::channel(false);
         let (status, status_rx) = watch::channel(ElectionStatus::default());
         let locks = Locks::new(client, &config.name, &config.namespace);
-        metrics.set_election(LockKind::Lease, false);
+        metrics.set_election(LockKind::Lease.label(), false);
         let elector = Elector {
             locks,
             config,
@@ -340,7 +340,7 @@ impl Elector {
             tracing::warn!(identity = %self.config.identity, "{}", fallback_line(&self.config.namespace, &self.config.name, refusal));
         }
         self.metrics
-            .set_election(status.lock, status.blocked.is_some());
+            .set_election(status.lock.label(), status.blocked.is_some());
         self.status.send_replace(status);
     }
 
