@@ -14,10 +14,10 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use spur_fakes::api_server::clock::TimeSource;
 use spur_fakes::api_server::tls::{TlsConfig, TlsIdentity};
 use spur_fakes::api_server::{ApiServer, ApiServerConfig};
 use spur_fakes::clock::Clock;
+use spur_fakes::clock::TimeSource;
 use spur_fakes::workloads::{self, WorkloadsConfig};
 
 use super::dns::{self, DnsConfig};
