@@ -263,19 +263,7 @@ fn deploy_applied_to_a_cluster_of_processes_completes_a_spurjob() {
     cluster.apply(&["-f", &examples.join("spurctld.yaml").display().to_string()]);
     cluster.apply(&["-k", &workspace().join("deploy").display().to_string()]);
     cluster.apply(&["-f", &examples.join("hello.yaml").display().to_string()]);
-    let started = Instant::now();
-    let state = wait_for_state(&cluster, "hello", "Completed", Duration::from_secs(150));
-    if state != "Completed" {
-        panic!(
-            "SpurJob hello is {state:?} after {:?}, not Completed\n{}",
-            started.elapsed(),
-            cluster.diagnose()
-        );
-    }
-    println!(
-        "SpurJob hello Completed {:?} after it was applied",
-        started.elapsed()
-    );
+    completes(&cluster, "hello");
     let (_, leases) = cluster.kubectl(&[
         "get",
         "lease",

@@ -95,18 +95,8 @@ fn text(value: &Value) -> &str {
 /// Both passes for ever, each `config.period`; a failed pass is reported once until it
 /// changes, and tried again at the next period.
 pub async fn run_claims(api: ApiServer, dir: PathBuf, config: ClaimsConfig) {
-    let mut ticks = tokio::time::interval(config.period);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_error = None;
-    loop {
-        ticks.tick().await;
-        let pass = bind_claims(&api, &dir).and_then(|_| default_service_accounts(&api));
-        let error = pass.err().map(|e| format!("{e:#}"));
-        if error.is_some() && error != last_error {
-            eprintln!("cluster storage: {}", error.as_deref().unwrap_or_default());
-        }
-        last_error = error;
-    }
+    let pass = || bind_claims(&api, &dir).and_then(|_| default_service_accounts(&api));
+    super::every(config.period, "cluster storage", pass).await;
 }
 
 #[cfg(test)]

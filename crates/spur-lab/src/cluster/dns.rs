@@ -261,19 +261,10 @@ pub fn refresh_dns(
 /// reported once until it changes, and tried again at the next period.
 pub async fn run_dns(api: ApiServer, dir: PathBuf, api_address: IpAddr, config: DnsConfig) {
     let files = HostsFiles { dir };
-    let mut ticks = tokio::time::interval(config.period);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_error = None;
-    loop {
-        ticks.tick().await;
-        let error = refresh_dns(&api, &files, api_address)
-            .err()
-            .map(|e| format!("{e:#}"));
-        if error.is_some() && error != last_error {
-            eprintln!("cluster DNS: {}", error.as_deref().unwrap_or_default());
-        }
-        last_error = error;
-    }
+    super::every(config.period, "cluster DNS", || {
+        refresh_dns(&api, &files, api_address)
+    })
+    .await;
 }
 
 #[cfg(test)]

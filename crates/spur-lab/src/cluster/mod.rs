@@ -41,6 +41,27 @@ use std::time::Duration;
 
 pub use kubelet::run_kubelet;
 
+/// Runs `pass` for ever, once each `period`; a failed pass is reported (as `what: error`)
+/// once until its error changes, and tried again at the next period. The cluster's
+/// controllers (DNS, claims, Services) are such loops.
+pub(crate) async fn every<T>(
+    period: Duration,
+    what: &str,
+    mut pass: impl FnMut() -> anyhow::Result<T>,
+) {
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_error = None;
+    loop {
+        ticks.tick().await;
+        let error = pass().err().map(|e| format!("{e:#}"));
+        if error.is_some() && error != last_error {
+            eprintln!("{what}: {}", error.as_deref().unwrap_or_default());
+        }
+        last_error = error;
+    }
+}
+
 /// The kubelet's settings.
 #[derive(Clone, Debug)]
 pub struct KubeletConfig {

@@ -163,19 +163,9 @@ pub fn refresh_services(api: &ApiServer, last: &mut String) -> anyhow::Result<()
 /// Keeps the Services' rules current for ever, a pass each `config.period`; a failed pass
 /// is reported once until it changes.
 pub async fn run_services(api: ApiServer, config: ServicesConfig) {
-    let mut ticks = tokio::time::interval(config.period);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut installed, mut last_error) = (String::new(), None);
-    loop {
-        ticks.tick().await;
-        let error = refresh_services(&api, &mut installed)
-            .err()
-            .map(|e| format!("{e:#}"));
-        if error.is_some() && error != last_error {
-            eprintln!("cluster services: {}", error.as_deref().unwrap_or_default());
-        }
-        last_error = error;
-    }
+    let mut installed = String::new();
+    let pass = || refresh_services(&api, &mut installed);
+    super::every(config.period, "cluster services", pass).await;
 }
 
 #[cfg(test)]
