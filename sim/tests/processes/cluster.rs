@@ -260,9 +260,10 @@ fn deploy_applied_to_a_cluster_of_processes_completes_a_spurjob() {
     }
     let cluster = ClusterProcess::start("deploy");
     let examples = workspace().join("deploy/examples/cluster");
-    cluster.apply(&["-f", &examples.join("spurctld.yaml").display().to_string()]);
+    let file = |name: &str| examples.join(name).display().to_string();
+    cluster.apply(&["-f", &file("spurctld.yaml")]);
     cluster.apply(&["-k", &workspace().join("deploy").display().to_string()]);
-    cluster.apply(&["-f", &examples.join("hello.yaml").display().to_string()]);
+    cluster.apply(&["-f", &file("hello.yaml")]);
     completes(&cluster, "hello");
     let (_, leases) = cluster.kubectl(&[
         "get",

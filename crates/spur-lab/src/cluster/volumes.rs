@@ -303,49 +303,46 @@ fn write_service_account(
     files.write(dir)
 }
 
+/// A ConfigMap's keys (`data` and `binaryData`) as bytes; `None` if it does not exist.
 async fn config_map_data(
     client: &kube::Client,
     namespace: &str,
     name: &str,
 ) -> Result<Option<BTreeMap<String, Vec<u8>>>, String> {
-    let api = kube::Api::<ConfigMap>::namespaced(client.clone(), namespace);
-    let found = api.get_opt(name).await.map_err(|e| e.to_string())?;
+    let found: Option<ConfigMap> = get_opt(client, namespace, name).await?;
     Ok(found.map(|cm| {
-        let text = cm
-            .data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, v.into_bytes()));
-        let binary = cm
-            .binary_data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, v.0));
+        let text = (cm.data.into_iter().flatten()).map(|(k, v)| (k, v.into_bytes()));
+        let binary = (cm.binary_data.into_iter().flatten()).map(|(k, v)| (k, v.0));
         text.chain(binary).collect()
     }))
 }
 
+/// A Secret's keys as bytes, `data` over `stringData` for a key in both (the API server
+/// merges `stringData` into `data` on write); `None` if it does not exist.
 async fn secret_data(
     client: &kube::Client,
     namespace: &str,
     name: &str,
 ) -> Result<Option<BTreeMap<String, Vec<u8>>>, String> {
-    let api = kube::Api::<Secret>::namespaced(client.clone(), namespace);
-    let found = api.get_opt(name).await.map_err(|e| e.to_string())?;
+    let found: Option<Secret> = get_opt(client, namespace, name).await?;
     Ok(found.map(|s| {
-        let strings = s
-            .string_data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, v.into_bytes()));
-        let data = s
-            .data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, v.0));
-        // `data` wins over `stringData`'s same key only where the API server merged them.
+        let strings = (s.string_data.into_iter().flatten()).map(|(k, v)| (k, v.into_bytes()));
+        let data = (s.data.into_iter().flatten()).map(|(k, v)| (k, v.0));
         strings.chain(data).collect()
     }))
+}
+
+/// A namespaced object, or `None` if it does not exist; `Err` is the API server's answer.
+async fn get_opt<K>(client: &kube::Client, namespace: &str, name: &str) -> Result<Option<K>, String>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + k8s_openapi::serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let api = kube::Api::<K>::namespaced(client.clone(), namespace);
+    api.get_opt(name).await.map_err(|e| e.to_string())
 }
 
 /// A claim's directory, once the claim is Bound.
@@ -354,8 +351,7 @@ async fn bound_claim(
     namespace: &str,
     claim: &str,
 ) -> Result<PathBuf, String> {
-    let api = kube::Api::<PersistentVolumeClaim>::namespaced(sources.client.clone(), namespace);
-    let found = api.get_opt(claim).await.map_err(|e| e.to_string())?;
+    let found: Option<PersistentVolumeClaim> = get_opt(sources.client, namespace, claim).await?;
     let found = found.ok_or_else(|| format!("persistentvolumeclaim \"{claim}\" not found"))?;
     let phase = found.status.and_then(|s| s.phase).unwrap_or_default();
     if phase != "Bound" {
