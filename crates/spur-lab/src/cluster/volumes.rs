@@ -317,8 +317,8 @@ async fn config_map_data(
     }))
 }
 
-/// A Secret's keys as bytes, `data` over `stringData` for a key in both (the API server
-/// merges `stringData` into `data` on write); `None` if it does not exist.
+/// A Secret's keys as bytes, `data` over `stringData` for a key in both, as the env's
+/// `secretKeyRef` reads them (`containers::secret_key`); `None` if it does not exist.
 async fn secret_data(
     client: &kube::Client,
     namespace: &str,
