@@ -1,7 +1,7 @@
-//! `spur-sim cluster` as a user meets it: the cluster started, upstream's spurctld
-//! StatefulSet and then `deploy/` applied with kubectl, and a two-node SpurJob run to
-//! completion by our operator's pods, all as processes; then the cluster stopped, leaving
-//! no process behind.
+//! `spur-sim cluster` as a user meets it: the cluster started as a process, kubectl run
+//! against the kubeconfig it prints, and the cluster stopped with SIGTERM, leaving no
+//! process behind. The cases are in the modules below; this one holds what they share.
+mod apply;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -34,19 +34,19 @@ fn operator_binary() -> PathBuf {
     )
 }
 
-fn workspace() -> PathBuf {
+pub(super) fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// The cluster's process; killed (and with it every pod) if the test ends early.
-struct ClusterProcess {
-    child: Child,
-    dir: PathBuf,
-    kubeconfig: PathBuf,
+pub(super) struct ClusterProcess {
+    pub(super) child: Child,
+    pub(super) dir: PathBuf,
+    pub(super) kubeconfig: PathBuf,
 }
 
 impl ClusterProcess {
-    fn start(name: &str) -> ClusterProcess {
+    pub(super) fn start(name: &str) -> ClusterProcess {
         let dir = std::env::temp_dir().join(format!("spur-cluster-{name}-{}", std::process::id()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_spur-sim"))
             .args([
@@ -86,7 +86,7 @@ impl ClusterProcess {
     }
 
     /// Runs kubectl against the cluster: its status and combined output.
-    fn kubectl(&self, args: &[&str]) -> (bool, String) {
+    pub(super) fn kubectl(&self, args: &[&str]) -> (bool, String) {
         let out = Command::new(kubectl_binary())
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
@@ -101,14 +101,14 @@ impl ClusterProcess {
         (out.status.success(), text)
     }
 
-    fn apply(&self, args: &[&str]) {
+    pub(super) fn apply(&self, args: &[&str]) {
         let (ok, out) = self.kubectl(&[&["apply"], args].concat());
         assert!(ok, "kubectl apply {args:?}: {out}");
         println!("{out}");
     }
 
     /// What a person would look at when the job did not complete.
-    fn diagnose(&self) -> String {
+    pub(super) fn diagnose(&self) -> String {
         let mut text = String::new();
         for args in [
             &["get", "pods", "-A", "-o", "wide"][..],
@@ -130,7 +130,7 @@ impl ClusterProcess {
     }
 
     /// SIGTERM, as a user's Ctrl-C; the cluster must be gone within 30 s.
-    fn stop(mut self) {
+    pub(super) fn stop(mut self) {
         let netns = std::fs::read_link(format!("/proc/{}/ns/net", self.child.id())).ok();
         // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
@@ -157,7 +157,7 @@ impl Drop for ClusterProcess {
 }
 
 /// Every container log under the cluster's log directory.
-fn logs(dir: &Path) -> Vec<PathBuf> {
+pub(super) fn logs(dir: &Path) -> Vec<PathBuf> {
     let pods = std::fs::read_dir(dir).into_iter().flatten().flatten();
     let mut logs: Vec<PathBuf> = pods
         .flat_map(|pod| {
@@ -183,7 +183,12 @@ fn processes_in(netns: &Path) -> Vec<String> {
 }
 
 /// Polls the SpurJob's state until `want` (or the deadline); the last state seen.
-fn wait_for_state(cluster: &ClusterProcess, name: &str, want: &str, within: Duration) -> String {
+pub(super) fn wait_for_state(
+    cluster: &ClusterProcess,
+    name: &str,
+    want: &str,
+    within: Duration,
+) -> String {
     let deadline = Instant::now() + within;
     let mut state = String::new();
     while Instant::now() < deadline {
@@ -198,7 +203,7 @@ fn wait_for_state(cluster: &ClusterProcess, name: &str, want: &str, within: Dura
 }
 
 /// Skips the test (loudly) where it cannot run; under CI that is a failure.
-fn runnable() -> bool {
+pub(super) fn runnable() -> bool {
     if let Some(why) = missing() {
         // CI runs as root with everything installed: there a skip would hide a failure.
         assert!(
@@ -212,7 +217,7 @@ fn runnable() -> bool {
 }
 
 /// Waits for SpurJob `name` to complete, or fails with the cluster's state.
-fn completes(cluster: &ClusterProcess, name: &str) {
+pub(super) fn completes(cluster: &ClusterProcess, name: &str) {
     let started = Instant::now();
     let state = wait_for_state(cluster, name, "Completed", Duration::from_secs(150));
     assert!(
@@ -225,106 +230,4 @@ fn completes(cluster: &ClusterProcess, name: &str) {
         "SpurJob {name} Completed {:?} after it was applied",
         started.elapsed()
     );
-}
-
-/// Upstream's manifests as a migrating user has them (spurctld's StatefulSet, upstream's
-/// operator Deployment, Service and RBAC), with this project's operator run for upstream's
-/// `spur-k8s-operator` command: spurctld reaches it through the Service's clusterIP.
-#[test]
-fn upstreams_manifests_with_our_operator_complete_a_spurjob() {
-    if !runnable() {
-        return;
-    }
-    let cluster = ClusterProcess::start("upstream");
-    let examples = workspace().join("deploy/examples/cluster");
-    let file = |name: &str| examples.join(name).display().to_string();
-    cluster.apply(&[
-        "-f",
-        &workspace().join("deploy/crd.yaml").display().to_string(),
-    ]);
-    cluster.apply(&[
-        "-f",
-        &file("spurctld.yaml"),
-        "-f",
-        &file("upstream-operator.yaml"),
-    ]);
-    cluster.apply(&["-f", &file("hello.yaml")]);
-    completes(&cluster, "hello");
-    cluster.stop();
-}
-
-#[test]
-fn deploy_applied_to_a_cluster_of_processes_completes_a_spurjob() {
-    if !runnable() {
-        return;
-    }
-    let cluster = ClusterProcess::start("deploy");
-    let examples = workspace().join("deploy/examples/cluster");
-    let file = |name: &str| examples.join(name).display().to_string();
-    cluster.apply(&["-f", &file("spurctld.yaml")]);
-    cluster.apply(&["-k", &workspace().join("deploy").display().to_string()]);
-    cluster.apply(&["-f", &file("hello.yaml")]);
-    completes(&cluster, "hello");
-    let (_, leases) = cluster.kubectl(&[
-        "get",
-        "lease",
-        "-n",
-        "spur-system",
-        "-o",
-        "jsonpath={.items[*].spec.holderIdentity}",
-    ]);
-    assert!(
-        leases.trim().starts_with("spur-operator-"),
-        "one operator replica holds the Lease: {leases:?}"
-    );
-    each_spurctld_pod_deleted_a_spurjob_created_meanwhile_completes(&cluster);
-    cluster.stop();
-}
-
-/// Upstream's HA scenario, each replica in turn (one of them leads): a spurctld pod
-/// deleted, a SpurJob created at once; the StatefulSet brings the pod back under its name
-/// with its claim, and the SpurJob completes.
-fn each_spurctld_pod_deleted_a_spurjob_created_meanwhile_completes(cluster: &ClusterProcess) {
-    let hello = std::fs::read_to_string(workspace().join("deploy/examples/cluster/hello.yaml"))
-        .expect("read hello.yaml");
-    for replica in 0..3 {
-        let pod = format!("spurctld-{replica}");
-        let (deleted, out) =
-            cluster.kubectl(&["delete", "pod", "-n", "spur", &pod, "--wait=false"]);
-        assert!(deleted, "kubectl delete pod {pod}: {out}");
-        let name = format!("hello-after-{pod}");
-        let manifest = cluster.dir.join(format!("{name}.yaml"));
-        std::fs::write(
-            &manifest,
-            hello.replace("name: hello\n", &format!("name: {name}\n")),
-        )
-        .expect("write the SpurJob");
-        cluster.apply(&["-f", &manifest.display().to_string()]);
-        let started = Instant::now();
-        let state = wait_for_state(cluster, &name, "Completed", Duration::from_secs(150));
-        assert!(
-            state == "Completed",
-            "SpurJob {name} is {state:?} after {:?}\n{}",
-            started.elapsed(),
-            cluster.diagnose()
-        );
-        println!(
-            "SpurJob {name} Completed {:?} after {pod} was deleted",
-            started.elapsed()
-        );
-    }
-    let (_, pods) = cluster.kubectl(&[
-        "get",
-        "pods",
-        "-n",
-        "spur",
-        "-o",
-        "jsonpath={range .items[*]}{.metadata.name}={.status.phase} {end}",
-    ]);
-    for replica in 0..3 {
-        assert!(
-            pods.contains(&format!("spurctld-{replica}=Running")),
-            "the StatefulSet brought every replica back under its name: {pods}"
-        );
-    }
 }
