@@ -2,6 +2,7 @@
 //! against the kubeconfig it prints, and the cluster stopped with SIGTERM, leaving no
 //! process behind. The cases are in the modules below; this one holds what they share.
 mod apply;
+mod ha;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -152,7 +153,12 @@ impl Drop for ClusterProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // A failed case keeps its logs for the person reading the failure.
+        if std::thread::panicking() {
+            eprintln!("the cluster's files are kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
