@@ -112,8 +112,8 @@ pub fn mirrored(current: &SpurJobStatus, info: &pb::JobInfo, now: &str) -> Optio
     }
     next.start_time = timestamp(info.start_time.as_ref()).or(next.start_time);
     next.end_time = timestamp(info.end_time.as_ref()).or(next.end_time);
-    let reason = info.state_reason.trim();
-    next.message = (!reason.is_empty() && reason != "None").then(|| reason.to_owned());
+    let reason = state_reason(info);
+    next.message = (!reason.is_empty()).then(|| reason.to_owned());
     let running = matches!(
         info.state(),
         pb::JobState::JobRunning | pb::JobState::JobCompleting
@@ -157,6 +157,15 @@ pub fn mirrored(current: &SpurJobStatus, info: &pb::JobInfo, now: &str) -> Optio
     (next != *current).then_some(next)
 }
 
+/// spurctld's reason for the job's state, empty where it has none: it says `None` then, as
+/// Slurm does, which a person reading the SpurJob would take for a message.
+fn state_reason(info: &pb::JobInfo) -> &str {
+    match info.state_reason.trim() {
+        "None" => "",
+        reason => reason,
+    }
+}
+
 /// The `Queued` condition's message while the job waits for `why`.
 pub fn queued_message(why: &str) -> String {
     format!("waiting in spurctld's queue: {why}")
@@ -178,8 +187,8 @@ fn progress_conditions(
     now: &str,
 ) {
     let state = info.state();
-    let reason = info.state_reason.trim();
-    let reason = (!reason.is_empty() && reason != "None").then_some(reason);
+    let reason = state_reason(info);
+    let reason = (!reason.is_empty()).then_some(reason);
     let waiting = matches!(state, pb::JobState::JobPending | pb::JobState::JobRequeued);
     set_queued(&mut next.conditions, state, reason, waiting, now);
     let was_started = matches!(
@@ -752,6 +761,31 @@ mod tests {
             exit_code: exit,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn spurctlds_none_reason_is_no_message_on_the_status_or_its_conditions() {
+        let running = SpurJobStatus {
+            state: Some("Running".into()),
+            spur_job_id: Some(4),
+            ..Default::default()
+        };
+        let done = info(pb::JobState::JobCompleted, "node-0", "None", 0);
+        let next = mirrored(&running, &done, "t1").expect("a change");
+        assert_eq!(next.message, None);
+        let with_none: Vec<_> = next
+            .conditions
+            .iter()
+            .filter(|c| c.message.contains("None"))
+            .map(|c| c.type_.as_str())
+            .collect();
+        assert!(
+            with_none.is_empty(),
+            "conditions saying None: {with_none:?}"
+        );
+        let failed = info(pb::JobState::JobFailed, "node-0", "None", 3);
+        let next = mirrored(&running, &failed, "t1").expect("a change");
+        assert_eq!(next.message.as_deref(), Some("exit code 3"));
     }
 
     #[test]
