@@ -3,6 +3,8 @@
 //! process behind. The cases are in the modules below; this one holds what they share.
 mod apply;
 mod ha;
+mod observe;
+mod strike;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
