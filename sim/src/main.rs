@@ -58,6 +58,9 @@ enum Command {
     /// The operator at scale against the real three replicas, in the lab: time to
     /// register many nodes, then the steady state with many active SpurJobs. Needs root.
     LabBench(spur_lab::bench::LabBenchArgs),
+    /// What the real spurctld can take: each call the operator makes, driven as fast as one
+    /// replica, or the leader of three, answers; calls a second and latencies a kind.
+    LabLimits(spur_lab::limits::LimitsArgs),
     /// How long after a network cut heals the kernel delivers what an open connection sent
     /// across it, against the simulation's delivery at the heal. Needs root.
     LabHeal(spur_lab::heal::LabHealArgs),
@@ -106,6 +109,7 @@ fn run(command: Command) -> anyhow::Result<bool> {
         ),
         Command::LabBench(args) => spur_lab::bench::main(args),
         Command::LabHeal(args) => spur_lab::heal::main(args),
+        Command::LabLimits(args) => spur_lab::limits::main(args),
         Command::Cluster(args) => spur_lab::cluster::up::main(args),
         Command::Controllers(args) => {
             spur_fakes::model::tcp::main(args)?;

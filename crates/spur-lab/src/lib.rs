@@ -21,6 +21,7 @@ pub mod bench;
 pub mod cluster;
 pub mod heal;
 pub mod kernel;
+pub mod limits;
 pub mod real_peer;
 pub mod run;
 pub mod world;
