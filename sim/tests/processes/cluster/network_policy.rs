@@ -15,6 +15,11 @@ use super::{ClusterProcess, completes, logs, runnable, workspace};
 /// How long one connect may take before it counts as refused: a dropped SYN never answers.
 const CONNECT_BOUND_SECS: u32 = 2;
 
+/// How long a probe pod waits before its first connect: its address joins the policies'
+/// rules a pass (200 ms) after the kubelet reports it, as a CNI programs a new pod's
+/// policies a moment after the pod starts.
+const SETTLE_SECS: u32 = 2;
+
 #[test]
 fn deploys_network_policy_admits_only_spurctld_to_the_agent_port() {
     if !runnable() {
@@ -159,7 +164,7 @@ fn start_probe(
     targets: &[String],
 ) {
     let script = format!(
-        "for t in {}; do if timeout {CONNECT_BOUND_SECS} bash -c \"</dev/tcp/${{t%:*}}/${{t#*:}}\" 2>/dev/null; \
+        "sleep {SETTLE_SECS}; for t in {}; do if timeout {CONNECT_BOUND_SECS} bash -c \"</dev/tcp/${{t%:*}}/${{t#*:}}\" 2>/dev/null; \
          then echo \"$t open\"; else echo \"$t closed\"; fi; done",
         targets.join(" ")
     );
