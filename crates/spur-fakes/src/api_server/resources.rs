@@ -159,15 +159,34 @@ const BUILTIN: &[Builtin] = &[
     ("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", &["crd", "crds"], false, true),
 ];
 
+/// The label Kubernetes (1.21 and later) keeps on every Namespace, its name, so a
+/// NetworkPolicy's namespaceSelector can pick a namespace by name.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
 /// What the real API server does to an object of some kinds before storing it, on create
 /// and update alike: a Secret's `stringData` is merged into `data` (base64, winning over
 /// `data`'s same keys) and never stored, its `type` defaults to `Opaque`, and each `data`
-/// value must be base64 (422 otherwise).
+/// value must be base64 (422 otherwise); a Namespace is labelled with its name
+/// ([`NAMESPACE_NAME_LABEL`]), whatever the write said of that label.
 pub fn normalize(rt: &ResourceType, obj: &mut Value) -> ApiResult<()> {
     if rt.group.is_empty() && rt.kind == "Secret" {
         normalize_secret(obj)?;
     }
+    if rt.group.is_empty() && rt.kind == "Namespace" {
+        label_namespace_with_its_name(obj);
+    }
     Ok(())
+}
+
+fn label_namespace_with_its_name(obj: &mut Value) {
+    let Some(name) = obj["metadata"]["name"].as_str().map(str::to_owned) else {
+        return;
+    };
+    let meta = &mut obj["metadata"];
+    if !meta["labels"].is_object() {
+        meta["labels"] = Value::Object(serde_json::Map::new());
+    }
+    meta["labels"][NAMESPACE_NAME_LABEL] = Value::String(name);
 }
 
 fn normalize_secret(obj: &mut Value) -> ApiResult<()> {

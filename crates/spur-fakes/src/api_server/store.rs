@@ -1005,6 +1005,32 @@ mod tests {
     }
 
     #[test]
+    fn a_namespace_carries_its_name_as_a_label_that_no_write_removes() {
+        let mut s = store();
+        let rt = s.type_for("v1", "Namespace").unwrap();
+        let label = |obj: &Value| obj["metadata"]["labels"]["kubernetes.io/metadata.name"].clone();
+        assert_eq!(label(&s.get(&rt, None, "default").unwrap()), "default");
+        let created = s
+            .create(
+                &rt,
+                None,
+                json!({"metadata": {"name": "spur", "labels": {"team": "a"}}}),
+            )
+            .unwrap();
+        assert_eq!(label(&created), "spur");
+        assert_eq!(created["metadata"]["labels"]["team"], "a");
+        let mut unlabelled = (*created).clone();
+        unlabelled["metadata"]["labels"] = json!({});
+        let updated = s.update(&rt, None, "spur", unlabelled, false).unwrap();
+        assert_eq!(label(&updated), "spur", "an update without it keeps it");
+        let patch = json!({"metadata": {"labels": {"kubernetes.io/metadata.name": "other"}}});
+        let patched = s
+            .patch(&rt, None, "spur", PatchKind::Merge, &patch, false)
+            .unwrap();
+        assert_eq!(label(&patched), "spur", "a patch cannot rename it");
+    }
+
+    #[test]
     fn create_get_conflict_and_noop() {
         let mut s = store();
         let rt = lease_type(&s);

@@ -14,6 +14,7 @@
 //! - [`kubelet`]: the loop that reads the API server and drives all of the above;
 //! - [`dns`], [`claims`], [`services`]: the cluster's DNS as hosts files, claims bound to
 //!   directories and `default` ServiceAccounts, Services' clusterIPs as kube-proxy's rules;
+//! - [`network_policy`]: NetworkPolicies as nftables rules on the cluster's forward hook;
 //! - [`up`]: `spur-sim cluster`, all of it behind one command and a kubeconfig.
 //!
 //! The caller runs [`run_kubelet`] inside a private network namespace of its own
@@ -27,6 +28,7 @@ pub mod dns;
 pub mod images;
 pub mod kubelet;
 pub mod mounts;
+pub mod network_policy;
 pub mod pod_net;
 pub mod pod_state;
 pub mod probes;

@@ -22,7 +22,7 @@ use spur_fakes::workloads::{self, WorkloadsConfig};
 
 use super::dns::{self, DnsConfig};
 use super::images::ImageTable;
-use super::{KubeletConfig, ServiceAccountIssuer, claims, run_kubelet, services};
+use super::{KubeletConfig, ServiceAccountIssuer, claims, network_policy, run_kubelet, services};
 
 /// Where pods reach the API server: the first node's bridge address, which the cluster's
 /// namespace owns, so every pod routes to it through its own node's gateway.
@@ -143,6 +143,10 @@ async fn run(
     tasks.spawn(services::run_services(
         api.clone(),
         services::ServicesConfig::default(),
+    ));
+    tasks.spawn(network_policy::run_network_policy(
+        api.clone(),
+        Default::default(),
     ));
     let template = kubelet_config(&args.dir, images, &api, &identity, hosts_dir, claims_dir);
     let kubelets = Kubelets::start(&api, args.nodes, &template)?;

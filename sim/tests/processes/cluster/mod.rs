@@ -1,8 +1,10 @@
 //! `spur-sim cluster` as a user meets it: the cluster started as a process, kubectl run
 //! against the kubeconfig it prints, and the cluster stopped with SIGTERM, leaving no
 //! process behind. The cases are in the modules below; this one holds what they share.
+
 mod apply;
 mod ha;
+mod network_policy;
 mod observe;
 mod strike;
 
