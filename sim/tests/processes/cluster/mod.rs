@@ -2,6 +2,7 @@
 //! against the kubeconfig it prints, and the cluster stopped with SIGTERM, leaving no
 //! process behind. The cases are in the modules below; this one holds what they share.
 mod apply;
+mod memory;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -152,6 +153,9 @@ impl Drop for ClusterProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Killed, the cluster could not remove its cgroups itself.
+        let cgroups = spur_lab::cluster::cgroup::CgroupConfig::default();
+        spur_lab::cluster::cgroup::remove_left_by(self.child.id(), &cgroups);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
