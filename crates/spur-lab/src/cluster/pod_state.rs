@@ -284,8 +284,14 @@ fn state_json(state: &State) -> Value {
             finished_at,
         } => {
             let (reason, message) = reason.split_once(": ").unwrap_or((reason, ""));
-            json!({"terminated": {"exitCode": exit_code, "reason": reason, "message": message,
-                "startedAt": started_at, "finishedAt": finished_at}})
+            let mut terminated = json!({"exitCode": exit_code, "reason": reason,
+                "message": message, "finishedAt": finished_at});
+            // A run that never started has no start time; an empty one is no timestamp,
+            // and clients (the kubelet's own list) refuse the whole pod over it.
+            if !started_at.is_empty() {
+                terminated["startedAt"] = json!(started_at);
+            }
+            json!({"terminated": terminated})
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Memory limits enforced by the kernel through each container's cgroup: a pod over its
 //! limit is `OOMKilled`/137 with an event, one under it completes, one that restarts counts
 //! its OOM kills; and a ConfigMap edited under a running pod reaches its mounted file, but
-//! not a `subPath` mount of it, as in Kubernetes.
+//! not a `subPath` mount of it, as in Kubernetes. The pods name their node, since the
+//! cluster's scheduler places only the pods of workloads.
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: hog}
 spec:
+  nodeName: node-0
   restartPolicy: Never
   containers:
     - name: hog
@@ -28,6 +30,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: modest}
 spec:
+  nodeName: node-0
   restartPolicy: Never
   containers:
     - name: modest
@@ -39,6 +42,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: hog-again}
 spec:
+  nodeName: node-0
   restartPolicy: Always
   containers:
     - name: hog
@@ -57,6 +61,7 @@ apiVersion: v1
 kind: Pod
 metadata: {name: reader}
 spec:
+  nodeName: node-1
   containers:
     - name: reader
       image: busybox:1.36
@@ -82,9 +87,9 @@ fn memory_limits_kill_with_oomkilled_and_configmap_edits_reach_running_pods() {
     cluster.apply(&["-f", &manifest.display().to_string()]);
 
     let hog = wait_for(&cluster, "hog", "{.status.phase}", "Failed", 60);
-    let terminated = "{.status.containerStatuses[0].state.terminated}";
-    let reason = get(&cluster, "hog", &format!("{terminated}.reason"));
-    let code = get(&cluster, "hog", &format!("{terminated}.exitCode"));
+    let terminated = ".status.containerStatuses[0].state.terminated";
+    let reason = get(&cluster, "hog", &format!("{{{terminated}.reason}}"));
+    let code = get(&cluster, "hog", &format!("{{{terminated}.exitCode}}"));
     assert_eq!(
         (hog.as_str(), reason.as_str(), code.as_str()),
         ("Failed", "OOMKilled", "137"),
