@@ -137,7 +137,7 @@ fn memory_limits_kill_with_oomkilled_and_configmap_edits_reach_running_pods() {
 /// The reader prints its mounted file; after `kubectl apply` of a new value, the file
 /// shows it within the kubelet's refresh.
 fn a_configmap_edit_reaches_the_running_pods_file(cluster: &ClusterProcess) {
-    wait_for(&cluster, "reader", "{.status.phase}", "Running", 60);
+    wait_for(cluster, "reader", "{.status.phase}", "Running", 60);
     wait_for_log(cluster, "now=hello", Duration::from_secs(30));
     let (ok, out) = cluster.kubectl(&[
         "patch",
