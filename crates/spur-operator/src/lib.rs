@@ -64,3 +64,6 @@ pub use jobs::reports::OOM_KILLED_SIGNAL;
 pub use jobs::status::{is_terminal, nodes_of, state_name};
 pub use jobs::{LABEL_JOB_ID, SpurJob};
 pub use selector::Selector;
+
+// Kubernetes quantities, which the process kubelet reads memory limits with.
+pub use quantity::{Quantity, QuantityError, parse as parse_quantity};

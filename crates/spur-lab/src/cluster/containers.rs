@@ -173,6 +173,8 @@ pub struct Sandbox<'a> {
     pub gid: u32,
     /// Supplementary groups (the pod's `fsGroup` and `supplementalGroups`).
     pub groups: Vec<libc::gid_t>,
+    /// The memory cgroup it joins before its program runs; `None`: the kubelet's own.
+    pub cgroup: Option<&'a super::cgroup::ContainerCgroup>,
     /// How its filesystem is entered: a container's own mount namespace built from a plan,
     /// or the root of a running container (an exec probe's, `/proc/<pid>/root`).
     pub filesystem: Filesystem,
@@ -227,10 +229,15 @@ pub fn command(
     let (uid, gid) = (sandbox.uid, sandbox.gid);
     let groups = sandbox.groups.clone();
     let filesystem = sandbox.filesystem.clone();
-    // SAFETY: unshare, mount, mkdir, open, chroot, chdir, setpgid, setgroups, setgid,
+    let cgroup = sandbox.cgroup.map(super::cgroup::ContainerCgroup::procs);
+    // SAFETY: write, unshare, mount, mkdir, open, chroot, chdir, setpgid, setgroups, setgid,
     // setuid and prctl are async-signal-safe, on memory allocated before the fork.
     unsafe {
         command.pre_exec(move || {
+            // First, so nothing the child does from here on is outside its limit.
+            if let Some(procs) = &cgroup {
+                super::cgroup::join(procs)?;
+            }
             filesystem.enter()?;
             check(libc::setpgid(0, 0))?;
             check(libc::setgroups(groups.len(), groups.as_ptr()))?;

@@ -145,6 +145,7 @@ async fn admit(
         written: serde_json::Value::Null,
         volumes: None,
         mount_error: None,
+        freshness: Default::default(),
     })
 }
 
@@ -172,8 +173,12 @@ async fn set_finalizer(
 /// One pass over a running pod: exits, starts, probes, then its status if it changed.
 async fn step(client: &kube::Client, run: &mut PodRun, config: &KubeletConfig) {
     let policy = run.policy();
+    volumes::keep_fresh(client, run, config).await;
     for i in 0..run.containers.len() {
-        run.containers[i].reap(&policy, config);
+        if run.containers[i].reap(&policy, config) {
+            let message = super::cgroup::oom_message(&run.containers[i].spec);
+            warn(client, &run.pod, "OOMKilled", &message).await;
+        }
         if run.containers[i].start_due() {
             start(client, run, i, &policy, config).await;
         }
@@ -229,6 +234,11 @@ async fn start(
     };
     let mut args = resolved.args;
     args.extend((spec.args.iter().flatten()).map(|w| containers::expand(w, &env)));
+    let cgroups = config.memory_cgroups.as_deref();
+    let cgroup = match super::cgroup::for_container(cgroups, &run.uid, &spec) {
+        Ok(cgroup) => cgroup,
+        Err(message) => return run.containers[i].waiting("CreateContainerError", message),
+    };
     let (uid, gid) = containers::user_of(&run.pod, &spec);
     let sandbox = containers::Sandbox {
         netns: &run.net.netns,
@@ -236,12 +246,13 @@ async fn start(
         uid,
         gid,
         groups: containers::groups_of(&run.pod),
+        cgroup: cgroup.as_ref(),
         filesystem,
     };
     let process = containers::command(&sandbox, &resolved.program, &args, &env);
     let log = run.dir.join(format!("{}.log", spec.name));
     match containers::start(process, &log) {
-        Ok(child) => run.containers[i].running(child),
+        Ok(child) => run.containers[i].running(child, cgroup),
         Err(e) => {
             let why = super::images::Unresolved::NoCommand(format!(
                 "{}: {e}",

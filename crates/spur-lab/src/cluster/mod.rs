@@ -6,6 +6,8 @@
 //! - [`containers`]: a container's environment, command line and process;
 //! - [`pod_state`]: a pod's containers through starts, exits, restarts and probes, and the
 //!   status they make;
+//! - [`cgroup`]: a memory cgroup a container, limited as its spec says, and whether the
+//!   kernel's OOM killer acted in it;
 //! - [`probes`]: readiness and liveness;
 //! - [`mounts`]: a container's filesystem: an overlay of the host's root, its volumes, the
 //!   cluster's hosts file;
@@ -22,6 +24,7 @@
 //! process dies with the thread that forked it). The kubelet stops when its future is
 //! dropped: every process, namespace, veth and the bridge go with it.
 
+pub mod cgroup;
 pub mod claims;
 pub mod containers;
 pub mod dns;
@@ -105,6 +108,11 @@ pub struct KubeletConfig {
     /// 2 s: a claim is bound within a pass of the claims controller, and a real kubelet's
     /// first volume retries are as quick).
     pub mount_retry: Duration,
+    /// How often a running pod's configMap, secret, downwardAPI and projected volumes are
+    /// brought up to date (default 2 s: a real kubelet takes up to its sync period, a
+    /// minute, plus its cache's TTL; here an edit shows while one watches, for one read of
+    /// the in-memory API server a volume a pod a period).
+    pub volume_refresh: Duration,
     /// The cluster's hosts files, `<dir>/<namespace>` bound at each container's
     /// `/etc/hosts` ([`dns`]); `None`: the host's.
     pub hosts_dir: Option<PathBuf>,
@@ -114,6 +122,9 @@ pub struct KubeletConfig {
     /// Issues the tokens of service-account volumes and the automatic credentials, and
     /// tells pods where the API server is; `None`: pods get no credentials.
     pub service_accounts: Option<ServiceAccountIssuer>,
+    /// Where containers' memory cgroups go, shared by every node's kubelet; `None`: memory
+    /// limits are not enforced (no cgroup, so no `OOMKilled`).
+    pub memory_cgroups: Option<Arc<cgroup::MemoryCgroups>>,
 }
 
 /// The token issuer and the API server's address a pod is given.
@@ -156,9 +167,11 @@ impl KubeletConfig {
             default_grace: Duration::from_secs(30),
             finalizer: "spur.rocm.com/process-kubelet".into(),
             mount_retry: Duration::from_secs(2),
+            volume_refresh: Duration::from_secs(2),
             hosts_dir: None,
             claims_dir,
             service_accounts: None,
+            memory_cgroups: None,
         }
     }
 }

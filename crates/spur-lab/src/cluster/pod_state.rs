@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::{Value, json};
 
 use super::KubeletConfig;
+use super::cgroup::ContainerCgroup;
 use super::containers;
 use super::images::Unresolved;
 use super::pod_net::PodNet;
@@ -51,6 +52,8 @@ pub struct ContainerRun {
     pub liveness: ProbeState,
     /// When a liveness kill's SIGKILL is due.
     pub kill_at: Option<Instant>,
+    /// The running process's memory cgroup; removed when it exits.
+    pub cgroup: Option<ContainerCgroup>,
 }
 
 impl ContainerRun {
@@ -72,6 +75,7 @@ impl ContainerRun {
             readiness: ProbeState::new(false),
             liveness: ProbeState::new(true),
             kill_at: None,
+            cgroup: None,
         }
     }
 
@@ -81,11 +85,14 @@ impl ContainerRun {
             && (self.spec.readiness_probe.is_none() || self.readiness.ok)
     }
 
-    /// Records an exit (if one happened) and decides whether and when it restarts.
-    pub fn reap(&mut self, policy: &str, config: &KubeletConfig) {
-        let Some(child) = &mut self.child else { return };
+    /// Records an exit (if one happened) and decides whether and when it restarts; whether
+    /// it was the kernel's OOM killer that ended the container.
+    pub fn reap(&mut self, policy: &str, config: &KubeletConfig) -> bool {
+        let Some(child) = &mut self.child else {
+            return false;
+        };
         let Ok(Some(status)) = child.try_wait() else {
-            return;
+            return false;
         };
         self.child = None;
         self.kill_at = None;
@@ -97,12 +104,12 @@ impl ContainerRun {
             State::Running { started_at } => started_at.clone(),
             _ => String::new(),
         };
-        self.exited(
-            code,
-            if code == 0 { "Completed" } else { "Error" },
-            started_at,
-        );
+        // Dropping the cgroup kills what the process left in it, as a runtime does.
+        let oom_killed = self.cgroup.take().is_some_and(|c| c.oom_killed());
+        let reason = terminated_reason(code, oom_killed);
+        self.exited(code, reason, started_at);
         self.plan_restart(policy, code, ran, config);
+        reason == OOM_KILLED
     }
 
     fn exited(&mut self, exit_code: i32, reason: &str, started_at: String) {
@@ -194,8 +201,8 @@ impl ContainerRun {
         }
     }
 
-    /// A process started: Running, counted as a restart after the first.
-    pub fn running(&mut self, child: Child) {
+    /// A process started in `cgroup`: Running, counted as a restart after the first.
+    pub fn running(&mut self, child: Child, cgroup: Option<ContainerCgroup>) {
         if self.started.is_some() {
             self.restart_count += 1;
         }
@@ -203,6 +210,7 @@ impl ContainerRun {
             self.last_state = Some(self.state.clone());
         }
         self.child = Some(child);
+        self.cgroup = cgroup;
         self.started = Some(Instant::now());
         self.image_failures = 0;
         self.state = State::Running { started_at: now() };
@@ -248,6 +256,21 @@ impl Drop for ContainerRun {
     }
 }
 
+/// The reason a container's runtime reports for an exit.
+const OOM_KILLED: &str = "OOMKilled";
+
+/// A terminated state's reason as containerd gives it: `OOMKilled` for a failed run during
+/// which the OOM killer acted in the container's cgroup (it may have killed a child, whose
+/// shell then exits 137 itself), else `Completed` for 0 and `Error` for the rest, SIGKILL
+/// from anyone else included.
+pub fn terminated_reason(exit_code: i32, oom_killed: bool) -> &'static str {
+    match exit_code {
+        0 => "Completed",
+        _ if oom_killed => OOM_KILLED,
+        _ => "Error",
+    }
+}
+
 fn state_json(state: &State) -> Value {
     match state {
         State::Waiting { reason, message } => {
@@ -261,8 +284,14 @@ fn state_json(state: &State) -> Value {
             finished_at,
         } => {
             let (reason, message) = reason.split_once(": ").unwrap_or((reason, ""));
-            json!({"terminated": {"exitCode": exit_code, "reason": reason, "message": message,
-                "startedAt": started_at, "finishedAt": finished_at}})
+            let mut terminated = json!({"exitCode": exit_code, "reason": reason,
+                "message": message, "finishedAt": finished_at});
+            // A run that never started has no start time; an empty one is no timestamp,
+            // and clients (the kubelet's own list) refuse the whole pod over it.
+            if !started_at.is_empty() {
+                terminated["startedAt"] = json!(started_at);
+            }
+            json!({"terminated": terminated})
         }
     }
 }
@@ -296,6 +325,8 @@ pub struct PodRun {
     pub volumes: Option<std::collections::BTreeMap<String, PathBuf>>,
     /// The last FailedMount reason reported, so a retry does not repeat its event.
     pub mount_error: Option<String>,
+    /// How up to date its volumes' files are.
+    pub freshness: super::volumes::Freshness,
 }
 
 impl PodRun {
@@ -410,6 +441,7 @@ impl PodRun {
         // The command runs inside the container: its root, its volumes, its hosts file.
         let running = self.containers.iter().find(|c| c.spec.name == spec.name);
         let pid = running.and_then(|c| c.child.as_ref()).map(Child::id);
+        let cgroup = running.and_then(|c| c.cgroup.as_ref());
         let Some(pid) = pid else {
             return false;
         };
@@ -422,6 +454,7 @@ impl PodRun {
             uid,
             gid,
             groups: containers::groups_of(&self.pod),
+            cgroup,
             filesystem: containers::Filesystem::Enter(root),
         };
         let Some(program) = which(program, pid) else {
@@ -458,4 +491,41 @@ fn which(program: &str, pid: u32) -> Option<PathBuf> {
     std::env::split_paths(containers::DEFAULT_PATH)
         .map(|d| d.join(program))
         .find(|p| root.join(p.strip_prefix("/").unwrap_or(p)).is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_failed_run_with_an_oom_kill_is_oom_killed() {
+        assert_eq!(terminated_reason(137, true), "OOMKilled");
+        assert_eq!(terminated_reason(1, true), "OOMKilled");
+        assert_eq!(terminated_reason(137, false), "Error");
+        assert_eq!(terminated_reason(0, true), "Completed");
+        assert_eq!(terminated_reason(0, false), "Completed");
+    }
+
+    #[test]
+    fn a_sigkill_without_a_cgroup_is_an_error_137_and_restarts_after_the_back_off() {
+        let config = KubeletConfig::new(
+            super::super::images::ImageTable::with_defaults(std::path::Path::new(".")),
+            std::env::temp_dir(),
+        );
+        let spec: Container = serde_json::from_value(json!({"name": "c"})).expect("container");
+        let mut run = ContainerRun::new(spec, &config);
+        let child = std::process::Command::new("/bin/sh")
+            .args(["-c", "kill -9 $$"])
+            .spawn()
+            .expect("sh");
+        run.running(child, None);
+        while run.child.is_some() {
+            assert!(!run.reap("Always", &config), "no cgroup, so no OOM kill");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let status = run.status();
+        assert_eq!(status["state"]["terminated"]["exitCode"], 137);
+        assert_eq!(status["state"]["terminated"]["reason"], "Error");
+        assert!(!run.done && run.next_start > Instant::now());
+    }
 }

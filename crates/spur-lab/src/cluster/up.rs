@@ -190,6 +190,10 @@ fn kubelet_config(
     let mut config = KubeletConfig::new(images, dir.join("logs"));
     config.hosts_dir = Some(hosts_dir);
     config.claims_dir = claims_dir;
+    config.memory_cgroups = super::cgroup::MemoryCgroups::create(Default::default())
+        .map_err(|why| eprintln!("spur-sim cluster: memory limits are not enforced: {why}"))
+        .ok()
+        .map(Arc::new);
     let minting = api.clone();
     config.service_accounts = Some(ServiceAccountIssuer {
         token: Arc::new(move |namespace: &str, name: &str| {

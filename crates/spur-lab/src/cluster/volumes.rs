@@ -4,8 +4,10 @@
 //! ServiceAccount admission plugin adds to every pod, the service-account token, CA and
 //! namespace at `/var/run/secrets/kubernetes.io/serviceaccount`.
 //!
-//! Files are written once, at the pod's first start: a later change of a ConfigMap or
-//! Secret does not reach a running pod (a real kubelet refreshes them within a minute).
+//! Files are written at the pod's first start and brought up to date while it runs
+//! ([`keep_fresh`]), as the kubelet's periodic sync does: in place, one file at a time, so
+//! a container's bind of a volume's directory sees an edit, and a `subPath` bind of one of
+//! its files (a bind of the old file) does not, as in Kubernetes.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
@@ -15,8 +17,9 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, Container, KeyToPath, PersistentVolumeClaim, Pod, Secret, Volume,
 };
 
-use super::ServiceAccountIssuer;
 use super::mounts::Bind;
+use super::pod_state::PodRun;
+use super::{KubeletConfig, ServiceAccountIssuer};
 
 /// Where the ServiceAccount admission plugin mounts a pod's API credentials.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -94,9 +97,24 @@ async fn prepare_one(
         return bound_claim(sources, namespace, &claim.claim_name).await;
     }
     fresh_dir(&dir)?;
-    if volume.empty_dir.is_some() {
-        return Ok(dir);
+    match volume_files(sources, pod, namespace, volume).await? {
+        Some(files) => {
+            files.sync(&dir)?;
+        }
+        None if volume.empty_dir.is_some() => {}
+        None => return Err("only configMap, secret, downwardAPI, projected, emptyDir, hostPath and persistentVolumeClaim volumes are supported".into()),
     }
+    Ok(dir)
+}
+
+/// The files of a configMap, secret, downwardAPI or projected volume as its sources are
+/// now; `None` for a volume of another kind.
+async fn volume_files(
+    sources: &VolumeSources<'_>,
+    pod: &Pod,
+    namespace: &str,
+    volume: &Volume,
+) -> Result<Option<Files>, String> {
     let mut files = Files::default();
     if let Some(source) = &volume.config_map {
         let mode = source.default_mode;
@@ -127,10 +145,9 @@ async fn prepare_one(
     } else if let Some(source) = &volume.projected {
         files.add_projected(sources, pod, namespace, source).await?;
     } else {
-        return Err("only configMap, secret, downwardAPI, projected, emptyDir, hostPath and persistentVolumeClaim volumes are supported".into());
+        return Ok(None);
     }
-    files.write(&dir)?;
-    Ok(dir)
+    Ok(Some(files))
 }
 
 /// The files of a written volume: relative path, bytes, mode.
@@ -259,18 +276,128 @@ impl Files {
         Ok(())
     }
 
-    fn write(&self, dir: &Path) -> Result<(), String> {
+    /// Makes `dir` hold exactly these files: each one that differs written beside its
+    /// place and renamed over it (a reader sees the old file or the new, never half), and
+    /// the files no longer wanted removed. Whether anything changed.
+    fn sync(&self, dir: &Path) -> Result<bool, String> {
+        let mut changed = false;
         for (path, bytes, mode) in &self.0 {
             let file = dir.join(path);
+            let same = std::fs::read(&file).is_ok_and(|old| old == *bytes)
+                && std::fs::metadata(&file).is_ok_and(|m| m.permissions().mode() & 0o7777 == *mode);
+            if same {
+                continue;
+            }
             if let Some(parent) = file.parent() {
                 std::fs::create_dir_all(parent).map_err(|e| io_error(parent, e))?;
             }
-            std::fs::write(&file, bytes).map_err(|e| io_error(&file, e))?;
-            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(*mode))
-                .map_err(|e| io_error(&file, e))?;
+            replace_file(&file, bytes, *mode)?;
+            changed = true;
         }
-        Ok(())
+        let wanted: Vec<PathBuf> = self.0.iter().map(|(p, _, _)| dir.join(p)).collect();
+        changed |= remove_unwanted(dir, &wanted)?;
+        Ok(changed)
     }
+}
+
+/// `file` replaced whole by `bytes` with `mode`, through a temporary name a key cannot have
+/// (the API refuses keys that begin with `..`).
+fn replace_file(file: &Path, bytes: &[u8], mode: u32) -> Result<(), String> {
+    let name = file.file_name().unwrap_or_default().to_string_lossy();
+    let temporary = file.with_file_name(format!("..writing.{name}"));
+    std::fs::write(&temporary, bytes).map_err(|e| io_error(&temporary, e))?;
+    std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| io_error(&temporary, e))?;
+    std::fs::rename(&temporary, file).map_err(|e| io_error(file, e))
+}
+
+/// Removes the files under `dir` that are not `wanted`, and the directories that leaves
+/// empty (not `dir`). Whether it removed any.
+fn remove_unwanted(dir: &Path, wanted: &[PathBuf]) -> Result<bool, String> {
+    let mut removed = false;
+    for entry in std::fs::read_dir(dir)
+        .map_err(|e| io_error(dir, e))?
+        .flatten()
+    {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            removed |= remove_unwanted(&path, wanted)?;
+            // Only an empty one goes: a directory a wanted file is in stays.
+            removed |= std::fs::remove_dir(&path).is_ok();
+        } else if !wanted.contains(&path) {
+            std::fs::remove_file(&path).map_err(|e| io_error(&path, e))?;
+            removed = true;
+        }
+    }
+    Ok(removed)
+}
+
+/// When a running pod's volumes were last brought up to date, and the last reason they
+/// could not be, so it is reported once.
+#[derive(Debug, Default)]
+pub struct Freshness {
+    pub last: Option<std::time::Instant>,
+    pub error: Option<String>,
+}
+
+/// Brings a running pod's configMap, secret, downwardAPI and projected volumes up to date
+/// once each `volume_refresh`. A source that cannot be read (a ConfigMap deleted) leaves
+/// its files as they are, as the kubelet leaves them, and is reported once on stderr.
+pub async fn keep_fresh(client: &kube::Client, run: &mut PodRun, config: &KubeletConfig) {
+    let Some(paths) = &run.volumes else { return };
+    let freshness = &mut run.freshness;
+    if freshness
+        .last
+        .is_some_and(|t| t.elapsed() < config.volume_refresh)
+    {
+        return;
+    }
+    freshness.last = Some(std::time::Instant::now());
+    let sources = VolumeSources {
+        client,
+        pod_dir: &run.dir,
+        claims_dir: &config.claims_dir,
+        service_accounts: config.service_accounts.as_ref(),
+    };
+    let error = refresh(&sources, &run.pod, paths).await.err();
+    if error.is_some() && error != freshness.error {
+        let pod = format!("{}/{}", run.namespace, run.name);
+        eprintln!(
+            "kubelet: volumes of {pod}: {}",
+            error.as_deref().unwrap_or_default()
+        );
+    }
+    freshness.error = error;
+}
+
+/// One pass of [`keep_fresh`] over every volume; `Err` names the first that failed.
+async fn refresh(
+    sources: &VolumeSources<'_>,
+    pod: &Pod,
+    paths: &BTreeMap<String, PathBuf>,
+) -> Result<(), String> {
+    let spec = pod.spec.as_ref().ok_or("the pod has no spec")?;
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let fs_group = spec.security_context.as_ref().and_then(|s| s.fs_group);
+    let mut first_error = None;
+    for volume in spec.volumes.iter().flatten() {
+        let Some(dir) = paths.get(&volume.name) else {
+            continue;
+        };
+        let updated = match volume_files(sources, pod, namespace, volume).await {
+            Ok(Some(files)) => files.sync(dir),
+            Ok(None) => Ok(false),
+            Err(e) => Err(e),
+        };
+        let result = updated.and_then(|changed| match fs_group {
+            Some(gid) if changed => apply_fs_group(dir, gid as u32).map_err(|e| io_error(dir, e)),
+            _ => Ok(()),
+        });
+        if let Err(e) = result {
+            first_error.get_or_insert(format!("volume \"{}\": {e}", volume.name));
+        }
+    }
+    first_error.map_or(Ok(()), Err)
 }
 
 fn mode_of(item: Option<i32>, default_mode: Option<i32>) -> u32 {
@@ -300,7 +427,7 @@ fn write_service_account(
     files.push("token", token.into_bytes(), DEFAULT_MODE)?;
     files.push("ca.crt", issuer.ca_pem.clone().into_bytes(), DEFAULT_MODE)?;
     files.push("namespace", namespace.as_bytes().to_vec(), DEFAULT_MODE)?;
-    files.write(dir)
+    files.sync(dir).map(|_| ())
 }
 
 /// A ConfigMap's keys (`data` and `binaryData`) as bytes; `None` if it does not exist.
@@ -526,6 +653,40 @@ mod tests {
         }))
         .expect("container");
         assert!(binds_err(&stray, &volumes).contains("nope"));
+    }
+
+    #[test]
+    fn a_sync_rewrites_changed_files_in_place_and_drops_removed_keys() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = std::env::temp_dir().join(format!("spur-volume-sync-{}", std::process::id()));
+        fresh_dir(&dir).expect("dir");
+        let files = |entries: &[(&str, &str)]| {
+            let mut files = Files::default();
+            for (path, text) in entries {
+                files
+                    .push(path, text.as_bytes().to_vec(), 0o644)
+                    .expect("path");
+            }
+            files
+        };
+        let first = files(&[("greeting", "hello"), ("nested/old", "x")]);
+        assert!(first.sync(&dir).expect("first"));
+        let inode = std::fs::metadata(&dir).expect("dir").ino();
+        let pinned = std::fs::File::open(dir.join("greeting")).expect("a subPath's view");
+        assert!(!first.sync(&dir).expect("again"), "nothing changed");
+        assert!(files(&[("greeting", "goodbye")]).sync(&dir).expect("edit"));
+        let read = |p: &str| std::fs::read_to_string(dir.join(p)).ok();
+        assert_eq!(read("greeting").as_deref(), Some("goodbye"));
+        assert_eq!(read("nested/old"), None);
+        assert!(!dir.join("nested").exists(), "an emptied directory goes");
+        assert_eq!(
+            std::fs::metadata(&dir).expect("dir").ino(),
+            inode,
+            "in place"
+        );
+        let old = std::io::read_to_string(pinned).expect("old file");
+        assert_eq!(old, "hello", "a bind of the old file keeps the old content");
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 
     fn binds_err(container: &Container, volumes: &BTreeMap<String, PathBuf>) -> String {

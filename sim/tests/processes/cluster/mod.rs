@@ -4,6 +4,7 @@
 
 mod apply;
 mod ha;
+mod memory;
 mod network_policy;
 mod observe;
 mod strike;
@@ -157,6 +158,9 @@ impl Drop for ClusterProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Killed, the cluster could not remove its cgroups itself.
+        let cgroups = spur_lab::cluster::cgroup::CgroupConfig::default();
+        spur_lab::cluster::cgroup::remove_left_by(self.child.id(), &cgroups);
         // A failed case keeps its logs for the person reading the failure.
         if std::thread::panicking() {
             eprintln!("the cluster's files are kept in {}", self.dir.display());
