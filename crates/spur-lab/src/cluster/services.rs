@@ -1,8 +1,8 @@
 //! Services as kube-proxy makes them, in nftables of the cluster's network namespace: each
 //! Service with a clusterIP is DNATed to its ready endpoints, chosen at random per
 //! connection, and masqueraded, so the reply comes back through the node that translated
-//! it (no `br_netfilter` here: a pod answering a pod of its own bridge would otherwise skip
-//! the translation back). A clusterIP is given to each Service that lacks one, from
+//! it: a pod answering a pod of its own bridge would otherwise answer it directly, and
+//! the client would see an address it never called. A clusterIP is given to each Service that lacks one, from
 //! `10.96.0.0/16` (kubeadm's and kind's Service range), a pass after its creation, since the
 //! simulated API server allocates none.
 //!
