@@ -136,7 +136,11 @@ pub struct ExecSession {
 /// What answers for a pod's containers and ports.
 pub trait PodBackend: Send + Sync + 'static {
     /// The log of `target`'s started container.
-    fn log(&self, target: PodTarget, request: LogRequest) -> BoxFuture<'static, ApiResult<LogStream>>;
+    fn log(
+        &self,
+        target: PodTarget,
+        request: LogRequest,
+    ) -> BoxFuture<'static, ApiResult<LogStream>>;
     /// Runs a command in `target`'s running container.
     fn exec(
         &self,
@@ -160,7 +164,11 @@ pub trait PodBackend: Send + Sync + 'static {
 pub struct SimulatedPods;
 
 impl PodBackend for SimulatedPods {
-    fn log(&self, target: PodTarget, request: LogRequest) -> BoxFuture<'static, ApiResult<LogStream>> {
+    fn log(
+        &self,
+        target: PodTarget,
+        request: LogRequest,
+    ) -> BoxFuture<'static, ApiResult<LogStream>> {
         let text = target
             .container_spec()
             .map(pod_io::log_text)
@@ -210,7 +218,11 @@ impl PodBackend for SimulatedPods {
         Box::pin(async move { Err(no_process_backend(&target)) })
     }
 
-    fn dial(&self, target: PodTarget, _port: u16) -> BoxFuture<'static, ApiResult<BoxedConnection>> {
+    fn dial(
+        &self,
+        target: PodTarget,
+        _port: u16,
+    ) -> BoxFuture<'static, ApiResult<BoxedConnection>> {
         Box::pin(async move { Err(no_process_backend(&target)) })
     }
 }
@@ -222,4 +234,152 @@ fn no_process_backend(target: &PodTarget) -> ApiError {
         target.namespace(),
         target.name()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api_server::{ApiServer, ApiServerConfig};
+    use serde_json::json;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    fn server_with_pod() -> ApiServer {
+        let api = ApiServer::new(ApiServerConfig::default());
+        api.create(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}]}}))
+            .unwrap();
+        api
+    }
+
+    async fn get(client: &kube::Client, path: &str) -> Result<String, kube::Error> {
+        client
+            .request_text(http::Request::get(path).body(Vec::new()).unwrap())
+            .await
+    }
+
+    fn code(result: Result<String, kube::Error>) -> (u16, String) {
+        match result {
+            Err(kube::Error::Api(status)) => (status.code, status.message),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_simulated_pods_refuse_proxies_with_503() {
+        let api = server_with_pod();
+        let client = api.in_memory_client();
+        let (status, message) = code(
+            get(
+                &client,
+                "/api/v1/namespaces/default/pods/p:8080/proxy/metrics",
+            )
+            .await,
+        );
+        assert_eq!(status, 503);
+        assert!(message.contains("no process backend"), "{message}");
+        let (status, _) = code(get(&client, "/api/v1/namespaces/default/pods/nope/proxy/").await);
+        assert_eq!(status, 404);
+        let (status, message) = code(
+            get(
+                &client,
+                "/api/v1/namespaces/default/pods/https:p:8443/proxy/",
+            )
+            .await,
+        );
+        assert_eq!(status, 400, "{message}");
+    }
+
+    /// A backend whose every port answers HTTP with the path it was asked for.
+    struct EchoPods;
+
+    impl PodBackend for EchoPods {
+        fn log(&self, t: PodTarget, r: LogRequest) -> BoxFuture<'static, ApiResult<LogStream>> {
+            SimulatedPods.log(t, r)
+        }
+        fn exec(&self, t: PodTarget, r: ExecRequest) -> BoxFuture<'static, ApiResult<ExecSession>> {
+            SimulatedPods.exec(t, r)
+        }
+        fn port_forward(
+            &self,
+            t: PodTarget,
+            p: u16,
+        ) -> BoxFuture<'static, ApiResult<BoxedConnection>> {
+            self.dial(t, p)
+        }
+        fn dial(
+            &self,
+            target: PodTarget,
+            port: u16,
+        ) -> BoxFuture<'static, ApiResult<BoxedConnection>> {
+            let (ours, mut theirs) = tokio::io::duplex(4096);
+            let pod = target.name().to_owned();
+            tokio::spawn(async move {
+                let mut head = vec![0u8; 1024];
+                let n = theirs.read(&mut head).await.unwrap_or(0);
+                let line = String::from_utf8_lossy(&head[..n])
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                let body = format!("{pod}:{port} {line}");
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = theirs.write_all(answer.as_bytes()).await;
+            });
+            Box::pin(async move { Ok(Box::new(ours) as BoxedConnection) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_proxy_forwards_the_path_to_the_backends_connection() {
+        let api = server_with_pod();
+        api.set_pod_backend(Arc::new(EchoPods));
+        let client = api.in_memory_client();
+        let answer = get(
+            &client,
+            "/api/v1/namespaces/default/pods/p:http/proxy/metrics?x=1",
+        )
+        .await
+        .unwrap();
+        assert_eq!(answer, "p:8080 GET /metrics?x=1 HTTP/1.1");
+        let answer = get(&client, "/api/v1/namespaces/default/pods/p/proxy")
+            .await
+            .unwrap();
+        assert_eq!(answer, "p:8080 GET / HTTP/1.1");
+        api.create(json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "s", "namespace": "default"},
+            "spec": {"ports": [{"name": "web", "port": 80, "targetPort": "http"}]}}))
+            .unwrap();
+        let (status, message) =
+            code(get(&client, "/api/v1/namespaces/default/services/s:web/proxy/").await);
+        assert_eq!(status, 503);
+        assert!(message.contains("no endpoints available"), "{message}");
+        api.create(
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "s-1", "namespace": "default",
+                "labels": {"kubernetes.io/service-name": "s"}},
+            "addressType": "IPv4", "ports": [{"name": "web", "port": 8080}],
+            "endpoints": [{"addresses": ["10.0.0.9"], "conditions": {"ready": true},
+                "targetRef": {"kind": "Pod", "name": "p", "namespace": "default"}}]}),
+        )
+        .unwrap();
+        let answer = get(
+            &client,
+            "/api/v1/namespaces/default/services/s:web/proxy/readyz",
+        )
+        .await
+        .unwrap();
+        assert_eq!(answer, "p:8080 GET /readyz HTTP/1.1");
+        let (status, _) = code(
+            get(
+                &client,
+                "/api/v1/namespaces/default/services/s:other/proxy/",
+            )
+            .await,
+        );
+        assert_eq!(status, 503);
+    }
 }

@@ -32,7 +32,9 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
 use super::error::{ApiError, ApiResult};
-use super::pod_backend::{ExecExit, ExecRequest, ExecSession, InputStream, LogRequest, OutputStream, PodTarget};
+use super::pod_backend::{
+    ExecExit, ExecRequest, ExecSession, InputStream, LogRequest, OutputStream, PodTarget,
+};
 use super::server::Shared;
 
 /// The exec subprotocols served, preferred first (kube-client offers both).
@@ -269,7 +271,10 @@ pub(crate) fn switching_protocols(key: &HeaderValue, protocol: &str) -> Response
         .status(StatusCode::SWITCHING_PROTOCOLS)
         .header(header::CONNECTION, "Upgrade")
         .header(header::UPGRADE, "websocket")
-        .header(header::SEC_WEBSOCKET_ACCEPT, derive_accept_key(key.as_bytes()))
+        .header(
+            header::SEC_WEBSOCKET_ACCEPT,
+            derive_accept_key(key.as_bytes()),
+        )
         .header(header::SEC_WEBSOCKET_PROTOCOL, protocol)
         .body(Body::empty())
         .expect("a valid upgrade answer")
@@ -317,7 +322,11 @@ where
     }
     let exit = session.exit.await;
     let status = exit_status(&exit, argv).to_string();
-    if socket.send(channel_frame(3, status.as_bytes())).await.is_ok() {
+    if socket
+        .send(channel_frame(3, status.as_bytes()))
+        .await
+        .is_ok()
+    {
         let _ = socket.close(None).await;
         // Drain what the client still sends (its stdin close, its close reply).
         while let Some(Ok(_)) = socket.next().await {}

@@ -69,8 +69,11 @@ pub(crate) fn response(
 }
 
 /// One SPDY connection over the WebSocket, until either side ends it.
-async fn serve_tunnel<S>(socket: WebSocketStream<S>, target: PodTarget, backend: Arc<dyn PodBackend>)
-where
+async fn serve_tunnel<S>(
+    socket: WebSocketStream<S>,
+    target: PodTarget,
+    backend: Arc<dyn PodBackend>,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let (mut sink, mut source) = socket.split();
@@ -219,7 +222,10 @@ impl Streams {
     async fn finish(&self, error: Option<String>) {
         let _ = self.out.send(spdy::data(self.data, true, &[])).await;
         if let Some(message) = error {
-            let _ = self.out.send(spdy::data(self.error, false, message.as_bytes())).await;
+            let _ = self
+                .out
+                .send(spdy::data(self.error, false, message.as_bytes()))
+                .await;
         }
         let _ = self.out.send(spdy::data(self.error, true, &[])).await;
     }

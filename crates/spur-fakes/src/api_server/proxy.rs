@@ -103,7 +103,10 @@ pub(crate) async fn proxy_response(
         (p, None) => p.to_owned(),
         (p, Some(q)) => format!("{p}?{q}"),
     };
-    let address = format!("{}:{port}", pod["status"]["podIP"].as_str().unwrap_or_default());
+    let address = format!(
+        "{}:{port}",
+        pod["status"]["podIP"].as_str().unwrap_or_default()
+    );
     let target = PodTarget::new(shared.clone(), pod, String::new());
     let connection = shared.pod_backend().dial(target, port).await?;
     forward(connection, req, &path, &address).await
@@ -162,7 +165,10 @@ fn service_endpoint(
         };
         (service, slices)
     };
-    let ports = service["spec"]["ports"].as_array().cloned().unwrap_or_default();
+    let ports = service["spec"]["ports"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let chosen = ports
         .iter()
         .find(|p| {
@@ -250,7 +256,12 @@ async fn forward(
         .map_err(|_| failed(&format!("no answer within {RESPONSE_HEAD_TIMEOUT:?}")))?
         .map_err(|e| failed(&e))?;
     let (mut parts, body) = answer.into_parts();
-    let relayed: Vec<HeaderName> = parts.headers.keys().filter(|n| hop_by_hop(n)).cloned().collect();
+    let relayed: Vec<HeaderName> = parts
+        .headers
+        .keys()
+        .filter(|n| hop_by_hop(n))
+        .cloned()
+        .collect();
     for name in relayed {
         parts.headers.remove(name);
     }

@@ -85,7 +85,8 @@ impl Codec {
         }
         let first = u32::from_be_bytes(self.buffer[0..4].try_into().expect("four bytes"));
         let flags = self.buffer[4];
-        let length = u32::from_be_bytes([0, self.buffer[5], self.buffer[6], self.buffer[7]]) as usize;
+        let length =
+            u32::from_be_bytes([0, self.buffer[5], self.buffer[6], self.buffer[7]]) as usize;
         if length > MAX_FRAME {
             return Err(SpdyError(format!("a frame of {length} bytes")));
         }
@@ -264,16 +265,71 @@ fn dictionary() -> Vec<u8> {
 /// The words of SPDY/3's header dictionary, each written into it after its length (four
 /// bytes, big-endian).
 const DICTIONARY_WORDS: &[&str] = &[
-    "options", "head", "post", "put", "delete", "trace", "accept", "accept-charset",
-    "accept-encoding", "accept-language", "accept-ranges", "age", "allow", "authorization",
-    "cache-control", "connection", "content-base", "content-encoding", "content-language",
-    "content-length", "content-location", "content-md5", "content-range", "content-type",
-    "date", "etag", "expect", "expires", "from", "host", "if-match", "if-modified-since",
-    "if-none-match", "if-range", "if-unmodified-since", "last-modified", "location",
-    "max-forwards", "pragma", "proxy-authenticate", "proxy-authorization", "range", "referer",
-    "retry-after", "server", "te", "trailer", "transfer-encoding", "upgrade", "user-agent",
-    "vary", "via", "warning", "www-authenticate", "method", "get", "status", "200 OK",
-    "version", "HTTP/1.1", "url", "public", "set-cookie", "keep-alive", "origin",
+    "options",
+    "head",
+    "post",
+    "put",
+    "delete",
+    "trace",
+    "accept",
+    "accept-charset",
+    "accept-encoding",
+    "accept-language",
+    "accept-ranges",
+    "age",
+    "allow",
+    "authorization",
+    "cache-control",
+    "connection",
+    "content-base",
+    "content-encoding",
+    "content-language",
+    "content-length",
+    "content-location",
+    "content-md5",
+    "content-range",
+    "content-type",
+    "date",
+    "etag",
+    "expect",
+    "expires",
+    "from",
+    "host",
+    "if-match",
+    "if-modified-since",
+    "if-none-match",
+    "if-range",
+    "if-unmodified-since",
+    "last-modified",
+    "location",
+    "max-forwards",
+    "pragma",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "range",
+    "referer",
+    "retry-after",
+    "server",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "user-agent",
+    "vary",
+    "via",
+    "warning",
+    "www-authenticate",
+    "method",
+    "get",
+    "status",
+    "200 OK",
+    "version",
+    "HTTP/1.1",
+    "url",
+    "public",
+    "set-cookie",
+    "keep-alive",
+    "origin",
 ];
 
 /// The dictionary's text after its words: status lines, dates, media types.
@@ -334,13 +390,19 @@ mod tests {
         codec.feed(&syn_stream(1, &first));
         codec.feed(&syn_stream(3, &second)[..10]);
         let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
-            list.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+            list.iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
         };
         assert_eq!(
             codec.next_frame().unwrap(),
             Some(Frame::SynStream {
                 stream: 1,
-                headers: pairs(&[("port", "8080"), ("requestid", "0"), ("streamtype", "error")])
+                headers: pairs(&[
+                    ("port", "8080"),
+                    ("requestid", "0"),
+                    ("streamtype", "error")
+                ])
             })
         );
         assert_eq!(codec.next_frame().unwrap(), None, "half a frame waits");

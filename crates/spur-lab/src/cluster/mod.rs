@@ -11,6 +11,7 @@
 //!   cluster's hosts file;
 //! - [`volumes`]: a pod's volumes made on the host (configMap, secret, emptyDir, claims,
 //!   hostPath, projected, the service-account credentials);
+//! - [`pod_io`]: the pods' log, exec, port-forward and proxy, as the API server serves them;
 //! - [`kubelet`]: the loop that reads the API server and drives all of the above;
 //! - [`dns`], [`claims`], [`services`]: the cluster's DNS as hosts files, claims bound to
 //!   directories and `default` ServiceAccounts, Services' clusterIPs as kube-proxy's rules;
@@ -27,6 +28,7 @@ pub mod dns;
 pub mod images;
 pub mod kubelet;
 pub mod mounts;
+pub mod pod_io;
 pub mod pod_net;
 pub mod pod_state;
 pub mod probes;
@@ -112,6 +114,9 @@ pub struct KubeletConfig {
     /// Issues the tokens of service-account volumes and the automatic credentials, and
     /// tells pods where the API server is; `None`: pods get no credentials.
     pub service_accounts: Option<ServiceAccountIssuer>,
+    /// Where the kubelet records each running container's process, for exec and
+    /// port-forward ([`pod_io`]); clones share it, so every node's kubelet fills in one.
+    pub processes: pod_io::ContainerProcesses,
 }
 
 /// The token issuer and the API server's address a pod is given.
@@ -157,6 +162,7 @@ impl KubeletConfig {
             hosts_dir: None,
             claims_dir,
             service_accounts: None,
+            processes: pod_io::ContainerProcesses::default(),
         }
     }
 }

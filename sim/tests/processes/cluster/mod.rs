@@ -2,6 +2,7 @@
 //! against the kubeconfig it prints, and the cluster stopped with SIGTERM, leaving no
 //! process behind. The cases are in the modules below; this one holds what they share.
 mod apply;
+mod pod_io;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
