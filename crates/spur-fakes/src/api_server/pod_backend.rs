@@ -252,6 +252,15 @@ mod tests {
         api
     }
 
+    /// A client that hears a 503 at once (kube's default transport retries it).
+    fn client(api: &ApiServer) -> kube::Client {
+        api.in_memory_client_with(&crate::api_server::ClientOptions {
+            bearer_token: Some(api.admin_token()),
+            retry_server_errors: false,
+            ..crate::api_server::ClientOptions::default()
+        })
+    }
+
     async fn get(client: &kube::Client, path: &str) -> Result<String, kube::Error> {
         client
             .request_text(http::Request::get(path).body(Vec::new()).unwrap())
@@ -268,7 +277,7 @@ mod tests {
     #[tokio::test]
     async fn the_simulated_pods_refuse_proxies_with_503() {
         let api = server_with_pod();
-        let client = api.in_memory_client();
+        let client = client(&api);
         let (status, message) = code(
             get(
                 &client,
@@ -337,7 +346,7 @@ mod tests {
     async fn a_proxy_forwards_the_path_to_the_backends_connection() {
         let api = server_with_pod();
         api.set_pod_backend(Arc::new(EchoPods));
-        let client = api.in_memory_client();
+        let client = client(&api);
         let answer = get(
             &client,
             "/api/v1/namespaces/default/pods/p:http/proxy/metrics?x=1",
