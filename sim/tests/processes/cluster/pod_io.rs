@@ -184,7 +184,7 @@ fn port_forward_reaches_the_operator(cluster: &ClusterProcess, operator: &str) {
         .spawn()
         .expect("start kubectl port-forward");
     let port = first_forwarded_port(&mut forward);
-    let answer = port.map(|port| get_healthz(port));
+    let answer = port.map(get_healthz);
     let _ = forward.kill();
     let _ = forward.wait();
     let answer = answer.expect("kubectl port-forward printed its local port");
