@@ -49,7 +49,7 @@ fn kubectl_logs_exec_proxy_and_port_forward_reach_the_process_pods() {
         "spur-system",
         "app.kubernetes.io/name=spur-operator",
     );
-    ready_pod(&cluster, "spur", "app.kubernetes.io/name=spurctld");
+    running(&cluster, "spur", "spurctld-0");
 
     logs_are_the_containers_output(&cluster, &operator);
     exec_runs_inside_the_pod(&cluster);
@@ -76,6 +76,30 @@ fn ready_pod(cluster: &ClusterProcess, namespace: &str, selector: &str) -> Strin
     }
     panic!(
         "no pod of {selector} in {namespace} is Ready\n{}",
+        cluster.diagnose()
+    );
+}
+
+/// Waits for pod `name` to run (an exec needs no readiness).
+fn running(cluster: &ClusterProcess, namespace: &str, name: &str) {
+    let deadline = Instant::now() + READY_WITHIN;
+    while Instant::now() < deadline {
+        let (_, phase) = cluster.kubectl(&[
+            "get",
+            "pod",
+            "-n",
+            namespace,
+            name,
+            "-o",
+            "jsonpath={.status.phase}",
+        ]);
+        if phase.trim() == "Running" {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    panic!(
+        "pod {namespace}/{name} is not Running\n{}",
         cluster.diagnose()
     );
 }
