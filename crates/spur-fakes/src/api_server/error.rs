@@ -132,6 +132,17 @@ impl ApiError {
         )
     }
 
+    /// 503 with the server's own words: what a proxy or port-forward answers when it cannot
+    /// reach the pod (no endpoint, no backend that runs processes, a refused connect).
+    pub fn service_unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, "ServiceUnavailable", message)
+    }
+
+    /// 500: the pod backend failed in a way the request did not cause.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, "InternalError", message)
+    }
+
     /// The `Status` object a real API server sends for this error.
     pub fn to_status(&self) -> Value {
         let mut status = json!({

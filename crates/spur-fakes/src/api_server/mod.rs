@@ -27,7 +27,9 @@
 //!   are deleted at once (the garbage collector without its delay); no foreground deletion;
 //! - list pages after the first are read from the current state (their resourceVersion is
 //!   the first page's, so a watch from it replays what changed meanwhile);
-//! - a pod's log and exec come from its spec ([`pod_io`]: `SIM_STDOUT`, a tiny shell);
+//! - a pod's log and exec come from its spec ([`pod_io`]: `SIM_STDOUT`, a tiny shell), and
+//!   port-forward and proxy are refused with 503, unless a [`pod_backend::PodBackend`]
+//!   whose pods are processes is set;
 //! - `dryRun` is refused; the OpenAPI v2 document is empty (kubectl validates nothing);
 //!   watches ignore `as=Table`.
 
@@ -41,13 +43,17 @@ mod event_view;
 pub mod faults;
 pub mod install;
 pub mod patch;
+pub mod pod_backend;
 pub mod pod_io;
+mod port_forward;
+mod proxy;
 pub mod rbac;
 pub mod resources;
 pub mod scale;
 pub mod seed;
 pub mod selectors;
 mod server;
+mod spdy;
 pub mod store;
 pub mod tls;
 pub mod transport;
@@ -58,5 +64,6 @@ pub use access::{Authorization, Denial};
 pub use client::{ClientOptions, client_over, client_over_with};
 pub use error::{ApiError, ApiResult};
 pub use faults::{CutKind, Faults, OutageMode};
+pub use pod_backend::{PodBackend, SimulatedPods};
 pub use server::{ApiServer, ApiServerConfig};
 pub use writes::{WriteMethod, WriteRecord};

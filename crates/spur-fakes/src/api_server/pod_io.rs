@@ -1,19 +1,21 @@
-//! A pod's log (`pods/log`) and exec (`pods/exec`) subresources, for the simulated pods.
+//! A pod's log (`pods/log`) and exec (`pods/exec`) subresources: the checks and protocols
+//! of a real API server, in front of the server's [`super::pod_backend::PodBackend`].
 //!
-//! A simulated container runs nothing, so what it prints is decided by its spec, which
-//! keeps both answers a function of the pod object (deterministic, no side store):
-//! - its log, once it started, is its `SIM_STDOUT` variable and a newline; with
-//!   `follow=true` the answer stays open until the container ends or the pod goes;
-//! - an exec runs in a tiny shell: `echo WORDS` prints them, `printenv NAME` prints the
-//!   container's variable (exit 1 if unset), `sh -c 'exit N'` exits N, `true`/`false`;
-//!   anything else is "command not found", exit 127. It answers over a WebSocket in
-//!   Kubernetes' channel protocol (v5, else v4), as a real API server relays the kubelet.
+//! - a log, once its container started, is the backend's bytes: whole when complete (not
+//!   followed, or the pod ended), streamed while `follow=true`;
+//! - an exec answers over a WebSocket in Kubernetes' channel protocol (v5, else v4), as a
+//!   real API server relays the kubelet: stdin on channel 0, stdout on 1, stderr on 2, and
+//!   the exit `Status` on 3, which carries a non-zero code as `kubectl exec` reads it.
+//!
+//! The simulated pods' answers come from their spec (see [`run`]): a log is the
+//! container's `SIM_STDOUT` variable and a newline; an exec runs in a tiny shell: `echo
+//! WORDS` prints them, `printenv NAME` prints the container's variable (exit 1 if unset),
+//! `sh -c 'exit N'` exits N, `true`/`false`; anything else is "command not found", exit 127.
 //!
 //! The refusals are a real API server's: 404 for a missing pod, 400 for an unknown
 //! container, for a container that has not started, and for exec into a finished pod.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -23,20 +25,25 @@ use futures::{SinkExt, StreamExt};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
 
 use super::error::{ApiError, ApiResult};
+use super::pod_backend::{
+    ExecExit, ExecRequest, ExecSession, InputStream, LogRequest, OutputStream, PodTarget,
+};
 use super::server::Shared;
 
-/// How often a followed log looks for the container's end.
-const FOLLOW_POLL: Duration = Duration::from_millis(100);
 /// The exec subprotocols served, preferred first (kube-client offers both).
 const PROTOCOLS: [&str; 2] = ["v5.channel.k8s.io", "v4.channel.k8s.io"];
+/// The most bytes of a command's output one message carries (a real kubelet's buffer).
+const RELAY_CHUNK: usize = 32 * 1024;
 
-/// `(namespace, pod, subresource)` when `segments` name a pod's log or exec.
+/// `(namespace, pod, subresource)` when `segments` name a pod's log, exec or portforward.
 pub(crate) fn pod_subresource<'a>(segments: &[&'a str]) -> Option<(&'a str, &'a str, &'a str)> {
     match segments {
         [
@@ -46,13 +53,13 @@ pub(crate) fn pod_subresource<'a>(segments: &[&'a str]) -> Option<(&'a str, &'a 
             ns,
             "pods",
             name,
-            sub @ ("log" | "exec"),
+            sub @ ("log" | "exec" | "portforward"),
         ] => Some((ns, name, sub)),
         _ => None,
     }
 }
 
-fn pod(shared: &Shared, namespace: &str, name: &str) -> ApiResult<Arc<Value>> {
+pub(crate) fn pod(shared: &Shared, namespace: &str, name: &str) -> ApiResult<Arc<Value>> {
     let store = shared.store.lock().expect("store lock");
     let rt = store
         .type_for("v1", "Pod")
@@ -106,7 +113,7 @@ fn started(status: Option<&Value>) -> bool {
     })
 }
 
-fn finished(pod: &Value) -> bool {
+pub(crate) fn finished(pod: &Value) -> bool {
     matches!(
         pod["status"]["phase"].as_str(),
         Some("Succeeded" | "Failed")
@@ -114,19 +121,21 @@ fn finished(pod: &Value) -> bool {
 }
 
 /// The log of a started container.
-fn log_text(container: &Value) -> String {
+pub(crate) fn log_text(container: &Value) -> String {
     env_value(container, "SIM_STDOUT")
         .map(|out| format!("{out}\n"))
         .unwrap_or_default()
 }
 
-/// `GET .../pods/NAME/log[?container=C&follow=true]`.
-pub(crate) fn log_response(
+/// `GET .../pods/NAME/log[?container=C&follow=true&tailLines=N&previous=true]`: the
+/// backend's bytes, whole when the log is complete (not followed, or the pod ended),
+/// streamed while followed.
+pub(crate) async fn log_response(
     shared: Arc<Shared>,
     namespace: &str,
     name: &str,
     container_param: Option<&str>,
-    follow: bool,
+    request: LogRequest,
 ) -> ApiResult<Response> {
     let object = pod(&shared, namespace, name)?;
     let (spec, status) = container(&object, container_param)?;
@@ -136,25 +145,20 @@ pub(crate) fn log_response(
             "container \"{container_name}\" in pod \"{name}\" is waiting to start: ContainerCreating"
         )));
     }
-    let text = log_text(spec);
+    let complete = !request.follow || finished(&object);
+    let target = PodTarget::new(shared.clone(), object, container_name);
+    let stream = shared.pod_backend().log(target, request).await?;
     let plain = [(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"))];
-    if !follow || finished(&object) {
-        return Ok((plain, text).into_response());
+    if complete {
+        let chunks: Vec<Bytes> = stream
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<std::io::Result<_>>()
+            .map_err(|e| ApiError::internal(format!("reading the log of {name}: {e}")))?;
+        return Ok((plain, chunks.concat()).into_response());
     }
-    // Followed: the text now, then the end of the answer once the container ended.
-    let (namespace, name) = (namespace.to_owned(), name.to_owned());
-    let ended = async move {
-        loop {
-            tokio::time::sleep(FOLLOW_POLL).await;
-            match pod(&shared, &namespace, &name) {
-                Ok(object) if !finished(&object) => continue,
-                _ => return,
-            }
-        }
-    };
-    let body = futures::stream::once(async move { Ok::<_, std::io::Error>(Bytes::from(text)) })
-        .chain(futures::stream::once(ended).filter_map(|()| async { None }));
-    Ok((plain, Body::from_stream(body)).into_response())
+    Ok((plain, Body::from_stream(stream)).into_response())
 }
 
 /// What a command run in a simulated container prints and how it exits.
@@ -213,25 +217,29 @@ pub fn run(argv: &[String], container: &Value) -> ExecOutcome {
 }
 
 /// The `Status` a real API server sends on the exec's error channel.
-fn exit_status(outcome: &ExecOutcome, argv: &[String]) -> Value {
-    if outcome.exit_code == 0 {
-        return json!({"metadata": {}, "status": "Success"});
-    }
+fn exit_status(exit: &ExecExit, argv: &[String]) -> Value {
+    let code = match exit {
+        ExecExit::Code(0) => return json!({"metadata": {}, "status": "Success"}),
+        ExecExit::Code(code) => *code,
+        ExecExit::Failed(message) => {
+            return json!({"metadata": {}, "status": "Failure", "message": message,
+                "reason": "InternalError"});
+        }
+    };
     json!({
         "metadata": {},
         "status": "Failure",
         "message": format!(
-            "command terminated with non-zero exit code: error executing command {argv:?}, exit code {}",
-            outcome.exit_code
+            "command terminated with non-zero exit code: error executing command {argv:?}, exit code {code}"
         ),
         "reason": "NonZeroExitCode",
-        "details": {"causes": [{"reason": "ExitCode", "message": outcome.exit_code.to_string()}]},
+        "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]},
     })
 }
 
-/// `GET|POST .../pods/NAME/exec?command=..&container=..&stdout=true&stderr=true`, upgraded
-/// to a WebSocket.
-pub(crate) fn exec_response(
+/// `GET|POST .../pods/NAME/exec?command=..&container=..&stdin=..&stdout=..&stderr=..`,
+/// upgraded to a WebSocket: the backend's command, relayed in the channel protocol.
+pub(crate) async fn exec_response(
     shared: Arc<Shared>,
     namespace: &str,
     name: &str,
@@ -240,44 +248,121 @@ pub(crate) fn exec_response(
     let query = ExecQuery::of(req.uri());
     let object = pod(&shared, namespace, name)?;
     let (spec, status) = container(&object, query.container.as_deref())?;
-    check_exec(&object, spec, status, &query.argv)?;
-    let (key, protocol) = websocket_upgrade(req.headers())?;
-    let outcome = run(&query.argv, spec);
-    let frames = exec_frames(&outcome, &exit_status(&outcome, &query.argv), &query);
+    check_exec(&object, spec, status, &query.request.command)?;
+    let (key, protocol) = websocket_upgrade(req.headers(), &PROTOCOLS)?;
+    let container_name = spec["name"].as_str().unwrap_or_default().to_owned();
+    let target = PodTarget::new(shared.clone(), object, container_name);
+    let argv = query.request.command.clone();
+    let session = shared.pod_backend().exec(target, query.request).await?;
     let upgraded = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         let Ok(upgraded) = upgraded.await else {
             return;
         };
-        let mut socket =
+        let socket =
             WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
-        for message in frames {
-            if socket.send(message).await.is_err() {
-                return;
-            }
-        }
-        let _ = socket.close(None).await;
-        // Drain what the client still sends (its stdin close, its close reply).
-        while let Some(Ok(_)) = socket.next().await {}
+        relay_exec(socket, session, &argv).await;
     });
-    let accept = derive_accept_key(key.as_bytes());
-    Ok(Response::builder()
+    Ok(switching_protocols(&key, protocol))
+}
+
+/// The `101 Switching Protocols` answer accepting WebSocket `key` with `protocol`.
+pub(crate) fn switching_protocols(key: &HeaderValue, protocol: &str) -> Response {
+    Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
         .header(header::CONNECTION, "Upgrade")
         .header(header::UPGRADE, "websocket")
-        .header(header::SEC_WEBSOCKET_ACCEPT, accept)
+        .header(
+            header::SEC_WEBSOCKET_ACCEPT,
+            derive_accept_key(key.as_bytes()),
+        )
         .header(header::SEC_WEBSOCKET_PROTOCOL, protocol)
         .body(Body::empty())
-        .expect("a valid upgrade answer"))
+        .expect("a valid upgrade answer")
+}
+
+/// One read of an optional output; never ready once it is gone.
+async fn read_some(output: &mut Option<OutputStream>, buf: &mut [u8]) -> std::io::Result<usize> {
+    match output {
+        Some(reader) => reader.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Relays a command's session: stdout on channel 1 and stderr on 2 as they come (stdout
+/// first when both are ready, so a simulated answer's frames keep their order), the
+/// client's channel 0 to stdin (v5's close of channel 0 closes it), then the exit status on
+/// the error channel, 3, once both outputs ended.
+async fn relay_exec<S>(mut socket: WebSocketStream<S>, mut session: ExecSession, argv: &[String])
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (mut out_buf, mut err_buf) = (vec![0u8; RELAY_CHUNK], vec![0u8; RELAY_CHUNK]);
+    let mut client_open = true;
+    while session.stdout.is_some() || session.stderr.is_some() {
+        tokio::select! {
+            biased;
+            read = read_some(&mut session.stdout, &mut out_buf) => match read {
+                Ok(n) if n > 0 => {
+                    if socket.send(channel_frame(1, &out_buf[..n])).await.is_err() { return; }
+                }
+                _ => session.stdout = None,
+            },
+            read = read_some(&mut session.stderr, &mut err_buf) => match read {
+                Ok(n) if n > 0 => {
+                    if socket.send(channel_frame(2, &err_buf[..n])).await.is_err() { return; }
+                }
+                _ => session.stderr = None,
+            },
+            message = socket.next(), if client_open => match message {
+                Some(Ok(message)) => client_input(&mut session.stdin, message).await,
+                // The client went away: nobody reads the answer.
+                _ => client_open = false,
+            },
+        }
+    }
+    let exit = session.exit.await;
+    let status = exit_status(&exit, argv).to_string();
+    if socket
+        .send(channel_frame(3, status.as_bytes()))
+        .await
+        .is_ok()
+    {
+        let _ = socket.close(None).await;
+        // Drain what the client still sends (its stdin close, its close reply).
+        while let Some(Ok(_)) = socket.next().await {}
+    }
+}
+
+/// A client's message during an exec: stdin bytes (channel 0) written to the command, or
+/// v5's close of a channel (255, then the channel), which for 0 closes the command's stdin.
+/// Terminal resizes (channel 4) are ignored: no exec here has a terminal.
+async fn client_input(stdin: &mut Option<InputStream>, message: Message) {
+    let Message::Binary(data) = message else {
+        return;
+    };
+    match data.split_first() {
+        Some((0, bytes)) => {
+            if let Some(writer) = stdin
+                && (writer.write_all(bytes).await.is_err() || writer.flush().await.is_err())
+            {
+                *stdin = None;
+            }
+        }
+        Some((255, [0])) => {
+            if let Some(mut writer) = stdin.take() {
+                let _ = writer.shutdown().await;
+            }
+        }
+        _ => {}
+    }
 }
 
 /// An exec's query: the command (`command` repeats, one word each), the container, and
-/// which output streams the client wants.
+/// which streams the client attached.
 struct ExecQuery {
-    argv: Vec<String>,
+    request: ExecRequest,
     container: Option<String>,
-    stdout: bool,
-    stderr: bool,
 }
 
 impl ExecQuery {
@@ -290,7 +375,7 @@ impl ExecQuery {
                     .collect()
             })
             .unwrap_or_default();
-        let argv: Vec<String> = pairs
+        let command: Vec<String> = pairs
             .iter()
             .filter(|(k, _)| k == "command")
             .map(|(_, v)| v.clone())
@@ -305,10 +390,14 @@ impl ExecQuery {
                 .any(|(k, v)| k == key && matches!(v.as_str(), "true" | "1"))
         };
         Self {
-            argv,
+            request: ExecRequest {
+                command,
+                stdin: wants("stdin"),
+                stdout: wants("stdout"),
+                stderr: wants("stderr"),
+                tty: wants("tty"),
+            },
             container,
-            stdout: wants("stdout"),
-            stderr: wants("stderr"),
         }
     }
 }
@@ -341,48 +430,42 @@ fn check_exec(
     Ok(())
 }
 
-/// The WebSocket key and the channel subprotocol chosen, when the request is a WebSocket
-/// upgrade offering one we serve; 400 otherwise.
-fn websocket_upgrade(headers: &HeaderMap) -> ApiResult<(HeaderValue, &'static str)> {
+/// The WebSocket key and the subprotocol chosen (the first of `served` the client offers),
+/// when the request is a WebSocket upgrade offering one; 400 otherwise.
+pub(crate) fn websocket_upgrade(
+    headers: &HeaderMap,
+    served: &[&'static str],
+) -> ApiResult<(HeaderValue, &'static str)> {
     let upgrade = headers
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
     let key = headers.get(header::SEC_WEBSOCKET_KEY).cloned();
     let offered: Vec<String> = headers
-        .get(header::SEC_WEBSOCKET_PROTOCOL)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.split(',').map(|p| p.trim().to_owned()).collect())
-        .unwrap_or_default();
-    let protocol = PROTOCOLS
-        .into_iter()
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|p| p.trim().to_owned()))
+        .collect();
+    let protocol = served
+        .iter()
+        .copied()
         .find(|p| offered.iter().any(|o| o == p));
     let (Some(key), true, Some(protocol)) = (key, upgrade, protocol) else {
-        return Err(ApiError::bad_request(
-            "exec needs a WebSocket upgrade offering v5.channel.k8s.io or v4.channel.k8s.io",
-        ));
+        return Err(ApiError::bad_request(format!(
+            "this subresource needs a WebSocket upgrade offering one of {}",
+            served.join(", ")
+        )));
     };
     Ok((key, protocol))
 }
 
-/// The exec's answer in the channel protocol: stdout on channel 1 and stderr on 2 when
-/// wanted and not empty, then the exit `status` on the error channel, 3.
-fn exec_frames(outcome: &ExecOutcome, status: &Value, query: &ExecQuery) -> Vec<Message> {
-    let frame = |channel: u8, data: &[u8]| {
-        let mut bytes = Vec::with_capacity(data.len() + 1);
-        bytes.push(channel);
-        bytes.extend_from_slice(data);
-        Message::binary(bytes)
-    };
-    let mut frames = Vec::new();
-    if query.stdout && !outcome.stdout.is_empty() {
-        frames.push(frame(1, outcome.stdout.as_bytes()));
-    }
-    if query.stderr && !outcome.stderr.is_empty() {
-        frames.push(frame(2, outcome.stderr.as_bytes()));
-    }
-    frames.push(frame(3, status.to_string().as_bytes()));
-    frames
+/// One message of the channel protocol: the channel's byte, then the data.
+pub(crate) fn channel_frame(channel: u8, data: &[u8]) -> Message {
+    let mut bytes = Vec::with_capacity(data.len() + 1);
+    bytes.push(channel);
+    bytes.extend_from_slice(data);
+    Message::binary(bytes)
 }
 
 #[cfg(test)]
@@ -413,19 +496,13 @@ mod tests {
 
     #[test]
     fn a_failed_command_carries_its_exit_code_as_a_real_server_does() {
-        let failed = exit_status(
-            &ExecOutcome {
-                exit_code: 3,
-                ..ExecOutcome::default()
-            },
-            &argv(&["x"]),
-        );
+        let failed = exit_status(&ExecExit::Code(3), &argv(&["x"]));
         assert_eq!(failed["reason"], "NonZeroExitCode");
         assert_eq!(
             failed["details"]["causes"][0],
             json!({"reason": "ExitCode", "message": "3"})
         );
-        let ok = exit_status(&ExecOutcome::default(), &argv(&["x"]));
+        let ok = exit_status(&ExecExit::Code(0), &argv(&["x"]));
         assert_eq!(ok["status"], "Success");
     }
 }

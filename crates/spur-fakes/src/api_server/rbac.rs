@@ -58,8 +58,10 @@ pub struct Attributes {
 
 impl Attributes {
     /// The attributes of `method path?query`; `upgrade` when the request asks to switch to
-    /// a WebSocket, which makes a `pods/exec` GET a `create` (as newer Kubernetes releases
-    /// authorise it, and as SPDY's POST always was; older ones authorised it as `get`).
+    /// a WebSocket, which makes a `pods/exec`, `pods/attach` or `pods/portforward` GET a
+    /// `create` (as newer Kubernetes releases authorise it, and as SPDY's POST always was;
+    /// older ones authorised it as `get`). A proxy's verb is its method's (`get` for GET),
+    /// its name the path's `name[:port]`, as Kubernetes' request info reads it.
     pub fn of_request(
         method: &str,
         path: &str,
@@ -84,7 +86,8 @@ impl Attributes {
             [] => ("", "", ""),
         };
         let mut name = name.to_owned();
-        let verb = verb_of(method, &name, query, upgrade && subresource == "exec");
+        let streaming = matches!(subresource, "exec" | "attach" | "portforward");
+        let verb = verb_of(method, &name, query, upgrade && streaming);
         if name.is_empty() && matches!(verb, "list" | "watch") {
             // A list or watch of one object by field selector is authorised as that name.
             name = field_selected_name(query).unwrap_or_default();

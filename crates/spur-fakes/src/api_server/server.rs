@@ -39,7 +39,8 @@ use super::{
     event_view,
     faults::{CutKind, Faults},
     patch::{PatchKind, parse_patch_body},
-    pod_io, rbac,
+    pod_backend::{LogRequest, PodBackend, SimulatedPods},
+    pod_io, port_forward, proxy, rbac,
     resources::{ResourceKey, ResourceType},
     seed,
     selectors::{FieldSelector, Filter, LabelSelector},
@@ -78,6 +79,14 @@ pub(crate) struct Shared {
     pub(crate) tokens: Mutex<Tokens>,
     /// Requests refused with 401 or 403, in order.
     pub(crate) denials: Mutex<Vec<Denial>>,
+    /// What answers for pods' logs, execs, port-forwards and proxies.
+    pub(crate) pod_backend: std::sync::RwLock<Arc<dyn PodBackend>>,
+}
+
+impl Shared {
+    pub(crate) fn pod_backend(&self) -> Arc<dyn PodBackend> {
+        self.pod_backend.read().expect("pod backend lock").clone()
+    }
 }
 
 /// The host a connection came from, handed to every request on it.
@@ -130,6 +139,7 @@ impl ApiServer {
                 anonymous: config.anonymous,
                 tokens: Mutex::new(Tokens::default()),
                 denials: Mutex::new(Vec::new()),
+                pod_backend: std::sync::RwLock::new(Arc::new(SimulatedPods)),
             }),
         }
     }
@@ -158,6 +168,12 @@ impl ApiServer {
         self.shared
             .exec_upgrade_as_get
             .store(yes, Ordering::Relaxed);
+    }
+
+    /// Puts `backend` behind pods' logs, execs, port-forwards and proxies, in place of the
+    /// simulated pods' answers (see [`super::pod_backend`]).
+    pub fn set_pod_backend(&self, backend: Arc<dyn PodBackend>) {
+        *self.shared.pod_backend.write().expect("pod backend lock") = backend;
     }
 
     /// The requests refused with 401 or 403 so far.
@@ -464,7 +480,10 @@ async fn route(shared: Arc<Shared>, req: Request) -> ApiResult<Response> {
     let path = req.uri().path().to_owned();
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     if let Some((ns, name, sub)) = pod_io::pod_subresource(&segments) {
-        return pod_subresource_response(shared, ns, name, sub, req);
+        return pod_subresource_response(shared, ns, name, sub, req).await;
+    }
+    if let Some(target) = proxy::proxy_target(&segments) {
+        return proxy::proxy_response(shared, target, req).await;
     }
     let (parts, body) = req.into_parts();
     let query = query_params(&parts.uri)?;
@@ -496,26 +515,42 @@ fn query_params(uri: &http::Uri) -> ApiResult<BTreeMap<String, String>> {
         .map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))
 }
 
-/// A pod's `exec` or `log` subresource.
-fn pod_subresource_response(
+/// A pod's `exec`, `portforward` or `log` subresource.
+async fn pod_subresource_response(
     shared: Arc<Shared>,
     ns: &str,
     name: &str,
     sub: &str,
     req: Request,
 ) -> ApiResult<Response> {
-    if sub == "exec" {
-        return pod_io::exec_response(shared, ns, name, req);
+    match sub {
+        "exec" => return pod_io::exec_response(shared, ns, name, req).await,
+        "portforward" => return port_forward::response(shared, ns, name, req),
+        _ => {}
     }
     let query = query_params(req.uri())?;
-    let follow = matches!(query.get("follow").map(String::as_str), Some("true" | "1"));
+    let flag = |key: &str| matches!(query.get(key).map(String::as_str), Some("true" | "1"));
+    let tail_lines = match query.get("tailLines").filter(|t| !t.is_empty()) {
+        Some(t) => Some(
+            t.parse::<usize>()
+                .map_err(|_| ApiError::bad_request(format!("invalid tailLines {t:?}")))?,
+        ),
+        None => None,
+    };
+    let request = LogRequest {
+        follow: flag("follow"),
+        tail_lines,
+        previous: flag("previous"),
+        timestamps: flag("timestamps"),
+    };
     pod_io::log_response(
         shared,
         ns,
         name,
         query.get("container").map(String::as_str),
-        follow,
+        request,
     )
+    .await
 }
 
 /// Answers a request on a resource path by its method: read, list or watch, or write.

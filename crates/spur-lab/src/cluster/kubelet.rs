@@ -252,7 +252,10 @@ async fn start(
     let process = containers::command(&sandbox, &resolved.program, &args, &env);
     let log = run.dir.join(format!("{}.log", spec.name));
     match containers::start(process, &log) {
-        Ok(child) => run.containers[i].running(child, cgroup),
+        Ok(child) => {
+            config.processes.started(&run.uid, &spec.name, child.id());
+            run.containers[i].running(child, cgroup);
+        }
         Err(e) => {
             let why = super::images::Unresolved::NoCommand(format!(
                 "{}: {e}",
@@ -402,6 +405,7 @@ async fn terminate(
     }
     // Dropping the containers SIGKILLs what is left and reaps it.
     run.containers.clear();
+    config.processes.forget_pod(&run.uid);
     if let Some(pod) = current
         && let Err(e) = set_finalizer(client, pod, &config.finalizer, false).await
     {

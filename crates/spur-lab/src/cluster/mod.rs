@@ -13,6 +13,7 @@
 //!   cluster's hosts file;
 //! - [`volumes`]: a pod's volumes made on the host (configMap, secret, emptyDir, claims,
 //!   hostPath, projected, the service-account credentials);
+//! - [`pod_io`]: the pods' log, exec, port-forward and proxy, as the API server serves them;
 //! - [`kubelet`]: the loop that reads the API server and drives all of the above;
 //! - [`dns`], [`claims`], [`services`]: the cluster's DNS as hosts files, claims bound to
 //!   directories and `default` ServiceAccounts, Services' clusterIPs as kube-proxy's rules;
@@ -32,6 +33,7 @@ pub mod images;
 pub mod kubelet;
 pub mod mounts;
 pub mod network_policy;
+pub mod pod_io;
 pub mod pod_net;
 pub mod pod_state;
 pub mod probes;
@@ -125,6 +127,9 @@ pub struct KubeletConfig {
     /// Where containers' memory cgroups go, shared by every node's kubelet; `None`: memory
     /// limits are not enforced (no cgroup, so no `OOMKilled`).
     pub memory_cgroups: Option<Arc<cgroup::MemoryCgroups>>,
+    /// Where the kubelet records each running container's process, for exec and
+    /// port-forward ([`pod_io`]); clones share it, so every node's kubelet fills in one.
+    pub processes: pod_io::ContainerProcesses,
 }
 
 /// The token issuer and the API server's address a pod is given.
@@ -172,6 +177,7 @@ impl KubeletConfig {
             claims_dir,
             service_accounts: None,
             memory_cgroups: None,
+            processes: pod_io::ContainerProcesses::default(),
         }
     }
 }

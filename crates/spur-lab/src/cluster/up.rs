@@ -149,6 +149,11 @@ async fn run(
         Default::default(),
     ));
     let template = kubelet_config(&args.dir, images, &api, &identity, hosts_dir, claims_dir);
+    api.set_pod_backend(Arc::new(super::pod_io::ProcessPods::new(
+        template.processes.clone(),
+        template.log_dir.clone(),
+        Default::default(),
+    )));
     let kubelets = Kubelets::start(&api, args.nodes, &template)?;
     let kubeconfig = write_kubeconfig(&args.dir, &api, &identity, host_addr)?;
     announce(&args, host_addr, &kubeconfig);

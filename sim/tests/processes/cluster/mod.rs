@@ -7,6 +7,7 @@ mod ha;
 mod memory;
 mod network_policy;
 mod observe;
+mod pod_io;
 mod strike;
 
 use std::io::{BufRead as _, BufReader};

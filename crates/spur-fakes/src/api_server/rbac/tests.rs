@@ -377,3 +377,66 @@ fn refusals_are_worded_as_kubernetes_words_them() {
         "forbidden: User \"system:serviceaccount:spur:default\" cannot get path \"/metrics\""
     );
 }
+
+#[test]
+fn port_forward_and_proxy_are_subresources_with_their_verbs() {
+    let no_query = BTreeMap::new();
+    let forward = "/api/v1/namespaces/spur/pods/p/portforward";
+    let upgraded = Attributes::of_request("GET", forward, &no_query, true);
+    assert_eq!(
+        (
+            upgraded.verb.as_str(),
+            upgraded.combined_resource().as_str()
+        ),
+        ("create", "pods/portforward")
+    );
+    let proxy = attrs(
+        "GET",
+        "/api/v1/namespaces/spur-system/services/op:http/proxy/readyz",
+    );
+    assert_eq!(
+        (
+            proxy.verb.as_str(),
+            proxy.combined_resource().as_str(),
+            proxy.name.as_str()
+        ),
+        ("get", "services/proxy", "op:http")
+    );
+    let posted = attrs("POST", "/api/v1/namespaces/a/pods/p:8080/proxy/x");
+    assert_eq!(
+        (posted.verb.as_str(), posted.subresource.as_str()),
+        ("create", "proxy")
+    );
+    let logs_only = cluster_policy(
+        json!([{"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]),
+        sa_subject(),
+    );
+    assert!(allowed(
+        &logs_only,
+        &sa(),
+        "GET",
+        "/api/v1/namespaces/a/pods/p/log"
+    ));
+    assert!(!allowed(
+        &logs_only,
+        &sa(),
+        "GET",
+        "/api/v1/namespaces/a/pods/p:8080/proxy/metrics"
+    ));
+    let proxies = cluster_policy(
+        json!([{"apiGroups": [""], "resources": ["services/proxy"], "verbs": ["get"]}]),
+        sa_subject(),
+    );
+    assert!(allowed(
+        &proxies,
+        &sa(),
+        "GET",
+        "/api/v1/namespaces/a/services/s:http/proxy/readyz"
+    ));
+    assert!(!allowed(
+        &proxies,
+        &sa(),
+        "GET",
+        "/api/v1/namespaces/a/pods/p/proxy/readyz"
+    ));
+}
