@@ -328,7 +328,13 @@ where
         .await
         .is_ok()
     {
-        let _ = socket.close(None).await;
+        // A normal closure: kubectl reads it as the streams' end, where a close frame
+        // without a code (1005) is an error it prints.
+        let normal = CloseFrame {
+            code: CloseCode::Normal,
+            reason: "".into(),
+        };
+        let _ = socket.close(Some(normal)).await;
         // Drain what the client still sends (its stdin close, its close reply).
         while let Some(Ok(_)) = socket.next().await {}
     }
