@@ -462,7 +462,8 @@ mod tests {
         assert_eq!(&log[tail_start(log, Some(2))..], b"two\nthree\n");
         assert_eq!(&log[tail_start(log, Some(5))..], log);
         assert_eq!(&log[tail_start(log, Some(0))..], b"");
-        assert_eq!(&log[tail_start(b"a\nb", Some(1))..], b"b");
+        let unterminated = b"a\nb";
+        assert_eq!(&unterminated[tail_start(unterminated, Some(1))..], b"b");
         assert_eq!(tail_start(log, None), 0);
     }
 
