@@ -407,8 +407,8 @@ impl<D: Dialer> Replica<D> {
         policy.caller(request.metadata(), (self.inner.clock.wall)())
     }
 
-    /// `request` with the field `user` picks overwritten by its verified caller, as spurctld
-    /// trusts a token's subject over what a request says; unchanged without one.
+    /// `request` with its user field (the one `user` picks) set to the verified caller, as
+    /// spurctld trusts a token's subject over what a request says; unchanged without one.
     fn as_caller<T>(
         &self,
         mut request: Request<T>,
