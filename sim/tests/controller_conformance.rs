@@ -14,6 +14,8 @@
 
 #[path = "conformance/agent.rs"]
 mod agent;
+#[path = "conformance/rows.rs"]
+mod rows;
 #[path = "conformance/target.rs"]
 mod target;
 

@@ -47,6 +47,14 @@ pub struct RealConfig {
     pub heartbeat_timeout_secs: Option<u64>,
     /// `[auth] jwt_key`: spurctld signs its calls to agents with it.
     pub jwt_key: Option<String>,
+    /// `max_launch_backoff_secs`: the longest wait between failed launches (default 300).
+    pub max_launch_backoff_secs: Option<u64>,
+    /// `terminal_job_retention_secs`: how long an ended job is kept (default 3600; spurctld
+    /// keeps one at least 120 s, its accounting reconcile interval, whatever this says).
+    pub terminal_retention_secs: Option<u64>,
+    /// `[auth] mode = "required"` (only with `jwt_key`): every call needs a token; else
+    /// spurctld's default, `permissive`.
+    pub auth_required: bool,
 }
 
 impl Default for RealConfig {
@@ -55,6 +63,9 @@ impl Default for RealConfig {
             replicas: 1,
             heartbeat_timeout_secs: None,
             jwt_key: None,
+            max_launch_backoff_secs: None,
+            terminal_retention_secs: None,
+            auth_required: false,
         }
     }
 }
@@ -163,8 +174,17 @@ impl RealCluster {
         if let Some(secs) = self.config.heartbeat_timeout_secs {
             let _ = writeln!(text, "heartbeat_timeout_secs = {secs}");
         }
+        if let Some(secs) = self.config.max_launch_backoff_secs {
+            let _ = writeln!(text, "max_launch_backoff_secs = {secs}");
+        }
+        if let Some(secs) = self.config.terminal_retention_secs {
+            let _ = writeln!(text, "terminal_job_retention_secs = {secs}");
+        }
         if let Some(key) = &self.config.jwt_key {
             let _ = writeln!(text, "[auth]\nplugin = \"jwt\"\njwt_key = \"{key}\"");
+            if self.config.auth_required {
+                text.push_str("mode = \"required\"\n");
+            }
         }
         text.push_str("[[partitions]]\nname = \"default\"\ndefault = true\n");
         std::fs::create_dir_all(self.state_dir(slot))?;

@@ -180,7 +180,11 @@ mod tests {
                 at,
             }, // 4: tasks 5 and 6
             Command::JobRunning { job_id: 1, at },
-            Command::CancelJob { job_id: 2, at },
+            Command::CancelJob {
+                job_id: 2,
+                user: String::new(),
+                at,
+            },
             Command::JobRunning { job_id: 6, at },
         ] {
             let outcome = state.apply(&command);

@@ -18,6 +18,8 @@ pub enum LaunchRule {
     Hold,
     /// The first launch on this node is refused (`success: false`); all others succeed.
     RefuseFirstOn(String),
+    /// Every launch is refused (`success: false`).
+    RefuseAll,
 }
 
 #[derive(Default)]
@@ -126,6 +128,7 @@ impl pb::SlurmAgent for TestAgent {
                     calls.refused_once = true;
                     true
                 }
+                LaunchRule::RefuseAll => true,
                 _ => false,
             }
         };

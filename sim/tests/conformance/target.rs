@@ -39,6 +39,14 @@ pub struct Setup {
     pub heartbeat_timeout_secs: Option<u64>,
     /// The key spurctld signs its agent calls with (`[auth] jwt_key`).
     pub jwt_key: Option<String>,
+    /// The longest wait between two failed launches of a job (spurctld's
+    /// `max_launch_backoff_secs`, 300): shortened, a case sees the hold after five
+    /// failures in seconds instead of the 155 s the doubling takes.
+    pub max_launch_backoff_secs: Option<u64>,
+    /// How long an ended job is kept (`terminal_job_retention_secs`, 3600).
+    pub terminal_retention_secs: Option<u64>,
+    /// `[auth] mode = "required"` (with `jwt_key`): every call needs a token.
+    pub auth_required: bool,
 }
 
 /// A request to the harness: what a case cannot do from inside the simulation.
@@ -282,6 +290,13 @@ fn run_on_model(seed: u64, setup: &Setup, case: &Case) {
                 .heartbeat_timeout_secs
                 .map_or(defaults.heartbeat_timeout, Duration::from_secs),
             agent_key: setup.jwt_key.as_ref().map(|k| k.as_bytes().to_vec()),
+            dispatch_backoff_max: setup
+                .max_launch_backoff_secs
+                .map_or(defaults.dispatch_backoff_max, Duration::from_secs),
+            terminal_retention: setup
+                .terminal_retention_secs
+                .map_or(defaults.terminal_retention, Duration::from_secs),
+            auth_required: setup.auth_required,
             ..defaults
         },
         ..WorldConfig::default()
@@ -334,6 +349,9 @@ fn run_on_real(binary: &std::path::Path, replicas: usize, setup: &Setup, case: &
             replicas,
             heartbeat_timeout_secs: setup.heartbeat_timeout_secs,
             jwt_key: setup.jwt_key.clone(),
+            max_launch_backoff_secs: setup.max_launch_backoff_secs,
+            terminal_retention_secs: setup.terminal_retention_secs,
+            auth_required: setup.auth_required,
         },
     )
     .expect("start spurctld");

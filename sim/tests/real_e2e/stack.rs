@@ -150,6 +150,7 @@ impl Stack {
                 replicas: config.replicas,
                 heartbeat_timeout_secs: None,
                 jwt_key: config.agent_key.clone(),
+                ..RealConfig::default()
             },
         )
         .expect("start spurctld");

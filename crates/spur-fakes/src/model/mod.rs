@@ -3,6 +3,7 @@
 //!
 //! - [`state`]: the replicated state machine (nodes, jobs, the next job id) and the log's
 //!   commands. Pure: no I/O, no clock.
+//! - [`auth`]: the bearer-token check spurctld makes of every caller (`[auth]`).
 //! - [`calls`]: who made each write call, for the checks.
 //! - [`cluster`]: the replicated log shared through the harness, who leads, elections
 //!   among the reachable majority, and each replica's (possibly stale) view.
@@ -16,6 +17,7 @@
 //! - [`processes`]: the same replicas as one process each, for the lab without the real
 //!   spurctld (`spur-sim replica`, `spur-sim replica-state`).
 
+pub mod auth;
 pub mod calls;
 pub mod cluster;
 pub mod hostlist;
@@ -82,12 +84,22 @@ pub struct ControllerConfig {
     /// Terminal jobs are evicted this long after they ended
     /// (`terminal_job_retention_secs`, 3600).
     pub terminal_retention: Duration,
+    /// The shortest time an ended job is kept whatever `terminal_retention` says: spurctld
+    /// floors the retention to its accounting reconcile interval (120 s), so a job's
+    /// accounting row is repaired before the job is gone.
+    pub retention_floor: Duration,
     /// The version string `Ping` answers.
     pub version: String,
     /// When set, the key the replicas sign a bearer token with (HS256, valid 5 minutes
     /// from the simulated time) on each call to an agent, as a spurctld configured with an
     /// `[auth] jwt_key` does: claims `sub: "spurctld", uid: 0, iat, exp, admin: true`.
+    ///
+    /// It is spurctld's one `[auth] jwt_key`, so it is also the key the replicas verify
+    /// their callers' tokens with; without it a caller's token is refused.
     pub agent_key: Option<Vec<u8>>,
+    /// `[auth] mode = "required"`: every call needs a valid token, Ping included. Off,
+    /// spurctld's default (`permissive`) admits a call without one.
+    pub auth_required: bool,
 }
 
 impl Default for ControllerConfig {
@@ -108,8 +120,10 @@ impl Default for ControllerConfig {
             heartbeat_timeout: Duration::from_secs(90),
             health_tick: Duration::from_secs(30),
             terminal_retention: Duration::from_secs(3600),
+            retention_floor: Duration::from_secs(120),
             version: "spur-sim".to_owned(),
             agent_key: None,
+            auth_required: false,
         }
     }
 }

@@ -15,10 +15,12 @@ use std::sync::{Arc, Mutex};
 use spur_operator::net::Dialer;
 use spur_proto as pb;
 use spur_proto::{FORWARDED_KEY, LEADER_HINT_KEY, SlurmControllerClient};
+use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
 use super::Clock;
+use super::auth::AuthPolicy;
 use super::cluster::{Cluster, LostReply, ProposeError, RefusalKind, Role};
 use super::scheduler;
 use super::state::{AgentStop, Command, Effect, node_not_found};
@@ -208,6 +210,7 @@ impl<D: Dialer> Replica<D> {
         method: &str,
         leader: &str,
         message: Req,
+        authorization: Option<AsciiMetadataValue>,
         call: F,
     ) -> Result<Response<Resp>, Status>
     where
@@ -219,6 +222,12 @@ impl<D: Dialer> Replica<D> {
         request
             .metadata_mut()
             .insert(FORWARDED_KEY, "true".parse().expect("ascii"));
+        // Only the caller's token travels with a forward, as spurctld sends it on.
+        if let Some(authorization) = authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", authorization);
+        }
         match call(client, request).await {
             Ok(response) => Ok(Response::new(response.into_inner())),
             Err(status) => {
@@ -280,7 +289,13 @@ impl<D: Dialer> Replica<D> {
         LFut: Future<Output = Result<Resp, Status>>,
     {
         let from_a_replica = forwarded(&request);
+        if let Err(refused) = self.caller(&request) {
+            let answer = Err(refused);
+            self.record_answer(method, from_a_replica, &answer);
+            return answer;
+        }
         let route = self.route(from_a_replica);
+        let authorization = request.metadata().get("authorization").cloned();
         let message = request.into_inner();
         let answer = match route {
             Route::Local => match local(message).await {
@@ -298,7 +313,10 @@ impl<D: Dialer> Replica<D> {
                 },
                 Err(status) => Err(status),
             },
-            Route::Forward(leader) => self.forward(method, &leader, message, call).await,
+            Route::Forward(leader) => {
+                self.forward(method, &leader, message, authorization, call)
+                    .await
+            }
             Route::Refuse(leader) => Err(not_leader(leader.as_deref(), self.port())),
         };
         self.record_answer(method, from_a_replica, &answer);
@@ -319,11 +337,20 @@ impl<D: Dialer> Replica<D> {
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
         let from_a_replica = forwarded(&request);
+        if let Err(refused) = self.caller(&request) {
+            let answer = Err(refused);
+            self.record_answer(method, from_a_replica, &answer);
+            return answer;
+        }
         let route = self.route(from_a_replica);
+        let authorization = request.metadata().get("authorization").cloned();
         let message = request.into_inner();
         let answer = match route {
             Route::Forward(leader) => {
-                match self.forward(method, &leader, message.clone(), call).await {
+                match self
+                    .forward(method, &leader, message.clone(), authorization, call)
+                    .await
+                {
                     Err(status) if is_transport_error(&status) => {
                         local(&message).map(Response::new)
                     }
@@ -369,6 +396,54 @@ impl<D: Dialer> Replica<D> {
         self.record(event);
     }
 
+    /// The verified caller of `request` (`None`: no token, and the mode admits that), or
+    /// spurctld's refusal.
+    fn caller<T>(&self, request: &Request<T>) -> Result<Option<String>, Status> {
+        let config = self.inner.cluster.config();
+        let policy = AuthPolicy {
+            key: config.agent_key.as_deref(),
+            required: config.auth_required,
+        };
+        policy.caller(request.metadata(), (self.inner.clock.wall)())
+    }
+
+    /// `request` with its user field (the one `user` picks) set to the verified caller, as
+    /// spurctld trusts a token's subject over what a request says; unchanged without one.
+    fn as_caller<T>(
+        &self,
+        mut request: Request<T>,
+        user: impl FnOnce(&mut T) -> Option<&mut String>,
+    ) -> Request<T> {
+        if let Ok(Some(caller)) = self.caller(&request)
+            && let Some(field) = user(request.get_mut())
+        {
+            *field = caller;
+        }
+        request
+    }
+
+    /// Whether `registration` changes what this replica, leading, holds of the node; one
+    /// that does not is answered without a proposal, as spurctld answers it. A replica no
+    /// longer leading lets the commit give the answer.
+    fn registration_changes(&self, registration: &Command) -> bool {
+        let Command::RegisterNode {
+            name,
+            address,
+            port,
+            resources,
+            labels,
+        } = registration
+        else {
+            return true;
+        };
+        self.inner
+            .cluster
+            .leader_local(self.inner.slot, |state| {
+                Ok(state.registration_changes(name, address, *port, resources, labels))
+            })
+            .unwrap_or(true)
+    }
+
     /// Spawns `SlurmAgent.CancelJob` on the nodes a cancelled job held.
     fn stop_on_agents(&self, stops: Vec<AgentStop>) {
         for stop in stops {
@@ -385,11 +460,13 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
     async fn ping(&self, request: Request<()>) -> Result<Response<pb::PingResponse>, Status> {
         // Answered by this process alone, leader or not: it says "this replica is up",
         // nothing about leadership.
-        let answer = Ok(Response::new(pb::PingResponse {
-            hostname: self.inner.host.clone(),
-            server_time: Some((self.inner.clock.wall)().into()),
-            version: self.inner.cluster.config().version.clone(),
-        }));
+        let answer = self.caller(&request).map(|_| {
+            Response::new(pb::PingResponse {
+                hostname: self.inner.host.clone(),
+                server_time: Some((self.inner.clock.wall)().into()),
+                version: self.inner.cluster.config().version.clone(),
+            })
+        });
         self.record_answer("Ping", forwarded(&request), &answer);
         answer
     }
@@ -420,14 +497,16 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                 this.inner
                     .cluster
                     .heard_from(this.inner.slot, &name, this.now());
-                this.commit(Command::RegisterNode {
+                let command = Command::RegisterNode {
                     name: req.hostname,
                     address: req.address,
                     port: req.port,
                     resources: req.resources.unwrap_or_default(),
                     labels: req.labels,
-                })
-                .await?;
+                };
+                if this.registration_changes(&command) {
+                    this.commit(command).await?;
+                }
                 Ok(pb::RegisterAgentResponse {
                     accepted: true,
                     message: "registered".to_owned(),
@@ -516,6 +595,9 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
         request: Request<pb::SubmitJobRequest>,
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
         let this = self.clone();
+        // spurctld also looks the subject up in its passwd for the job's uid; the model
+        // keeps no passwd and takes the name as it is.
+        let request = self.as_caller(request, |r| r.spec.as_mut().map(|s| &mut s.user));
         self.write(
             "SubmitJob",
             request,
@@ -627,6 +709,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
         request: Request<pb::CancelJobRequest>,
     ) -> Result<Response<()>, Status> {
         let this = self.clone();
+        let request = self.as_caller(request, |r| Some(&mut r.user));
         self.write(
             "CancelJob",
             request,
@@ -635,6 +718,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                 let outcome = this
                     .commit(Command::CancelJob {
                         job_id: req.job_id,
+                        user: req.user,
                         at,
                     })
                     .await?;
@@ -653,6 +737,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
         request: Request<pb::RequeueJobRequest>,
     ) -> Result<Response<pb::RequeueJobResponse>, Status> {
         let this = self.clone();
+        let request = self.as_caller(request, |r| Some(&mut r.user));
         self.write(
             "RequeueJob",
             request,

@@ -229,7 +229,8 @@ async fn health_check<D: Dialer>(replica: &Replica<D>, may_mark_down: bool) {
 
 async fn evict<D: Dialer>(replica: &Replica<D>) {
     let config = replica.cluster().config();
-    let Some(before) = (replica.clock().wall)().checked_sub(config.terminal_retention) else {
+    let retention = config.terminal_retention.max(config.retention_floor);
+    let Some(before) = (replica.clock().wall)().checked_sub(retention) else {
         return;
     };
     let due = replica.cluster().read(replica.slot(), |state| {

@@ -38,8 +38,12 @@ pub enum Command {
         spec: Box<pb::JobSpec>,
         at: SystemTime,
     },
-    /// A job cancelled.
-    CancelJob { job_id: u32, at: SystemTime },
+    /// A job cancelled by `user` (`""` and `root` may cancel any job, others their own).
+    CancelJob {
+        job_id: u32,
+        user: String,
+        at: SystemTime,
+    },
     /// `scontrol requeue` by `user`: a running job goes back to PENDING under its id, not
     /// dispatched again before `defer_until` (spurctld computes it on the leader, so every
     /// replica applies one instant); a finished one re-pends at once.
@@ -59,7 +63,7 @@ pub enum Command {
         at: SystemTime,
     },
     /// A dispatch failed: the job stays pending, not before `retry_at` (spurctld's
-    /// `JobDispatchBackoff`), or is held after too many tries.
+    /// `JobDispatchBackoff`), or is held once `max_requeue` retries have failed too.
     DispatchFailed {
         job_id: u32,
         detail: String,
@@ -211,7 +215,7 @@ pub struct Job {
     pub requeue_count: u32,
     /// Not dispatched before this time (after a failed dispatch).
     pub begin_time: Option<SystemTime>,
-    /// Held: never dispatched again (after `max_batch_requeue` failures).
+    /// Held: never dispatched again (a failure after `max_batch_requeue` retries).
     pub held: bool,
     /// For an array task: its parent's id and its index.
     pub array: Option<(u32, u32)>,
@@ -351,6 +355,21 @@ fn is_stale(run_attempt: u32, current: u32) -> bool {
     run_attempt != 0 && current != 0 && run_attempt < current
 }
 
+/// The port a registration's agent is dialled on: 0 means the agent's default.
+fn agent_port(port: u32) -> u32 {
+    if port == 0 {
+        u32::from(spur_proto::AGENT_PORT)
+    } else {
+        port
+    }
+}
+
+/// Whether `user` may cancel a job of `owner`: spurctld treats `""` and `root` as its own
+/// trusted callers, anyone else must own the job.
+fn may_cancel(user: &str, owner: &str) -> bool {
+    user.is_empty() || user == "root" || user == owner
+}
+
 /// The task indices of an array spec such as `0-3`, `1,4,7`, `0-10:2`, with an optional
 /// `%N` concurrency limit (ignored here); an error when it does not parse.
 pub fn array_tasks(spec: &str) -> Result<Vec<u32>, String> {
@@ -406,12 +425,15 @@ impl StateMachine {
             Command::UpdateNode { name, .. } if !self.nodes.contains_key(name) => {
                 Err(Status::internal(format!("node {name} not found")))
             }
-            Command::CancelJob { job_id, .. } => match self.jobs.get(job_id) {
+            Command::CancelJob { job_id, user, .. } => match self.jobs.get(job_id) {
                 None => Err(Status::internal(format!("job {job_id} not found"))),
                 Some(job) if job.is_terminal() => Err(Status::internal(format!(
                     "job {job_id} is already {}",
                     job.state.spurctld_name()
                 ))),
+                Some(job) if !may_cancel(user, &job.spec.user) => Err(Status::permission_denied(
+                    format!("user {user} cannot cancel job owned by {}", job.spec.user),
+                )),
                 Some(_) => Ok(()),
             },
             // In spurctld's order (`requeue_one_job`): unknown, not the owner, then the state.
@@ -478,7 +500,7 @@ impl StateMachine {
                 remove_labels,
             } => self.update_node(name, *state, reason.as_deref(), labels, remove_labels),
             Command::SubmitJob { spec, at } => self.submit_job(spec, *at),
-            Command::CancelJob { job_id, at } => self.cancel_job(*job_id, *at),
+            Command::CancelJob { job_id, at, .. } => self.cancel_job(*job_id, *at),
             Command::RequeueJob {
                 job_id,
                 defer_until,
@@ -541,15 +563,29 @@ impl StateMachine {
             admin_locked: false,
         });
         node.address = address.to_owned();
-        // Port 0 means the agent's default.
-        node.port = if port == 0 {
-            u32::from(spur_proto::AGENT_PORT)
-        } else {
-            port
-        };
+        node.port = agent_port(port);
         node.resources = resources.clone();
         node.labels = labels.clone();
         Effect::Done
+    }
+
+    /// Whether a registration of `name` would change what this state holds of it (a new
+    /// node, other resources, address, port or labels). spurctld proposes nothing for one
+    /// that does not, so a leader without a quorum still answers it.
+    pub fn registration_changes(
+        &self,
+        name: &str,
+        address: &str,
+        port: u32,
+        resources: &pb::ResourceSet,
+        labels: &BTreeMap<String, String>,
+    ) -> bool {
+        self.nodes.get(name).is_none_or(|node| {
+            node.address != address
+                || node.port != agent_port(port)
+                || node.resources != *resources
+                || node.labels != *labels
+        })
     }
 
     /// [`Command::UpdateNode`]: a hold state locks the node, and DOWN (ERROR, SUSPENDED)
@@ -694,7 +730,7 @@ impl StateMachine {
     }
 
     /// [`Command::DispatchFailed`]: the pending job waits until `retry_at`, or is held
-    /// after `max_requeue` failures.
+    /// when one more fails after `max_requeue` retries.
     fn dispatch_failed(
         &mut self,
         job_id: u32,
@@ -708,12 +744,14 @@ impl StateMachine {
         if job.state != pb::JobState::JobPending {
             return Effect::Done;
         }
-        job.requeue_count += 1;
-        job.begin_time = Some(retry_at);
+        // spurctld holds a job whose failures already reached the limit when one more
+        // fails: `max_requeue` backed-off retries, then the hold at the next failure.
         if job.requeue_count >= max_requeue {
             job.held = true;
             job.state_reason = "JobHoldMaxRequeue".to_owned();
         } else {
+            job.requeue_count += 1;
+            job.begin_time = Some(retry_at);
             job.state_reason = format!("JobLaunchFailure ({detail})");
         }
         Effect::Done
@@ -1054,6 +1092,7 @@ mod tests {
         );
         let cancel = Command::CancelJob {
             job_id: 9,
+            user: String::new(),
             at: at(),
         };
         let refused = state.check(&cancel).unwrap_err();
