@@ -134,14 +134,9 @@ fn the_spurctld_leader_deleted_ten_times_each_spurjob_gets_its_id_soon_after_the
     if !runnable() {
         return;
     }
-    let cluster = ClusterProcess::start("ha");
-    let examples = workspace().join("deploy/examples/cluster");
-    let file = |name: &str| examples.join(name).display().to_string();
-    cluster.apply(&["-f", &file("spurctld.yaml")]);
-    cluster.apply(&["-k", &workspace().join("deploy").display().to_string()]);
-    cluster.apply(&["-f", &file("hello.yaml")]);
-    completes(&cluster, "hello");
-    let hello = std::fs::read_to_string(file("hello.yaml")).expect("read hello.yaml");
+    let cluster = ClusterProcess::deployed("ha");
+    let hello = workspace().join("deploy/examples/cluster/hello.yaml");
+    let hello = std::fs::read_to_string(hello).expect("read hello.yaml");
     let mut runs = Vec::new();
     for run in 0..RUNS {
         let measured = delete_the_leader(&cluster, run, &hello);

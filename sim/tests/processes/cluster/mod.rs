@@ -92,6 +92,19 @@ impl ClusterProcess {
         }
     }
 
+    /// A cluster with upstream's spurctld StatefulSet and `deploy/` applied, once
+    /// `hello.yaml`'s SpurJob completed on it.
+    pub(super) fn deployed(name: &str) -> ClusterProcess {
+        let cluster = ClusterProcess::start(name);
+        let examples = workspace().join("deploy/examples/cluster");
+        let file = |name: &str| examples.join(name).display().to_string();
+        cluster.apply(&["-f", &file("spurctld.yaml")]);
+        cluster.apply(&["-k", &workspace().join("deploy").display().to_string()]);
+        cluster.apply(&["-f", &file("hello.yaml")]);
+        completes(&cluster, "hello");
+        cluster
+    }
+
     /// Runs kubectl against the cluster: its status and combined output.
     pub(super) fn kubectl(&self, args: &[&str]) -> (bool, String) {
         let out = Command::new(kubectl_binary())

@@ -182,13 +182,7 @@ fn the_spurctld_leader_frozen_then_cut_off_a_survivor_is_elected_and_each_spurjo
     if !runnable() {
         return;
     }
-    let cluster = ClusterProcess::start("strike");
-    let examples = workspace().join("deploy/examples/cluster");
-    let file = |name: &str| examples.join(name).display().to_string();
-    cluster.apply(&["-f", &file("spurctld.yaml")]);
-    cluster.apply(&["-k", &workspace().join("deploy").display().to_string()]);
-    cluster.apply(&["-f", &file("hello.yaml")]);
-    completes(&cluster, "hello");
+    let cluster = ClusterProcess::deployed("strike");
     let (ready, _, _) = strike_the_leader(&cluster, "frozen", |pids| {
         signal_all(pids, libc::SIGSTOP);
         Frozen(pids.to_vec())
