@@ -36,13 +36,7 @@ fn deploy_applied_to_a_cluster_of_processes_completes_a_spurjob() {
     if !runnable() {
         return;
     }
-    let cluster = ClusterProcess::start("deploy");
-    let examples = workspace().join("deploy/examples/cluster");
-    let file = |name: &str| examples.join(name).display().to_string();
-    cluster.apply(&["-f", &file("spurctld.yaml")]);
-    cluster.apply(&["-k", &workspace().join("deploy").display().to_string()]);
-    cluster.apply(&["-f", &file("hello.yaml")]);
-    completes(&cluster, "hello");
+    let cluster = ClusterProcess::deployed("deploy");
     let (_, leases) = cluster.kubectl(&[
         "get",
         "lease",

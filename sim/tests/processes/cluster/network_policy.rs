@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{ClusterProcess, completes, logs, runnable, workspace};
+use super::{ClusterProcess, logs, runnable};
 
 /// How long one connect may take before it counts as refused: a dropped SYN never answers.
 const CONNECT_BOUND_SECS: u32 = 2;
@@ -25,13 +25,7 @@ fn deploys_network_policy_admits_only_spurctld_to_the_agent_port() {
     if !runnable() {
         return;
     }
-    let cluster = ClusterProcess::start("netpol");
-    let examples = workspace().join("deploy/examples/cluster");
-    let file = |name: &str| examples.join(name).display().to_string();
-    cluster.apply(&["-f", &file("spurctld.yaml")]);
-    cluster.apply(&["-k", &workspace().join("deploy").display().to_string()]);
-    cluster.apply(&["-f", &file("hello.yaml")]);
-    completes(&cluster, "hello");
+    let cluster = ClusterProcess::deployed("netpol");
     let operators = operator_addresses(&cluster);
     let vip = agent_service(&cluster);
     let mut targets: Vec<String> = Vec::new();
