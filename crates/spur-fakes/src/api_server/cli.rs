@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::auth::UserInfo;
 use super::server::{ApiServer, ApiServerConfig};
+use super::service_ips::ServiceIpRange;
 use super::store::StoreConfig;
 use crate::clock::TimeSource;
 
@@ -41,6 +42,7 @@ pub async fn run(args: KubeApiArgs) -> io::Result<()> {
     let server = ApiServer::new(ApiServerConfig {
         store: StoreConfig {
             seed: args.seed,
+            service_cluster_ips: Some(ServiceIpRange::KUBEADM),
             ..StoreConfig::default()
         },
         clock: Some(if args.simulated_clock {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
-use super::{resources::ResourceType, store::Store, watch::partial_metadata};
+use super::{printers, resources::ResourceType, store::Store, watch::partial_metadata};
 use crate::clock::parse_time;
 
 const VERBS: [&str; 8] = [
@@ -111,7 +111,8 @@ pub fn resource_list(store: &Store, group: &str, version: &str) -> Option<Value>
 }
 
 /// A `meta.k8s.io/v1` Table of objects, with the columns kubectl prints by default: the
-/// name and the age, or for a custom resource its CRD's printer columns after the name.
+/// name, a built-in kind's own columns ([`printers`]) and the age, or for a custom resource
+/// its CRD's printer columns after the name.
 pub fn table(
     rt: &ResourceType,
     objects: &[&Value],
@@ -127,8 +128,17 @@ pub fn table(
     let mut columns = vec![
         json!({"name": "Name", "type": "string", "format": "name", "description": format!("Name of the {}", rt.kind), "priority": 0}),
     ];
+    // A built-in kind's printer: its first columns, the age, then the wide ones.
+    let printer = printers::columns(&rt.group, &rt.kind).unwrap_or(&[]);
+    let (narrow, wide): (Vec<_>, Vec<_>) = printer.iter().partition(|c| c.priority == 0);
+    for column in &narrow {
+        columns.push(json!({"name": column.name, "type": "string", "format": "", "description": column.name, "priority": 0}));
+    }
     if rt.printer_columns.is_empty() {
         columns.push(json!({"name": "Age", "type": "string", "format": "", "description": "Time since creation", "priority": 0}));
+    }
+    for column in &wide {
+        columns.push(json!({"name": column.name, "type": "string", "format": "", "description": column.name, "priority": column.priority}));
     }
     for column in &rt.printer_columns {
         columns.push(json!({"name": column.name, "type": column.type_, "format": "", "description": column.json_path, "priority": column.priority}));
@@ -138,9 +148,11 @@ pub fn table(
         .map(|o| {
             let meta = &o["metadata"];
             let mut cells = vec![meta["name"].clone()];
+            cells.extend(narrow.iter().map(|c| (c.cell)(o)));
             if rt.printer_columns.is_empty() {
                 cells.push(json!(age_of(&meta["creationTimestamp"])));
             }
+            cells.extend(wide.iter().map(|c| (c.cell)(o)));
             for column in &rt.printer_columns {
                 let value = column
                     .json_path

@@ -22,7 +22,8 @@
 //! Where it differs from a real API server, knowingly:
 //! - strategic merge patch is a JSON merge patch (lists are replaced, not merged by key);
 //!   server-side apply is a forced merge patch (no managedFields, no field removal);
-//! - no admission, no schema validation, no defaulting; CRDs are Established at once;
+//! - no admission, no schema validation, no defaulting (save a Service's clusterIP, when
+//!   [`store::StoreConfig::service_cluster_ips`] names a range); CRDs are Established at once;
 //! - pods go at once on delete (no graceful period); dependents whose owners are all gone
 //!   are deleted at once (the garbage collector without its delay); no foreground deletion;
 //! - list pages after the first are read from the current state (their resourceVersion is
@@ -46,6 +47,7 @@ pub mod patch;
 pub mod pod_backend;
 pub mod pod_io;
 mod port_forward;
+mod printers;
 mod proxy;
 pub mod rbac;
 pub mod resources;
@@ -53,6 +55,7 @@ pub mod scale;
 pub mod seed;
 pub mod selectors;
 mod server;
+pub mod service_ips;
 mod spdy;
 pub mod store;
 pub mod tls;

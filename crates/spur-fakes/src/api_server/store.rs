@@ -19,6 +19,7 @@ use super::{
     patch::{PatchKind, apply_patch},
     resources::{ResourceKey, ResourceType, builtin_types, normalize, types_from_crd},
     selectors::Filter,
+    service_ips::{self, ServiceIpRange},
 };
 
 /// `(namespace, name)`; the namespace is `""` for cluster-scoped objects.
@@ -90,6 +91,10 @@ pub struct StoreConfig {
     pub history_limit: usize,
     /// Seeds uids and generated names, so two runs with the same seed agree.
     pub seed: u64,
+    /// Where a Service's clusterIP comes from at its create; `None` gives none, as the
+    /// simulation has it: its operator reads no clusterIP, and its seeded traces were
+    /// recorded without one.
+    pub service_cluster_ips: Option<ServiceIpRange>,
 }
 
 impl Default for StoreConfig {
@@ -98,6 +103,7 @@ impl Default for StoreConfig {
         Self {
             history_limit: 10_000,
             seed: 0,
+            service_cluster_ips: None,
         }
     }
 }
@@ -291,6 +297,14 @@ impl Store {
     ) -> ApiResult<Arc<Value>> {
         check_type_fields(rt, &mut obj)?;
         normalize(rt, &mut obj)?;
+        if let (true, Some(range)) = (is_service(rt), self.config.service_cluster_ips) {
+            let services = self
+                .objects
+                .get(&rt.key())
+                .into_iter()
+                .flat_map(|o| o.values());
+            service_ips::assign(range, services.map(|s| &**s), &mut obj)?;
+        }
         let meta = metadata_mut(&mut obj)?;
         set_namespace(rt, meta, namespace)?;
         self.generate_missing_name(rt, meta)?;
@@ -443,6 +457,9 @@ impl Store {
         } else {
             replacement(rt, name, &existing, obj)?
         };
+        if is_service(rt) && !status_only {
+            service_ips::carry_over(&existing, &mut next)?;
+        }
         next["metadata"]["resourceVersion"] = Value::String(current_rv);
         if next == *existing {
             // A no-op write changes nothing, not even the resourceVersion.
@@ -724,6 +741,10 @@ impl Store {
     }
 }
 
+fn is_service(rt: &ResourceType) -> bool {
+    rt.group.is_empty() && rt.plural == "services"
+}
+
 fn is_crd(rt: &ResourceType) -> bool {
     rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions"
 }
@@ -996,6 +1017,7 @@ mod tests {
             StoreConfig {
                 history_limit: 100,
                 seed: 7,
+                service_cluster_ips: None,
             },
         )
     }

@@ -225,8 +225,11 @@ fn replay_step(step: &Step) -> std::io::Result<()> {
             }
             Step::Touch(path) => {
                 let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC;
+                // A descriptor, not a status: only a negative one is a failure.
                 let fd = libc::open(path.as_ptr(), flags, 0o644);
-                check(fd)?;
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 check(libc::close(fd))
             }
             Step::Chroot(path) => check(libc::chroot(path.as_ptr())),

@@ -2,30 +2,23 @@
 //! Service with a clusterIP is DNATed to its ready endpoints, chosen at random per
 //! connection, and masqueraded, so the reply comes back through the node that translated
 //! it: a pod answering a pod of its own bridge would otherwise answer it directly, and
-//! the client would see an address it never called. A clusterIP is given to each Service that lacks one, from
-//! `10.96.0.0/16` (kubeadm's and kind's Service range), a pass after its creation, since the
-//! simulated API server allocates none.
+//! the client would see an address it never called. The API server gives each Service its
+//! clusterIP when it is created (`spur_fakes::api_server::service_ips`).
 //!
 //! A Service with no ready endpoint has no rule: its clusterIP has no route, so a connect
 //! fails at once (host unreachable), where kube-proxy's reject answers connection refused.
 //! TCP only; a UDP port is left out, and so is a NodePort's node port.
 
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use spur_fakes::api_server::ApiServer;
 use spur_fakes::workloads::SERVICE_NAME_LABEL;
 
 /// The nftables table the rules live in.
 const TABLE: &str = "spurcluster";
-
-/// The clusterIPs given out: 10.96.0.10 onward (below it kubeadm keeps the API server's
-/// and DNS's addresses).
-const FIRST_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
-const LAST_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 255, 254);
 
 /// How often Services and endpoints are looked at.
 #[derive(Clone, Debug)]
@@ -41,36 +34,6 @@ impl Default for ServicesConfig {
             period: Duration::from_millis(200),
         }
     }
-}
-
-/// Gives each Service without a clusterIP the next free one; the Services given one.
-pub fn allocate_cluster_ips(api: &ApiServer) -> anyhow::Result<Vec<String>> {
-    let services = api.list("v1", "Service")?;
-    let mut used: BTreeSet<Ipv4Addr> = services
-        .iter()
-        .filter_map(|s| s["spec"]["clusterIP"].as_str()?.parse().ok())
-        .collect();
-    let mut given = Vec::new();
-    for svc in &services {
-        let ip = svc["spec"]["clusterIP"].as_str().unwrap_or_default();
-        if !ip.is_empty() || svc["spec"]["type"] == "ExternalName" {
-            continue;
-        }
-        let free = (u32::from(FIRST_CLUSTER_IP)..=u32::from(LAST_CLUSTER_IP))
-            .map(Ipv4Addr::from)
-            .find(|ip| !used.contains(ip))
-            .ok_or_else(|| anyhow::anyhow!("the Service range 10.96.0.0/16 is full"))?;
-        used.insert(free);
-        let (ns, name) = (
-            text(&svc["metadata"]["namespace"]),
-            text(&svc["metadata"]["name"]),
-        );
-        let patch =
-            json!({"spec": {"clusterIP": free.to_string(), "clusterIPs": [free.to_string()]}});
-        api.merge_patch("v1", "Service", Some(ns), name, &patch, false)?;
-        given.push(format!("{ns}/{name}"));
-    }
-    Ok(given)
 }
 
 /// The whole table for these Services and EndpointSlices, replacing the last one in one
@@ -146,10 +109,9 @@ fn text(value: &Value) -> &str {
     value.as_str().unwrap_or_default()
 }
 
-/// One pass: clusterIPs given, then the rules installed if they changed; `last` is the
+/// One pass: the rules installed if they changed; `last` is the
 /// ruleset installed before.
 pub fn refresh_services(api: &ApiServer, last: &mut String) -> anyhow::Result<()> {
-    allocate_cluster_ips(api)?;
     let services = api.list("v1", "Service")?;
     let slices = api.list("discovery.k8s.io/v1", "EndpointSlice")?;
     let rules = ruleset(&services, &slices);
@@ -170,41 +132,9 @@ pub async fn run_services(api: ApiServer, config: ServicesConfig) {
 
 #[cfg(test)]
 mod tests {
-    use spur_fakes::api_server::ApiServerConfig;
+    use serde_json::json;
 
     use super::*;
-
-    #[test]
-    fn a_service_gets_a_cluster_ip_once_and_headless_ones_none() {
-        let api = ApiServer::new(ApiServerConfig::default());
-        let service = |name: &str, spec: Value| {
-            json!({"apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": "default"}, "spec": spec})
-        };
-        api.create(service("agent", json!({"ports": [{"port": 6818}]})))
-            .expect("agent");
-        api.create(service(
-            "peers",
-            json!({"clusterIP": "None", "ports": [{"port": 6821}]}),
-        ))
-        .expect("peers");
-        let given = allocate_cluster_ips(&api).expect("allocate");
-        assert!(given.contains(&"default/agent".to_owned()), "{given:?}");
-        assert!(!given.contains(&"default/peers".to_owned()));
-        let agent = api
-            .get("v1", "Service", Some("default"), "agent")
-            .expect("get");
-        let ip = agent["spec"]["clusterIP"]
-            .as_str()
-            .expect("an address")
-            .to_owned();
-        assert!(ip.starts_with("10.96."), "{ip}");
-        assert!(
-            !allocate_cluster_ips(&api)
-                .expect("again")
-                .contains(&"default/agent".to_owned())
-        );
-    }
 
     #[test]
     fn ready_endpoints_are_dnated_on_their_resolved_port_and_unready_ones_left_out() {

@@ -14,6 +14,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use spur_fakes::api_server::service_ips::ServiceIpRange;
+use spur_fakes::api_server::store::StoreConfig;
 use spur_fakes::api_server::tls::{TlsConfig, TlsIdentity};
 use spur_fakes::api_server::{ApiServer, ApiServerConfig};
 use spur_fakes::clock::Clock;
@@ -165,10 +167,14 @@ async fn run(
 }
 
 /// The API server a fresh cluster has: RBAC enforced, no anonymous access, the wall clock
-/// for timestamps, and `nodes` Ready nodes labelled for the operator.
+/// for timestamps, clusterIPs from kubeadm's range, and `nodes` Ready nodes labelled for the operator.
 fn api_server(nodes: usize) -> anyhow::Result<ApiServer> {
     let api = ApiServer::new(ApiServerConfig {
         clock: Some(TimeSource::from_fn(k8s_openapi::jiff::Timestamp::now)),
+        store: StoreConfig {
+            service_cluster_ips: Some(ServiceIpRange::KUBEADM),
+            ..StoreConfig::default()
+        },
         ..ApiServerConfig::default()
     });
     api.seed_nodes(nodes)

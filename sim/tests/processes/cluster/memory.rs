@@ -1,7 +1,8 @@
 //! Memory limits enforced by the kernel through each container's cgroup: a pod over its
 //! limit is `OOMKilled`/137 with an event, one under it completes, one that restarts counts
-//! its OOM kills; and a ConfigMap edited under a running pod reaches its mounted file. The pods name their node, since the
-//! cluster's scheduler places only the pods of workloads.
+//! its OOM kills; and a ConfigMap edited under a running pod reaches its mounted file
+//! but not its `subPath` mount. The pods name their node, since the cluster's scheduler
+//! places only the pods of workloads.
 
 use std::time::{Duration, Instant};
 
@@ -64,9 +65,10 @@ spec:
   containers:
     - name: reader
       image: busybox:1.36
-      command: [sh, -c, 'while true; do echo "now=$(cat /etc/settings/greeting)"; sleep 0.3; done']
+      command: [sh, -c, 'while true; do echo "now=$(cat /etc/settings/greeting) pinned=$(cat /etc/pinned/greeting)"; sleep 0.3; done']
       volumeMounts:
         - {name: settings, mountPath: /etc/settings}
+        - {name: settings, mountPath: /etc/pinned/greeting, subPath: greeting}
   volumes:
     - name: settings
       configMap: {name: settings}
@@ -134,11 +136,12 @@ fn memory_limits_kill_with_oomkilled_and_configmap_edits_reach_running_pods() {
     assert!(left.is_empty(), "cgroups {left:?} outlived the cluster");
 }
 
-/// The reader prints its mounted file; after `kubectl apply` of a new value, the file
-/// shows it within the kubelet's refresh.
+/// The reader prints its mounted file; after `kubectl patch` of a new value, the file
+/// shows it within the kubelet's refresh, while its `subPath` mount of the same key keeps
+/// the value it started with, as Kubernetes' does.
 fn a_configmap_edit_reaches_the_running_pods_file(cluster: &ClusterProcess) {
     wait_for(cluster, "reader", "{.status.phase}", "Running", 60);
-    wait_for_log(cluster, "now=hello", Duration::from_secs(30));
+    wait_for_log(cluster, "now=hello pinned=hello", Duration::from_secs(30));
     let (ok, out) = cluster.kubectl(&[
         "patch",
         "configmap",
@@ -149,7 +152,7 @@ fn a_configmap_edit_reaches_the_running_pods_file(cluster: &ClusterProcess) {
     ]);
     assert!(ok, "kubectl patch configmap: {out}");
     let edited = Instant::now();
-    wait_for_log(cluster, "now=goodbye", Duration::from_secs(30));
+    wait_for_log(cluster, "now=goodbye pinned=hello", Duration::from_secs(30));
     println!(
         "the edit reached the pod's file {:?} after kubectl patch",
         edited.elapsed()
