@@ -24,6 +24,7 @@ use crate::events::EventPublisher;
 use crate::fence::Fence;
 use crate::health::{Health, Probe, serve_http};
 use crate::jobs::SpurJob;
+use crate::jobs::nudge::StatusNudge;
 use crate::jobs::reconcile::JobsContext;
 use crate::jobs::reports::ReportContext;
 use crate::lease::{ElectionStatus, Elector};
@@ -369,8 +370,9 @@ fn start_leader_tasks<N: Sockets>(
     drain: watch::Receiver<bool>,
 ) -> JoinSet<()> {
     let mut tasks = JoinSet::new();
-    start_spurjob_tasks(seams, config, parts, &drain, &mut tasks);
-    start_pod_reports(seams, config, parts, &drain, &mut tasks);
+    let nudge = StatusNudge::new(config.status_read_at_once);
+    start_spurjob_tasks(seams, config, parts, &drain, &nudge, &mut tasks);
+    start_pod_reports(seams, config, parts, &drain, &nudge, &mut tasks);
     start_node_tasks(config, parts, drain, &mut tasks);
     tasks
 }
@@ -381,6 +383,7 @@ fn start_spurjob_tasks<N: Sockets>(
     config: &OperatorConfig,
     parts: &Parts<'_>,
     drain: &watch::Receiver<bool>,
+    nudge: &StatusNudge,
     tasks: &mut JoinSet<()>,
 ) {
     let Parts {
@@ -425,6 +428,7 @@ fn start_spurjob_tasks<N: Sockets>(
             clock: seams.clock.clone(),
             metrics: metrics.clone(),
             events: events.clone(),
+            nudge: nudge.clone(),
         }
         .run(config.status_poll_interval, config.job_lost_after),
     ));
@@ -440,6 +444,7 @@ fn start_pod_reports<N: Sockets>(
     config: &OperatorConfig,
     parts: &Parts<'_>,
     drain: &watch::Receiver<bool>,
+    nudge: &StatusNudge,
     tasks: &mut JoinSet<()>,
 ) {
     let Parts {
@@ -459,6 +464,7 @@ fn start_pod_reports<N: Sockets>(
             clock: seams.clock.clone(),
             events: events.clone(),
             backoffs: Backoffs::new(config.retry, entropy.clone()),
+            nudge: nudge.clone(),
         },
         reconcile_limits(config),
         config.retry.start(entropy.clone()),

@@ -57,8 +57,14 @@ fn the_calm_plan_passes_unbroken() {
 }
 
 #[test]
-fn status_fires_when_the_operator_polls_every_ten_minutes() {
-    let checks = fired(&calm(), &with_flags(&["--status-poll-interval", "10m"]));
+fn status_fires_when_the_operator_polls_every_ten_minutes_and_reads_nothing_at_once() {
+    let flags = [
+        "--status-poll-interval",
+        "10m",
+        "--status-read-at-once",
+        "false",
+    ];
+    let checks = fired(&calm(), &with_flags(&flags));
     assert_eq!(checks, BTreeSet::from(["status"]));
 }
 

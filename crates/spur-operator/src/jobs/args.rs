@@ -29,6 +29,14 @@ pub struct JobsArgs {
     #[arg(long, env = "SPUR_OPERATOR_STATUS_POLL_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     pub status_poll_interval: Duration,
 
+    /// Whether a job this operator has just changed at spurctld (a pod's end reported, a
+    /// run requeued) is read and mirrored at once, or only by the next poll. On, a SpurJob
+    /// shows its job's end a round trip after the report, at one GetJobs per batch of
+    /// reports; off, up to --status-poll-interval later.
+    #[arg(long, env = "SPUR_OPERATOR_STATUS_READ_AT_ONCE", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub status_read_at_once: bool,
+
     /// How long a job must be missing from every GetJobs, without a sighting, before it is
     /// asked about with GetJob and, if unknown, marked `Failed` with reason `Lost`; and how
     /// long CancelJob may answer "job N not found" before a deleted SpurJob's finalizer is

@@ -6,6 +6,7 @@ pub mod convert;
 pub mod crd;
 pub mod duplicates;
 pub mod failure;
+pub mod nudge;
 pub mod orphans;
 pub mod pods;
 pub mod reconcile;

@@ -23,6 +23,7 @@ use super::failure::{
     is_current_run, node_result, ranks_to_stop, restart_note, run_attempt, start_check,
     stopped_result,
 };
+use super::nudge::StatusNudge;
 use super::pods::{ANNOTATION_REPORTED, ANNOTATION_TARGET_NODE, CONTAINER};
 use super::{JobsTuning, LABEL_JOB_ID, SpurJob};
 use crate::clock::WallClock;
@@ -139,6 +140,8 @@ pub struct ReportContext {
     pub events: EventPublisher,
     /// Each pod whose report is failing, by name.
     pub backoffs: Backoffs,
+    /// Told of each job a report or requeue changed, so its SpurJob is read at once.
+    pub nudge: StatusNudge,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -493,7 +496,10 @@ async fn requeue(
         hold: false,
     };
     match ctx.controller.requeue_job(request).await {
-        Ok(_) => Ok(true),
+        Ok(_) => {
+            ctx.nudge.changed(job_id);
+            Ok(true)
+        }
         // Another node's pod of the run asked first.
         Err(e)
             if e.code() == Code::FailedPrecondition
@@ -566,7 +572,10 @@ async fn report(
     let mut refusals = 0u32;
     loop {
         match ctx.controller.report_job_status(request.clone()).await {
-            Ok(()) => return Ok("true".to_owned()),
+            Ok(()) => {
+                ctx.nudge.changed(job_id);
+                return Ok("true".to_owned());
+            }
             // The job is gone or already over (cancelled): nothing left to tell.
             Err(e) if matches!(e.code(), Code::NotFound | Code::FailedPrecondition) => {
                 tracing::info!(pod = %pod.name_any(), job_id, error = %e, "controller no longer needs this report");

@@ -15,6 +15,7 @@ use serde_json::json;
 use spur_proto as pb;
 
 use super::crd::{Condition, SpurJob, SpurJobStatus};
+use super::nudge::StatusNudge;
 use crate::clock::WallClock;
 use crate::controller::ControllerClient;
 use crate::events::EventPublisher;
@@ -483,19 +484,63 @@ pub struct Poller {
     pub clock: WallClock,
     pub metrics: Metrics,
     pub events: EventPublisher,
+    /// The jobs this operator just changed, read between polls.
+    pub nudge: StatusNudge,
 }
 
 impl Poller {
     /// Every `interval`, reads the state of all tracked active jobs with one GetJobs and
-    /// mirrors what changed; a job missing for `lost_after` is asked about alone. Runs
-    /// until dropped.
+    /// mirrors what changed; a job missing for `lost_after` is asked about alone. Between
+    /// polls, reads the jobs [`StatusNudge`] names as soon as it names them. Runs until
+    /// dropped.
     pub async fn run(self, interval: Duration, lost_after: Duration) {
         let mut ticks = tokio::time::interval(interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut memory = PollMemory::new(lost_after);
         loop {
-            ticks.tick().await;
-            self.poll_once(&mut memory).await;
+            // Biased: the order of two ready branches must not depend on a random draw,
+            // or a seed would not replay.
+            tokio::select! {
+                biased;
+                _ = ticks.tick() => self.poll_once(&mut memory).await,
+                changed = self.nudge.next() => self.read_changed(&changed, &mut memory).await,
+            }
+        }
+    }
+
+    /// Reads and mirrors the jobs of `job_ids` (sorted) that are still active, with one
+    /// GetJobs. An id no SpurJob tracks may be an array's task (its pods carry the task's
+    /// id), so the active arrays are read too. What this misses (a failed read, a job not
+    /// in the answer) the next poll finds.
+    pub async fn read_changed(&self, job_ids: &[u32], memory: &mut PollMemory) {
+        let all = active_jobs(&self.store);
+        // Sorted by id, as active_jobs gives them.
+        let tracked = |id: &u32| all.binary_search_by_key(id, |(active, _)| *active).is_ok();
+        let tasks_among = job_ids.iter().any(|id| !tracked(id));
+        let active: Vec<(u32, Arc<SpurJob>)> = all
+            .iter()
+            .filter(|(id, job)| {
+                job_ids.binary_search(id).is_ok() || (tasks_among && job.spec.array_spec.is_some())
+            })
+            .cloned()
+            .collect();
+        if active.is_empty() {
+            return;
+        }
+        let tasks = array_tasks_of(&self.controller, &active).await;
+        let request = pb::GetJobsRequest {
+            job_ids: active.iter().map(|(id, _)| *id).collect(),
+            ..Default::default()
+        };
+        match self.controller.get_jobs(request).await {
+            Ok(answer) => {
+                let now = self.clock.timestamp().to_string();
+                self.mirror_answer(&active, answer.jobs, tasks.as_deref(), &now, memory)
+                    .await;
+            }
+            Err(e) => {
+                tracing::info!(error = %e, jobs = active.len(), "could not read the jobs just reported; the next poll will");
+            }
         }
     }
 
