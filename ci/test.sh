@@ -15,7 +15,8 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # writing them costs time and disk.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
-step() { printf '\n== %s\n' "$*"; }
+# Each step names the seconds since the start, so a slow one shows in CI's log.
+step() { printf '\n== %s (at %d s)\n' "$*" "$SECONDS"; }
 
 step "format"
 cargo fmt --all -- --check
@@ -64,21 +65,43 @@ cleanup() {
 trap cleanup EXIT
 
 step "tests"
-# The end-to-end cases run the operator's binary; build it first so a run of one package
-# finds it too.
-cargo build -p spur-operator --bin spur-operator --locked
-# The image's release build, beside the tests at the lowest priority: the real-time suites
-# (the real peer, end to end) leave the CPU idle much of the time. A build of its own
-# profile (target/release), so it does not wait on the tests' build lock.
+# Every debug build here is `cargo test --workspace`: a run of one package (`-p`, or
+# `--exclude`) or a `cargo build` (no dev-dependencies) would resolve the dependencies'
+# features apart from it and build them all again. The test build makes the binaries too
+# (target/debug/spur-operator, which the end-to-end cases run, and target/debug/spur-sim).
+# The image's release build, beside the tests: the real-time suites (the real peer, end to
+# end, the processes) leave the CPU idle much of the time. A build of its own profile
+# (target/release), so it does not wait on the tests' build lock; at a lower priority than
+# the tests but above the sweeps, since the image (and the lab after it) waits for it.
 release_log="$(mktemp)"
 # Without .cargo/config.toml's `--cfg tokio_unstable` (RUSTFLAGS set replaces it), as
 # ci/image.sh builds it: only the simulation needs the flag.
-RUSTFLAGS='' nice -n 19 cargo build --release --locked -p spur-operator --bin spur-operator >"$release_log" 2>&1 &
+RUSTFLAGS='' nice -n 10 cargo build --release --locked -p spur-operator --bin spur-operator >"$release_log" 2>&1 &
 release_pid=$!
 background+=("$release_pid")
-# A hard bound on the whole run: the real-time suites bound each case themselves (150 s a
-# conformance case, 150 s an end-to-end case); this catches anything else that hangs.
-timeout --kill-after=30s 3600s cargo test --workspace --locked
+# Every test target, at full speed, before anything runs beside it.
+cargo test --workspace --locked --no-run
+# The seed sweeps (thousands of simulated scenarios: CPU only, nothing real-time) at the
+# lowest priority, beside the real-time suites, the image and the lab, whose idle CPU
+# they take; their result is awaited at the end. The simulation's time is its own, so
+# running slower changes none of its figures.
+sweeps_log="$(mktemp)"
+nice -n 19 timeout --kill-after=30s 3000s cargo test --workspace --locked --test sweeps >"$sweeps_log" 2>&1 &
+sweeps_pid=$!
+background+=("$sweeps_pid")
+# Every other target, the test targets by the manifests' own list, so a new one is not left
+# out. A hard bound on the whole run: the real-time suites bound each case themselves (150 s
+# a conformance case, 150 s an end-to-end case); this catches anything else that hangs.
+mapfile -t other_tests < <(cargo metadata --no-deps --format-version 1 --locked | python3 -c '
+import json, sys
+for package in json.load(sys.stdin)["packages"]:
+    for target in package["targets"]:
+        if "test" in target["kind"] and target["name"] != "sweeps":
+            print("--test")
+            print(target["name"])
+')
+timeout --kill-after=30s 2400s cargo test --workspace --locked --lib --bins "${other_tests[@]}"
+timeout --kill-after=30s 600s cargo test --workspace --locked --doc
 
 step "image"
 # The production image, built offline with buildah from that release binary, checked, and
@@ -106,8 +129,8 @@ fi
 step "pictures"
 # The pictures a person reads a run from (ci/pictures.sh): a failing seed-fix scenario's
 # HTML timeline rendered in headless Chromium and its DOM checked, the compare plot parsed.
-# Before the lab and the window: a few seconds, and nothing else competes for the CPU.
-cargo build -p spur-sim --bin spur-sim --locked
+# Before the lab and the window: a few seconds.
+cargo test --workspace --locked --no-run
 timeout --kill-after=30s 300s bash ci/pictures.sh target/debug/spur-sim target/pictures
 
 step "lab, beside the moving seed window"
@@ -161,4 +184,14 @@ rm -f "$window_log"
 if [ "$window_status" -ne 0 ]; then
   echo "the moving seed window failed (status $window_status): replay each failing seed with the command printed above" >&2
   exit "$window_status"
+fi
+
+step "seed sweeps"
+sweeps_status=0
+wait "$sweeps_pid" || sweeps_status=$?
+cat "$sweeps_log"
+rm -f "$sweeps_log"
+if [ "$sweeps_status" -ne 0 ]; then
+  echo "the seed sweeps failed (status $sweeps_status): each failing seed's replay command is printed above" >&2
+  exit "$sweeps_status"
 fi
