@@ -80,8 +80,9 @@ background+=("$release_pid")
 # (target/debug/spur-operator, which the end-to-end cases run, and target/debug/spur-sim).
 cargo test --workspace --locked --no-run
 # Every target but the sweeps (run after the image, below), the test targets by the
-# manifests' own list, so a new one is not left out. A hard bound on the whole run: the real-time suites bound each case themselves (150 s
-# a conformance case, 150 s an end-to-end case); this catches anything else that hangs.
+# manifests' own list, so a new one is not left out. A hard bound on the whole run: the
+# real-time suites bound each case themselves (150 s a conformance case, 150 s an
+# end-to-end case); this catches anything else that hangs.
 mapfile -t other_tests < <(cargo metadata --no-deps --format-version 1 --locked | python3 -c '
 import json, sys
 for package in json.load(sys.stdin)["packages"]:
