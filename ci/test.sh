@@ -178,22 +178,20 @@ else
   echo "!!! The lab did NOT run (it needs root and the real spurctld): spur-sim lab --compare-sim"
 fi
 
+# Waits for a background job, prints its log, and stops the run if it failed, saying what.
+await_background() {
+  local what="$1" pid="$2" log="$3" status=0
+  wait "$pid" || status=$?
+  cat "$log"
+  rm -f "$log"
+  if [ "$status" -ne 0 ]; then
+    echo "$what failed (status $status): replay each failing seed with the command printed above" >&2
+    exit "$status"
+  fi
+}
+
 step "moving seed window"
-window_status=0
-wait "$window_pid" || window_status=$?
-cat "$window_log"
-rm -f "$window_log"
-if [ "$window_status" -ne 0 ]; then
-  echo "the moving seed window failed (status $window_status): replay each failing seed with the command printed above" >&2
-  exit "$window_status"
-fi
+await_background "the moving seed window" "$window_pid" "$window_log"
 
 step "seed sweeps"
-sweeps_status=0
-wait "$sweeps_pid" || sweeps_status=$?
-cat "$sweeps_log"
-rm -f "$sweeps_log"
-if [ "$sweeps_status" -ne 0 ]; then
-  echo "the seed sweeps failed (status $sweeps_status): each failing seed's replay command is printed above" >&2
-  exit "$sweeps_status"
-fi
+await_background "the seed sweeps" "$sweeps_pid" "$sweeps_log"
