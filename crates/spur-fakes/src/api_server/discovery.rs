@@ -131,15 +131,12 @@ pub fn table(
     // A built-in kind's printer: its first columns, the age, then the wide ones.
     let printer = printers::columns(&rt.group, &rt.kind).unwrap_or(&[]);
     let (narrow, wide): (Vec<_>, Vec<_>) = printer.iter().partition(|c| c.priority == 0);
-    for column in &narrow {
-        columns.push(json!({"name": column.name, "type": "string", "format": "", "description": column.name, "priority": 0}));
-    }
+    let definition = |c: &printers::Column| json!({"name": c.name, "type": "string", "format": "", "description": c.name, "priority": c.priority});
+    columns.extend(narrow.iter().map(|c| definition(c)));
     if rt.printer_columns.is_empty() {
         columns.push(json!({"name": "Age", "type": "string", "format": "", "description": "Time since creation", "priority": 0}));
     }
-    for column in &wide {
-        columns.push(json!({"name": column.name, "type": "string", "format": "", "description": column.name, "priority": column.priority}));
-    }
+    columns.extend(wide.iter().map(|c| definition(c)));
     for column in &rt.printer_columns {
         columns.push(json!({"name": column.name, "type": column.type_, "format": "", "description": column.json_path, "priority": column.priority}));
     }

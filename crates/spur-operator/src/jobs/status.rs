@@ -512,7 +512,7 @@ impl Poller {
     /// GetJobs. An id no SpurJob tracks may be an array's task (its pods carry the task's
     /// id), so the active arrays are read too. What this misses (a failed read, a job not
     /// in the answer) the next poll finds.
-    pub async fn read_changed(&self, job_ids: &[u32], memory: &mut PollMemory) {
+    async fn read_changed(&self, job_ids: &[u32], memory: &mut PollMemory) {
         let all = active_jobs(&self.store);
         // Sorted by id, as active_jobs gives them.
         let tracked = |id: &u32| all.binary_search_by_key(id, |(active, _)| *active).is_ok();
@@ -527,21 +527,35 @@ impl Poller {
         if active.is_empty() {
             return;
         }
-        let tasks = array_tasks_of(&self.controller, &active).await;
+        // A failed read is said there; the next poll reads these jobs again.
+        let _ = self.read_and_mirror(&active, memory).await;
+    }
+
+    /// Reads `active` (and its arrays' tasks) with one GetJobs and mirrors the answer: the
+    /// time it was mirrored at and which of `active` were answered for, or `None` when the
+    /// read failed (said here).
+    async fn read_and_mirror(
+        &self,
+        active: &[(u32, Arc<SpurJob>)],
+        memory: &mut PollMemory,
+    ) -> Option<(String, Vec<bool>)> {
+        let tasks = array_tasks_of(&self.controller, active).await;
         let request = pb::GetJobsRequest {
             job_ids: active.iter().map(|(id, _)| *id).collect(),
             ..Default::default()
         };
-        match self.controller.get_jobs(request).await {
-            Ok(answer) => {
-                let now = self.clock.timestamp().to_string();
-                self.mirror_answer(&active, answer.jobs, tasks.as_deref(), &now, memory)
-                    .await;
-            }
+        let answer = match self.controller.get_jobs(request).await {
+            Ok(answer) => answer,
             Err(e) => {
-                tracing::info!(error = %e, jobs = active.len(), "could not read the jobs just reported; the next poll will");
+                tracing::warn!(error = %e, jobs = active.len(), "could not read job states; trying again next round");
+                return None;
             }
-        }
+        };
+        let now = self.clock.timestamp().to_string();
+        let answered = self
+            .mirror_answer(active, answer.jobs, tasks.as_deref(), &now, memory)
+            .await;
+        Some((now, answered))
     }
 
     /// One round: counts the SpurJobs by state, reads every active job's state (and every
@@ -554,25 +568,9 @@ impl Poller {
         if active.is_empty() {
             return;
         }
-        let tasks = array_tasks_of(&self.controller, &active).await;
-        let answer = match self
-            .controller
-            .get_jobs(pb::GetJobsRequest {
-                job_ids,
-                ..Default::default()
-            })
-            .await
-        {
-            Ok(answer) => answer,
-            Err(e) => {
-                tracing::warn!(error = %e, jobs = active.len(), "could not read job states; trying again next round");
-                return;
-            }
+        let Some((now, answered)) = self.read_and_mirror(&active, memory).await else {
+            return;
         };
-        let now = self.clock.timestamp().to_string();
-        let answered = self
-            .mirror_answer(&active, answer.jobs, tasks.as_deref(), &now, memory)
-            .await;
         self.ask_about_missing(&active, &answered, &now, memory)
             .await;
     }
