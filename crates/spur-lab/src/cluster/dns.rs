@@ -14,6 +14,13 @@
 //!   has `spec.hostname` and `spec.subdomain` = the Service (a StatefulSet's pods);
 //! - `kubernetes.default...`: the API server's address, handed in.
 //!
+//! A name the hosts file does not hold fails at once, as CoreDNS answers NXDOMAIN for a
+//! name of the cluster's domain it does not know: each pod's `/etc/resolv.conf`
+//! ([`resolv_conf`]) names a nameserver on the pod's own loopback, where nothing listens.
+//! With the host's resolv.conf a pod's query would leave through its default route for
+//! the host's nameserver, which the host drops, and glibc would wait out its timeout
+//! (seconds) on every lookup of a not-yet-Ready pod's name.
+//!
 //! Not answered, knowingly: ExternalName Services (a CNAME has no hosts-file form), pod
 //! records (`1-2-3-4.ns.pod.cluster.local`), SRV records, and a pod's own hostname (the file
 //! is shared by a namespace's pods).
@@ -108,6 +115,18 @@ pub fn hosts_files(view: &DnsView, api_address: IpAddr) -> BTreeMap<String, Stri
         .into_iter()
         .map(|ns| (ns.to_owned(), hosts_text(ns, &records)))
         .collect()
+}
+
+/// The `/etc/resolv.conf` a pod of `namespace` sees: the kubelet's search path for
+/// `dnsPolicy: ClusterFirst` and `ndots:5`, and a nameserver that refuses at once (see the
+/// module's comment).
+pub fn resolv_conf(namespace: &str) -> String {
+    format!(
+        "# Written by the spur-lab kubelet: names resolve from /etc/hosts only.\n\
+         search {namespace}.svc.{CLUSTER_DOMAIN} svc.{CLUSTER_DOMAIN} {CLUSTER_DOMAIN}\n\
+         nameserver 127.0.0.1\n\
+         options ndots:5\n"
+    )
 }
 
 fn hosts_text(reader: &str, records: &BTreeSet<Record>) -> String {

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::KubeletConfig;
 use super::containers;
-use super::mounts::MountPlan;
+use super::mounts::{Bind, MountPlan};
 use super::pod_net::{Addresses, Bridge, PodNet};
 use super::pod_state::{ContainerRun, PodRun, now};
 use super::volumes::{self, VolumeSources};
@@ -321,21 +321,24 @@ async fn pod_volumes(
     }
 }
 
-/// The container's own filesystem: its binds, the namespace's hosts file, a read-only root
-/// if its securityContext asks, its working directory.
+/// The container's own filesystem: its binds, the pod's resolv.conf and the namespace's
+/// hosts file, a read-only root if its securityContext asks, its working directory.
 fn container_filesystem(
     run: &PodRun,
     spec: &Container,
     volumes: &BTreeMap<String, PathBuf>,
     config: &KubeletConfig,
 ) -> Result<containers::Filesystem, String> {
-    let binds = volumes::binds(spec, volumes)?;
+    let mut binds = volumes::binds(spec, volumes)?;
     let hosts = config.hosts_dir.as_ref().map(|d| d.join(&run.namespace));
     if let Some(hosts) = hosts.as_ref().filter(|h| !h.is_file()) {
         return Err(format!(
             "the cluster DNS has not written {} yet",
             hosts.display()
         ));
+    }
+    if hosts.is_some() {
+        binds.push(resolver_bind(run)?);
     }
     let scratch = run.dir.join("rootfs").join(&spec.name);
     std::fs::create_dir_all(&scratch).map_err(|e| format!("{}: {e}", scratch.display()))?;
@@ -345,6 +348,18 @@ fn container_filesystem(
     let plan = MountPlan::new(&scratch, &binds, hosts.as_deref(), read_only, &workdir)
         .map_err(|e| format!("{e:#}"))?;
     Ok(containers::Filesystem::Built(plan))
+}
+
+/// The pod's `/etc/resolv.conf`, written in its directory, bound read-only.
+fn resolver_bind(run: &PodRun) -> Result<Bind, String> {
+    let source = run.dir.join("resolv.conf");
+    std::fs::write(&source, super::dns::resolv_conf(&run.namespace))
+        .map_err(|e| format!("{}: {e}", source.display()))?;
+    Ok(Bind {
+        source,
+        target: PathBuf::from("/etc/resolv.conf"),
+        read_only: true,
+    })
 }
 
 /// A Warning event on `pod`, as a kubelet records one; a failure to record is only logged.

@@ -147,6 +147,19 @@ fn exec_runs_inside_the_pod(cluster: &ClusterProcess) {
         ok && hosts.contains("spurctld-0.spurctld.spur.svc.cluster.local"),
         "the pod's /etc/hosts is its namespace's: {hosts:?}"
     );
+    let (ok, resolv) = exec(&["cat", "/etc/resolv.conf"]);
+    assert!(
+        ok && resolv.contains("search spur.svc.cluster.local svc.cluster.local cluster.local")
+            && resolv.contains("nameserver 127.0.0.1"),
+        "the pod's resolv.conf has the kubelet's search path and no nameserver off the \
+         pod: {resolv:?}"
+    );
+    let (found, _) = exec(&[
+        "getent",
+        "hosts",
+        "spurctld-9.spurctld.spur.svc.cluster.local",
+    ]);
+    assert!(!found, "a name the cluster does not hold does not resolve");
     let status = Command::new(kubectl_binary())
         .arg("--kubeconfig")
         .arg(&cluster.kubeconfig)
