@@ -27,6 +27,62 @@ pub struct LabBenchArgs {
     /// Each phase (registration, submission) fails past this.
     #[arg(long, default_value = "600s", value_parser = humantime::parse_duration)]
     pub limit: Duration,
+    /// The output of `spur-sim lab-limits --replicas 3 --json`: each rate is then printed
+    /// as a ratio of what the real replicas answer when driven as hard as they go.
+    #[arg(long, value_name = "FILE")]
+    pub limits: Option<std::path::PathBuf>,
+}
+
+/// The real spurctld's answered calls a second by call kind, for three replicas, as
+/// `lab-limits --json` printed them.
+#[derive(Debug, Default)]
+pub struct ControllerLimits {
+    per_second: std::collections::BTreeMap<String, f64>,
+}
+
+impl ControllerLimits {
+    /// Reads `lab-limits --json`'s lines; an unreadable file or line is an error naming it.
+    pub fn read(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("--limits {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| anyhow::anyhow!("--limits {}: {e}", path.display()))
+    }
+
+    fn parse(text: &str) -> anyhow::Result<Self> {
+        let mut limits = Self::default();
+        for (n, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let row: serde_json::Value = serde_json::from_str(line).map_err(|e| {
+                anyhow::anyhow!("line {}: not lab-limits --json output: {e}", n + 1)
+            })?;
+            let (Some(call), Some(rate)) = (row["call"].as_str(), row["per_second"].as_f64())
+            else {
+                anyhow::bail!("line {}: no \"call\" and \"per_second\"", n + 1);
+            };
+            if row["replicas"] == 3 {
+                limits.per_second.insert(call.to_owned(), rate);
+            }
+        }
+        anyhow::ensure!(
+            !limits.per_second.is_empty(),
+            "no line for 3 replicas (run lab-limits with --replicas 3)"
+        );
+        Ok(limits)
+    }
+
+    /// `rate` beside `call`'s limit, or nothing when that call was not measured.
+    fn beside(limits: Option<&Self>, call: &str, rate: f64) -> String {
+        match limits.and_then(|l| l.per_second.get(call)) {
+            Some(limit) => format!(
+                " ({:.2} of the real replicas' {call} limit, {limit:.0}/s)",
+                rate / limit
+            ),
+            None => String::new(),
+        }
+    }
 }
 
 /// Resident memory of process `pid`, in MiB (`VmRSS` of /proc/PID/status).
@@ -47,6 +103,11 @@ pub fn main(args: LabBenchArgs) -> anyhow::Result<bool> {
         anyhow::bail!("the lab cannot run here: {why}");
     }
     // Scale against the real peer: the simulated replicas are measured by `spur-sim bench`.
+    let limits = args
+        .limits
+        .as_deref()
+        .map(ControllerLimits::read)
+        .transpose()?;
     let (replicas, operator) = super::binaries(None, super::ReplicaKind::Real)?;
     super::kernel::enter_private_network()?;
     let dir = std::env::temp_dir().join(format!("spur-lab-bench-{}", std::process::id()));
@@ -62,12 +123,16 @@ pub fn main(args: LabBenchArgs) -> anyhow::Result<bool> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let result = runtime.block_on(bench(setup, &args));
+    let result = runtime.block_on(bench(setup, &args, limits.as_ref()));
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-async fn bench(setup: LabSetup, args: &LabBenchArgs) -> anyhow::Result<bool> {
+async fn bench(
+    setup: LabSetup,
+    args: &LabBenchArgs,
+    limits: Option<&ControllerLimits>,
+) -> anyhow::Result<bool> {
     let mut lab = Lab::new(setup, args.nodes, &[OPERATOR]).await?;
     lab.start_clock();
     for slot in 0..lab.replica_count() {
@@ -75,7 +140,9 @@ async fn bench(setup: LabSetup, args: &LabBenchArgs) -> anyhow::Result<bool> {
     }
     lab.start_operator(OPERATOR, &[])?;
     let pid = lab.operator_pid(OPERATOR).expect("just started");
-    if !registration(&mut lab, args, pid).await? || !submission(&mut lab, args).await? {
+    if !registration(&mut lab, args, pid, limits).await?
+        || !submission(&mut lab, args, limits).await?
+    {
         return Ok(false);
     }
     steady_state(&mut lab, args, pid).await?;
@@ -84,7 +151,12 @@ async fn bench(setup: LabSetup, args: &LabBenchArgs) -> anyhow::Result<bool> {
 
 /// Registration, from the first leader to the last node the leader knows, printed;
 /// `false` when it did not end within the limit.
-async fn registration(lab: &mut Lab, args: &LabBenchArgs, pid: u32) -> anyhow::Result<bool> {
+async fn registration(
+    lab: &mut Lab,
+    args: &LabBenchArgs,
+    pid: u32,
+    limits: Option<&ControllerLimits>,
+) -> anyhow::Result<bool> {
     let mut first_leader = None;
     let registered_at = loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -106,11 +178,12 @@ async fn registration(lab: &mut Lab, args: &LabBenchArgs, pid: u32) -> anyhow::R
         }
     };
     let took = registered_at - first_leader.expect("set");
+    let rate = args.nodes as f64 / took.as_secs_f64().max(0.001);
     println!(
-        "{} nodes registered {:.1} s after the first leader: {:.0} registrations/s; operator RSS {:.0} MiB",
+        "{} nodes registered {:.1} s after the first leader: {rate:.0} registrations/s{}; operator RSS {:.0} MiB",
         args.nodes,
         took.as_secs_f64(),
-        args.nodes as f64 / took.as_secs_f64().max(0.001),
+        ControllerLimits::beside(limits, "RegisterAgent", rate),
         resident_mib(pid).unwrap_or(f64::NAN)
     );
     Ok(true)
@@ -118,7 +191,11 @@ async fn registration(lab: &mut Lab, args: &LabBenchArgs, pid: u32) -> anyhow::R
 
 /// Creates the many active SpurJobs (pods that run for an hour) and waits until each has
 /// its controller job, printed; `false` when that did not happen within the limit.
-async fn submission(lab: &mut Lab, args: &LabBenchArgs) -> anyhow::Result<bool> {
+async fn submission(
+    lab: &mut Lab,
+    args: &LabBenchArgs,
+    limits: Option<&ControllerLimits>,
+) -> anyhow::Result<bool> {
     let created = Instant::now();
     for i in 0..args.jobs {
         // A create that failed would shrink the load the figure claims: stop instead.
@@ -153,10 +230,12 @@ async fn submission(lab: &mut Lab, args: &LabBenchArgs) -> anyhow::Result<bool> 
             return Ok(false);
         }
     }
+    let took = created.elapsed().as_secs_f64();
+    let rate = args.jobs as f64 / took.max(0.001);
     println!(
-        "{} SpurJobs submitted {:.1} s after they were created",
+        "{} SpurJobs submitted {took:.1} s after they were created: {rate:.0} a second{}",
         args.jobs,
-        created.elapsed().as_secs_f64()
+        ControllerLimits::beside(limits, "SubmitJob", rate),
     );
     Ok(true)
 }
@@ -189,4 +268,37 @@ async fn steady_state(lab: &mut Lab, args: &LabBenchArgs, pid: u32) -> anyhow::R
         resident_mib(pid).unwrap_or(f64::NAN)
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_three_replica_limits_are_read_and_a_rate_is_printed_as_their_ratio() {
+        let text = concat!(
+            r#"{"replicas":1,"call":"SubmitJob","per_second":196.0}"#,
+            "\n",
+            r#"{"replicas":3,"call":"SubmitJob","per_second":136.0}"#,
+            "\n\n",
+            r#"{"replicas":3,"call":"RegisterAgent","per_second":494.0}"#,
+        );
+        let limits = ControllerLimits::parse(text).expect("lab-limits output");
+        assert_eq!(
+            ControllerLimits::beside(Some(&limits), "SubmitJob", 68.0),
+            " (0.50 of the real replicas' SubmitJob limit, 136/s)"
+        );
+        assert_eq!(ControllerLimits::beside(Some(&limits), "GetJobs", 1.0), "");
+        assert_eq!(ControllerLimits::beside(None, "SubmitJob", 1.0), "");
+    }
+
+    #[test]
+    fn limits_that_are_not_lab_limits_output_are_refused_with_the_line() {
+        let err = ControllerLimits::parse("{}\n").unwrap_err().to_string();
+        assert!(err.contains("line 1"), "{err}");
+        let err = ControllerLimits::parse(r#"{"replicas":1,"call":"SubmitJob","per_second":1}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--replicas 3"), "{err}");
+    }
 }
