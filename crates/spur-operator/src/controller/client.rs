@@ -40,6 +40,9 @@ struct Inner {
     connector: Box<Connector>,
     max_message_bytes: usize,
     authorization: Option<AsciiMetadataValue>,
+    /// One permit a call in flight (`--controller-max-in-flight`); tokio's semaphore is
+    /// fair, so calls start in the order they asked, and a seed replays.
+    in_flight: tokio::sync::Semaphore,
     state: Mutex<State>,
     metrics: Option<Metrics>,
     /// Checked by each leader-only call ([`LEADER_WRITES`]) once it has its channel, at the
@@ -209,6 +212,7 @@ impl ControllerClient {
             })
             .transpose()?;
         let max_message_bytes = config.max_message_bytes;
+        let in_flight = tokio::sync::Semaphore::new(config.max_in_flight);
         let session = Session::new(config.behind_window);
         let policy = Policy::new(Rules::from_config(&config));
         let target = addr.clone();
@@ -222,6 +226,7 @@ impl ControllerClient {
                 connector,
                 max_message_bytes,
                 authorization,
+                in_flight,
                 state: Mutex::new(State {
                     policy,
                     channels: BTreeMap::new(),
@@ -286,7 +291,9 @@ impl ControllerClient {
     /// same stuck channel.
     pub async fn check_within(&self, bound: std::time::Duration) -> Result<(), ControllerError> {
         let deadline = tokio::time::Instant::now() + bound;
-        self.call("GetJobs", probe_request(), move |mut c, r| async move {
+        // Not behind the bound on calls in flight: whether spurctld answers must not be
+        // judged by how long the operator's own calls keep their turns.
+        self.call_now("GetJobs", probe_request(), move |mut c, r| async move {
             tokio::time::timeout_at(deadline, c.get_jobs(r))
                 .await
                 .unwrap_or_else(|_| {
@@ -408,8 +415,32 @@ impl ControllerClient {
         answer
     }
 
-    /// Runs one RPC on the channel the policy gives it and reports how it ended.
+    /// Runs one RPC once it has its turn among the calls in flight
+    /// (`--controller-max-in-flight`). The wait for a turn is not the call's: the policy,
+    /// the metrics and the log time the call from its turn.
     async fn call<Req, Resp, F, Fut>(
+        &self,
+        method: &'static str,
+        message: Req,
+        rpc: F,
+    ) -> Result<Resp, ControllerError>
+    where
+        F: FnOnce(pb::SlurmControllerClient<Channel>, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+        Req: Question,
+        Resp: Answer,
+    {
+        let _turn = self
+            .inner
+            .in_flight
+            .acquire()
+            .await
+            .expect("the client never closes its semaphore");
+        self.call_now(method, message, rpc).await
+    }
+
+    /// Runs one RPC on the channel the policy gives it and reports how it ended.
+    async fn call_now<Req, Resp, F, Fut>(
         &self,
         method: &'static str,
         message: Req,

@@ -138,6 +138,39 @@ async fn concurrent_callers_share_one_connect() {
     assert_eq!(network.dials(), 1);
 }
 
+/// Twelve registrations against a bound of four in flight, each answered after 1 s:
+/// spurctld never sees more than four at once, and the twelve end in three rounds.
+#[tokio::test(start_paused = true)]
+async fn calls_beyond_the_in_flight_bound_wait_their_turn() {
+    let controller = ScriptedController::default();
+    controller.set_delay(Duration::from_secs(1));
+    let network = MemoryNetwork::start(controller.clone());
+    let config = ChannelConfig {
+        max_in_flight: 4,
+        ..unprobed()
+    };
+    let client = client_over(&network, config);
+    let started = Instant::now();
+    let calls: Vec<_> = (0..12)
+        .map(|n| {
+            let client = client.clone();
+            let request = spur_proto::RegisterAgentRequest {
+                hostname: format!("node-{n}"),
+                ..Default::default()
+            };
+            tokio::spawn(async move { client.register_agent(request).await })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    let most = controller
+        .max_in_flight
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(most, 4, "calls spurctld saw at once");
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_black_holed_peer_is_found_by_keepalive_then_reconnected() {
     let (_controller, network, client) = setup();
