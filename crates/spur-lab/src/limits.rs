@@ -167,11 +167,24 @@ async fn caller_loop(
         let outcome = tokio::time::timeout(deadline, call(kind, &mut client, n)).await;
         match outcome {
             Ok(Ok(())) => tally.latencies.push(sent.elapsed()),
-            Ok(Err(status)) => tally.refuse(format!("{:?} {}", status.code(), status.message())),
+            Ok(Err(status)) => tally.refuse(refusal(&status)),
             Err(_) => tally.refuse(format!("no answer within {deadline:?}")),
         }
     }
     tally
+}
+
+/// A refusal's code, message and the chain of errors under it: tonic's message for a
+/// broken connection is only "transport error", and the cause (a GOAWAY and its reason)
+/// is in the chain.
+fn refusal(status: &tonic::Status) -> String {
+    let mut text = format!("{:?} {}", status.code(), status.message());
+    let mut cause = std::error::Error::source(status);
+    while let Some(error) = cause {
+        text.push_str(&format!(": {error}"));
+        cause = error.source();
+    }
+    text
 }
 
 /// How many nodes the RegisterAgent phase spreads over: a re-registration of an unchanged
