@@ -45,6 +45,8 @@ impl Profile {
         ];
         let channel: &[&str] = match self {
             Profile::Unbounded => &[
+                "--controller-max-in-flight",
+                "off",
                 "--controller-connect-timeout",
                 "off",
                 "--controller-request-timeout",
@@ -59,6 +61,8 @@ impl Profile {
                 "off",
             ],
             Profile::SeedFix => &[
+                "--controller-max-in-flight",
+                "off",
                 "--controller-connect-timeout",
                 "10s",
                 "--controller-request-timeout",

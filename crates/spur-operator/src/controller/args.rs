@@ -251,19 +251,20 @@ pub struct ControllerArgs {
     )]
     pub controller_max_message_mib: usize,
 
-    /// Calls to spurctld in flight at once, over every pool (registration, heartbeats,
-    /// reconciliations, reports); more wait their turn. spurctld's HTTP/2 server (h2
-    /// 0.4.16) closes a connection with GOAWAY ENHANCE_YOUR_CALM ("too_many_data_frames")
-    /// once the small DATA frames it has not read yet pass a fixed budget; a unary call
-    /// costs it about 500 bytes of that budget until its handler reads it, so about 50
-    /// calls waiting in a busy spurctld close the connection, and every call on it fails.
-    /// 32 stays clear of that (measured: docs/evidence.md), and calls answered in
-    /// milliseconds still pass at over a thousand a second.
+    /// Calls to spurctld in flight at once, from every pool (registration, heartbeats,
+    /// reconciliations, reports), or `off`; more wait their turn. Only the readiness check
+    /// and the channel's own probes go by. spurctld's HTTP/2 server (h2 0.4.16) closes a
+    /// connection with GOAWAY ENHANCE_YOUR_CALM ("too_many_data_frames") once the small
+    /// DATA frames it has not read yet pass a fixed budget; a unary call costs it about 500
+    /// bytes of that budget until its handler reads it, so about 50 calls waiting in a busy
+    /// spurctld close the connection, and every call on it fails. At 32 the real replicas
+    /// still answer hundreds of registrations and thousands of heartbeats a second
+    /// (measured: docs/evidence.md).
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_MAX_IN_FLIGHT",
         default_value_t = DEFAULT_MAX_IN_FLIGHT,
-        value_parser = clap::value_parser!(u16).range(1..).map(usize::from)
+        value_parser = parse_max_in_flight
     )]
     pub controller_max_in_flight: usize,
 
@@ -386,6 +387,19 @@ impl ControllerArgs {
     }
 }
 
+/// A count of calls from 1 to 65,535, or `off`: no bound.
+fn parse_max_in_flight(text: &str) -> Result<usize, String> {
+    if text == "off" {
+        return Ok(tokio::sync::Semaphore::MAX_PERMITS);
+    }
+    match text.parse::<u16>() {
+        Ok(n) if n > 0 => Ok(usize::from(n)),
+        _ => Err(format!(
+            "`{text}` is not a count of calls from 1 to 65535, or `off`"
+        )),
+    }
+}
+
 fn read_token(path: &Path) -> Result<String, ConfigError> {
     const FLAG: &str = "--controller-token-file";
     let bytes = read_file(FLAG, path)?;
@@ -451,6 +465,20 @@ mod tests {
         assert_eq!(settings.channel.hedge(), None);
         let err = parse(&["--controller-rules-off", "hedge,recheck"]).unwrap_err();
         assert!(err.contains("unknown rule `recheck`"), "{err}");
+    }
+
+    #[test]
+    fn the_bound_on_calls_in_flight_is_a_count_or_off_and_a_wrong_one_is_named() {
+        let bound = |flag: &str| parse(&["--controller-max-in-flight", flag]);
+        assert_eq!(bound("8").unwrap().channel.max_in_flight, 8);
+        assert_eq!(
+            bound("off").unwrap().channel.max_in_flight,
+            tokio::sync::Semaphore::MAX_PERMITS
+        );
+        for wrong in ["0", "many", "70000"] {
+            let err = bound(wrong).unwrap_err();
+            assert!(err.contains("from 1 to 65535, or `off`"), "{wrong}: {err}");
+        }
     }
 
     #[test]

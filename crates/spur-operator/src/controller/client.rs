@@ -24,6 +24,12 @@ use crate::fence::{Fence, Permit, Refused};
 use crate::metrics::Metrics;
 use crate::net::Dialer;
 
+tokio::task_local! {
+    /// Set while a task runs work inside one turn ([`ControllerClient::in_one_turn`]): the
+    /// client (by its address) whose calls in that work take no turn of their own.
+    static TURN_OF: usize;
+}
+
 type Connector = dyn Fn() -> BoxFuture<'static, Result<Channel, ConnectError>> + Send + Sync;
 /// Where a call waits for the channel the policy gives it.
 type ChannelWait = oneshot::Receiver<Result<Channel, ControllerError>>;
@@ -430,13 +436,29 @@ impl ControllerClient {
         Req: Question,
         Resp: Answer,
     {
-        let _turn = self
-            .inner
-            .in_flight
-            .acquire()
-            .await
-            .expect("the client never closes its semaphore");
+        if TURN_OF.try_with(|&client| client == self.id()) == Ok(true) {
+            return self.call_now(method, message, rpc).await;
+        }
+        let _turn = self.take_turn().await;
         self.call_now(method, message, rpc).await
+    }
+
+    /// Runs `work` in one turn among the calls in flight: its calls through this client
+    /// share that turn instead of queueing for their own. For a call raced with a read
+    /// that may rescue it (the submission's read-back), which would otherwise wait behind
+    /// the very calls that hold every turn.
+    pub async fn in_one_turn<T>(&self, work: impl Future<Output = T>) -> T {
+        let _turn = self.take_turn().await;
+        TURN_OF.scope(self.id(), work).await
+    }
+
+    async fn take_turn(&self) -> tokio::sync::SemaphorePermit<'_> {
+        (self.inner.in_flight.acquire().await).expect("the client never closes its semaphore")
+    }
+
+    /// This client's identity among clients, for [`TURN_OF`].
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
     }
 
     /// Runs one RPC on the channel the policy gives it and reports how it ended.

@@ -94,11 +94,25 @@ pub async fn submit_once(
     let Some(every) = read_back else {
         return Ok(Submission::Submitted(submit.await?.job_id));
     };
+    // One turn for the submission and its read-backs, counted from when it is sent.
+    controller
+        .in_one_turn(submit_or_read_back(controller, submit, &name, uid, every))
+        .await
+}
+
+/// The submission's answer, or the job it carried once a read-back every `every` finds it.
+async fn submit_or_read_back(
+    controller: &ControllerClient,
+    submit: impl std::future::Future<Output = Result<pb::SubmitJobResponse, ControllerError>>,
+    name: &str,
+    uid: &str,
+    every: Duration,
+) -> Result<Submission, ControllerError> {
     let read_back = async {
         loop {
             tokio::time::sleep(every).await;
             // A failed read settles nothing: the submission's own answer still may.
-            if let Ok(Some(id)) = find_by_uid(controller, &name, uid).await {
+            if let Ok(Some(id)) = find_by_uid(controller, name, uid).await {
                 return id;
             }
         }
@@ -132,12 +146,18 @@ mod tests {
     /// a second is abandoned once a new channel serves (controller::policy, rule 4), and
     /// these tests are about what the read-back finds meanwhile.
     fn setup() -> (ScriptedController, ControllerClient) {
+        setup_with(ChannelConfig::default().max_in_flight)
+    }
+
+    /// [`setup`], with at most `max_in_flight` calls in flight.
+    fn setup_with(max_in_flight: usize) -> (ScriptedController, ControllerClient) {
         let controller = ScriptedController::default();
         let network = MemoryNetwork::start(controller.clone());
         let client = ControllerClient::new(
             ControllerAddr::new("spurctld", 6817),
             ChannelConfig {
                 rules_off: [crate::controller::Rule::Patience].into(),
+                max_in_flight,
                 ..ChannelConfig::default()
             },
             None,
@@ -169,6 +189,22 @@ mod tests {
             started.elapsed()
         );
         assert_eq!(controller.jobs().len(), 1);
+    }
+
+    /// With one call in flight allowed, the unanswered SubmitJob holds it: its read-back
+    /// shares that turn instead of waiting behind it for the request bound.
+    #[tokio::test(start_paused = true)]
+    async fn the_read_back_shares_the_submissions_turn() {
+        let (controller, client) = setup_with(1);
+        controller.lose_next_submit_reply();
+        let started = Instant::now();
+        let submission = submit_once(&client, spec(), UID, READ_BACK).await.unwrap();
+        assert_eq!(submission, Submission::Adopted(7));
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]
