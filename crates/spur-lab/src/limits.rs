@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use spur_operator::status_text;
 use spur_proto as pb;
 use tonic::transport::Channel;
 
@@ -167,24 +168,15 @@ async fn caller_loop(
         let outcome = tokio::time::timeout(deadline, call(kind, &mut client, n)).await;
         match outcome {
             Ok(Ok(())) => tally.latencies.push(sent.elapsed()),
-            Ok(Err(status)) => tally.refuse(refusal(&status)),
+            // With its causes: tonic's message for a broken connection is only
+            // "transport error"; the cause (a GOAWAY and its reason) is under it.
+            Ok(Err(status)) => {
+                tally.refuse(format!("{:?} {}", status.code(), status_text(&status)))
+            }
             Err(_) => tally.refuse(format!("no answer within {deadline:?}")),
         }
     }
     tally
-}
-
-/// A refusal's code, message and the chain of errors under it: tonic's message for a
-/// broken connection is only "transport error", and the cause (a GOAWAY and its reason)
-/// is in the chain.
-fn refusal(status: &tonic::Status) -> String {
-    let mut text = format!("{:?} {}", status.code(), status.message());
-    let mut cause = std::error::Error::source(status);
-    while let Some(error) = cause {
-        text.push_str(&format!(": {error}"));
-        cause = error.source();
-    }
-    text
 }
 
 /// How many nodes the RegisterAgent phase spreads over: a re-registration of an unchanged

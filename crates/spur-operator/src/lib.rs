@@ -56,8 +56,8 @@ pub use nodes::Registered;
 
 // What the simulation's checks and models share with the operator, so the two never
 // disagree: the SpurJob and how its jobs are tagged, spurctld's state names, the writes
-// only its leader takes, hostlists and label selectors.
-pub use controller::LEADER_WRITES;
+// only its leader takes, a refusal's text with its causes, hostlists and label selectors.
+pub use controller::{LEADER_WRITES, status_text};
 pub use hostlist::expand as expand_hostlist;
 pub use jobs::convert::{UID_TAG, job_spec, uid_in_comment};
 pub use jobs::reports::OOM_KILLED_SIGNAL;

@@ -71,6 +71,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_MESSAGE_MIB: usize = 32;
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
+/// `--controller-max-in-flight off`: as many as tokio's semaphore can count.
+pub const NO_IN_FLIGHT_BOUND: usize = tokio::sync::Semaphore::MAX_PERMITS;
 pub const DEFAULT_CHANNEL_MAX_AGE: Duration = Duration::from_secs(20);
 pub const DEFAULT_CONNECT_PROBE: Duration = Duration::from_secs(1);
 /// Rule 6's grace: a replica that forwards reads answers from the leader's state, and one
@@ -125,7 +127,7 @@ impl ChannelConfig {
             connect_timeout: None,
             keepalive: None,
             request_timeout: None,
-            max_in_flight: tokio::sync::Semaphore::MAX_PERMITS,
+            max_in_flight: NO_IN_FLIGHT_BOUND,
             max_age: None,
             connect_probe: None,
             stale_read_grace: None,
@@ -255,11 +257,11 @@ pub struct ControllerArgs {
     /// reconciliations, reports), or `off`; more wait their turn. Only the readiness check
     /// and the channel's own probes go by. spurctld's HTTP/2 server (h2 0.4.16) closes a
     /// connection with GOAWAY ENHANCE_YOUR_CALM ("too_many_data_frames") once the small
-    /// DATA frames it has not read yet pass a fixed budget; a unary call costs it about 500
-    /// bytes of that budget until its handler reads it, so about 50 calls waiting in a busy
-    /// spurctld close the connection, and every call on it fails. At 32 the real replicas
-    /// still answer hundreds of registrations and thousands of heartbeats a second
-    /// (measured: docs/evidence.md).
+    /// DATA frames it has not read yet pass a fixed budget, and every call on it fails: by
+    /// our reading of h2, a unary call costs about 500 bytes of it until its handler reads
+    /// it, so about 50 calls waiting in a busy spurctld; measured, between 48 and 64 on one
+    /// channel. At 32 the real replicas still answer hundreds of registrations and
+    /// thousands of heartbeats a second (docs/evidence.md).
     #[arg(
         long,
         env = "SPUR_OPERATOR_CONTROLLER_MAX_IN_FLIGHT",
@@ -390,7 +392,7 @@ impl ControllerArgs {
 /// A count of calls from 1 to 65,535, or `off`: no bound.
 fn parse_max_in_flight(text: &str) -> Result<usize, String> {
     if text == "off" {
-        return Ok(tokio::sync::Semaphore::MAX_PERMITS);
+        return Ok(NO_IN_FLIGHT_BOUND);
     }
     match text.parse::<u16>() {
         Ok(n) if n > 0 => Ok(usize::from(n)),
@@ -473,7 +475,7 @@ mod tests {
         assert_eq!(bound("8").unwrap().channel.max_in_flight, 8);
         assert_eq!(
             bound("off").unwrap().channel.max_in_flight,
-            tokio::sync::Semaphore::MAX_PERMITS
+            NO_IN_FLIGHT_BOUND
         );
         for wrong in ["0", "many", "70000"] {
             let err = bound(wrong).unwrap_err();

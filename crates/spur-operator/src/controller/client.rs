@@ -436,10 +436,11 @@ impl ControllerClient {
         Req: Question,
         Resp: Answer,
     {
-        if TURN_OF.try_with(|&client| client == self.id()) == Ok(true) {
-            return self.call_now(method, message, rpc).await;
-        }
-        let _turn = self.take_turn().await;
+        let in_a_shared_turn = TURN_OF.try_with(|&client| client == self.id()) == Ok(true);
+        let _turn = match in_a_shared_turn {
+            true => None,
+            false => Some(self.take_turn().await),
+        };
         self.call_now(method, message, rpc).await
     }
 

@@ -105,7 +105,7 @@ pub(crate) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 
 /// A status's message followed by its causes: tonic's own message for a dead connection
 /// is only "http2 error"; the cause says "keep-alive timed out".
-pub(crate) fn status_text(status: &tonic::Status) -> String {
+pub fn status_text(status: &tonic::Status) -> String {
     use std::error::Error as _;
     append_causes(status.message().to_owned(), status.source())
 }

@@ -14,7 +14,7 @@ mod session;
 pub use address::{AddressError, ControllerAddr, Scheme};
 pub use args::{ChannelConfig, ControllerArgs, ControllerSettings, TlsConfig};
 pub use client::{ControllerClient, LEADER_WRITES};
-pub use error::{ConnectError, ControllerError, FailureKind};
+pub use error::{ConnectError, ControllerError, FailureKind, status_text};
 pub use policy::Rule;
 
 #[cfg(test)]

@@ -175,36 +175,28 @@ mod tests {
         }
     }
 
+    /// Also with one call in flight allowed: the unanswered SubmitJob holds that turn, and
+    /// its read-back shares it instead of waiting behind it for the request bound.
     #[tokio::test(start_paused = true)]
     async fn a_submission_whose_reply_is_lost_is_read_back_and_adopted() {
-        let (controller, client) = setup();
-        controller.lose_next_submit_reply();
-        let started = Instant::now();
-        let submission = submit_once(&client, spec(), UID, READ_BACK).await.unwrap();
-        assert_eq!(submission, Submission::Adopted(7));
-        // The first read-back found it, well inside the 5 s request bound.
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "{:?}",
-            started.elapsed()
-        );
-        assert_eq!(controller.jobs().len(), 1);
-    }
-
-    /// With one call in flight allowed, the unanswered SubmitJob holds it: its read-back
-    /// shares that turn instead of waiting behind it for the request bound.
-    #[tokio::test(start_paused = true)]
-    async fn the_read_back_shares_the_submissions_turn() {
-        let (controller, client) = setup_with(1);
-        controller.lose_next_submit_reply();
-        let started = Instant::now();
-        let submission = submit_once(&client, spec(), UID, READ_BACK).await.unwrap();
-        assert_eq!(submission, Submission::Adopted(7));
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "{:?}",
-            started.elapsed()
-        );
+        for max_in_flight in [ChannelConfig::default().max_in_flight, 1] {
+            let (controller, client) = setup_with(max_in_flight);
+            controller.lose_next_submit_reply();
+            let started = Instant::now();
+            let submission = submit_once(&client, spec(), UID, READ_BACK).await.unwrap();
+            assert_eq!(
+                submission,
+                Submission::Adopted(7),
+                "{max_in_flight} in flight"
+            );
+            // The first read-back found it, well inside the 5 s request bound.
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{max_in_flight} in flight: {:?}",
+                started.elapsed()
+            );
+            assert_eq!(controller.jobs().len(), 1);
+        }
     }
 
     #[tokio::test(start_paused = true)]
