@@ -28,14 +28,16 @@ step "manifests"
 # Renders offline; the tests then apply it against the simulated API server.
 kubectl kustomize deploy/ >/dev/null
 kubectl kustomize deploy/sim-sweep/ >/dev/null
-# The component for a spurctld in the operator's own namespace, on deploy/ as a user's
-# kustomization lists both (kustomize refuses an overlay inside deploy/ itself).
-kustomization="$(mktemp -d)"
-printf '%s\n' "resources: [$(realpath --relative-to="$kustomization" deploy)]" \
-  "components: [$(realpath --relative-to="$kustomization" deploy/components/own-namespace-spurctld)]" \
-  >"$kustomization/kustomization.yaml"
-kubectl kustomize "$kustomization" >/dev/null
-rm -r "$kustomization"
+# Each component on deploy/, as a user's kustomization lists both (kustomize refuses an
+# overlay inside deploy/ itself).
+for component in deploy/components/*/; do
+  kustomization="$(mktemp -d)"
+  printf '%s\n' "resources: [$(realpath --relative-to="$kustomization" deploy)]" \
+    "components: [$(realpath --relative-to="$kustomization" "$component")]" \
+    >"$kustomization/kustomization.yaml"
+  kubectl kustomize "$kustomization" >/dev/null
+  rm -r "$kustomization"
+done
 
 step "clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -1435,3 +1435,148 @@ fn a_submission_to_an_unknown_partition_is_invalid_argument_and_to_the_default_o
             .unwrap_or_else(|s| panic!("{}: {s:?}", target.name));
     });
 }
+
+// ---- Token admission [12]
+
+fn token_admission() -> Setup {
+    Setup {
+        token_admission: true,
+        ..Setup::default()
+    }
+}
+
+/// A registration carrying `join_token`.
+fn admitted(name: &str, join_token: &str) -> pb::RegisterAgentRequest {
+    pb::RegisterAgentRequest {
+        join_token: join_token.to_owned(),
+        ..unreachable_node(name)
+    }
+}
+
+fn with_node_token(name: &str, node_token: &str) -> pb::HeartbeatRequest {
+    pb::HeartbeatRequest {
+        node_token: node_token.to_owned(),
+        ..heartbeat(name)
+    }
+}
+
+/// The code and text of a refusal; panics on an answer.
+fn refusal<T: std::fmt::Debug>(answer: Result<T, tonic::Status>) -> (Code, String) {
+    let status = answer.expect_err("refused");
+    (status.code(), status.message().to_owned())
+}
+
+async fn create_token(target: &Target, ttl_secs: Option<u32>) -> pb::CreateTokenResponse {
+    let mut client = target.client().await;
+    client
+        .create_token(pb::CreateTokenRequest { ttl_secs })
+        .await
+        .unwrap_or_else(|s| panic!("{}: CreateToken: {s:?}", target.name))
+        .into_inner()
+}
+
+#[test]
+fn under_open_admission_a_registration_is_answered_with_no_node_token() {
+    conformance(120, Replicas::One, Setup::default(), |target| async move {
+        let mut client = target.client().await;
+        let answer = client.register_agent(unreachable_node("conf-open")).await;
+        let answer = answer.unwrap().into_inner();
+        assert!(answer.accepted, "{}: {answer:?}", target.name);
+        assert_eq!(answer.node_token, "", "{}", target.name);
+    });
+}
+
+#[test]
+fn under_token_admission_a_registration_needs_a_join_token_and_a_heartbeat_its_node_token() {
+    conformance(121, Replicas::Any, token_admission(), |target| async move {
+        let name = target.name;
+        let mut client = target.client().await;
+        let unadmitted = client.register_agent(unreachable_node("conf-tok")).await;
+        let required = (Code::Unauthenticated, "admission token required".to_owned());
+        assert_eq!(refusal(unadmitted), required, "{name}");
+        let malformed = client.register_agent(admitted("conf-tok", "abc")).await;
+        let format = (Code::PermissionDenied, "invalid token format".to_owned());
+        assert_eq!(refusal(malformed), format, "{name}");
+        let unknown = format!("000000.{}", "0".repeat(64));
+        let unknown = client.register_agent(admitted("conf-tok", &unknown)).await;
+        let not_found = (Code::PermissionDenied, "token not found: 000000".to_owned());
+        assert_eq!(refusal(unknown), not_found, "{name}");
+
+        let created = create_token(&target, None).await;
+        let (id, secret) = created.token.split_once('.').expect("<id>.<secret>");
+        assert_eq!(
+            (id, id.len(), secret.len()),
+            (created.token_id.as_str(), 6, 64),
+            "{name}"
+        );
+        let wrong = format!("{id}.{}", "0".repeat(64));
+        let wrong = client.register_agent(admitted("conf-tok", &wrong)).await;
+        let secret_refused = (Code::PermissionDenied, "invalid token secret".to_owned());
+        assert_eq!(refusal(wrong), secret_refused, "{name}");
+        let answer = client
+            .register_agent(admitted("conf-tok", &created.token))
+            .await;
+        let node_token = answer.unwrap().into_inner().node_token;
+        let claims = claims(&format!("Bearer {node_token}"));
+        assert_eq!(claims["sub"], "conf-tok", "{name}: {claims}");
+        let lifetime = claims["exp"].as_u64().unwrap() - claims["iat"].as_u64().unwrap();
+        assert_eq!(lifetime, 7 * 24 * 3600, "{name}: {claims}");
+
+        let beat = |token: &str| with_node_token("conf-tok", token);
+        let missing = refusal(client.heartbeat(beat("")).await);
+        let missing_wanted = (Code::Unauthenticated, "node token required".to_owned());
+        assert_eq!(missing, missing_wanted, "{name}");
+        let forged = refusal(client.heartbeat(beat("garbage")).await);
+        let forged_wanted = (
+            Code::Unauthenticated,
+            "invalid node token: InvalidToken".to_owned(),
+        );
+        assert_eq!(forged, forged_wanted, "{name}");
+        let borrowed = with_node_token("conf-other", &node_token);
+        let borrowed = refusal(client.heartbeat(borrowed).await);
+        let mismatch = (
+            Code::PermissionDenied,
+            "node token hostname mismatch".to_owned(),
+        );
+        assert_eq!(borrowed, mismatch, "{name}");
+        client.heartbeat(beat(&node_token)).await.unwrap();
+    });
+}
+
+#[test]
+fn a_revoked_or_expired_join_token_admits_no_one_while_its_node_tokens_still_serve() {
+    conformance(122, Replicas::Any, token_admission(), |target| async move {
+        let name = target.name;
+        let mut client = target.client().await;
+        let created = create_token(&target, None).await;
+        let answer = client
+            .register_agent(admitted("conf-rev", &created.token))
+            .await;
+        let node_token = answer.unwrap().into_inner().node_token;
+        let revoke = pb::RevokeTokenRequest {
+            token_id: created.token_id.clone(),
+        };
+        client.revoke_token(revoke).await.unwrap();
+        let again = client
+            .register_agent(admitted("conf-rev", &created.token))
+            .await;
+        let revoked = (Code::PermissionDenied, "token revoked".to_owned());
+        assert_eq!(refusal(again), revoked, "{name}");
+        let beat = with_node_token("conf-rev", &node_token);
+        client.heartbeat(beat).await.unwrap();
+        let unknown = pb::RevokeTokenRequest {
+            token_id: "ffffff".to_owned(),
+        };
+        let unknown = refusal(client.revoke_token(unknown).await);
+        let not_found = (Code::NotFound, "token not found: ffffff".to_owned());
+        assert_eq!(unknown, not_found, "{name}");
+
+        let short = create_token(&target, Some(1)).await;
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let late = client
+            .register_agent(admitted("conf-rev", &short.token))
+            .await;
+        let expired = (Code::PermissionDenied, "token expired".to_owned());
+        assert_eq!(refusal(late), expired, "{name}");
+    });
+}

@@ -192,6 +192,55 @@ fn a_cpu_job_runs_to_completion_on_one_replica_and_on_three() {
     }
 }
 
+/// spurctld in token admission (docs/specs.md row 12): with the join token of
+/// `--controller-join-token-file` the nodes register, heartbeat with their node tokens and
+/// run a job; without one the operator says, in one line, which flag to set.
+#[test]
+fn under_token_admission_a_job_completes_with_the_join_token_and_without_one_a_line_names_the_flag()
+{
+    for replicas in [1, 3] {
+        let config = StackConfig {
+            replicas,
+            token_admission: true,
+            ..StackConfig::default()
+        };
+        e2e(config, |stack| async move {
+            let created = Instant::now();
+            stack.create_spurjob("admitted", job_spec(json!({})));
+            let (state, job) = run_to_end(&stack, "admitted", 1, created).await;
+            assert_eq!(state, "Completed", "{job}{}", stack.logs());
+            let log = stack.operator_log();
+            assert!(
+                !log.contains("node token"),
+                "no heartbeat refused{}",
+                stack.logs()
+            );
+        });
+    }
+    let config = StackConfig {
+        token_admission: true,
+        withhold_join_token: true,
+        ..StackConfig::default()
+    };
+    e2e(config, |stack| async move {
+        let hint = "set --controller-join-token-file";
+        let start = Instant::now();
+        while !stack.operator_log().contains(hint) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no line names the flag{}",
+                stack.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Registrations go on being refused (both nodes, each on its backoff); the line is
+        // not repeated.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let log = stack.operator_log();
+        assert_eq!(log.matches(hint).count(), 1, "{}", stack.logs());
+    });
+}
+
 #[test]
 fn a_gpu_job_gets_its_gpus_and_a_two_node_gpu_job_two_ranked_pods_and_a_headless_service() {
     e2e(StackConfig::default(), |stack| async move {

@@ -55,6 +55,9 @@ pub struct RealConfig {
     /// `[auth] mode = "required"` (only with `jwt_key`): every call needs a token; else
     /// spurctld's default, `permissive`.
     pub auth_required: bool,
+    /// `[admission] mode = "token"`: registrations need a join token (`CreateToken`),
+    /// heartbeats the node token a registration is answered with.
+    pub token_admission: bool,
 }
 
 impl Default for RealConfig {
@@ -66,6 +69,7 @@ impl Default for RealConfig {
             max_launch_backoff_secs: None,
             terminal_retention_secs: None,
             auth_required: false,
+            token_admission: false,
         }
     }
 }
@@ -185,6 +189,9 @@ impl RealCluster {
             if self.config.auth_required {
                 text.push_str("mode = \"required\"\n");
             }
+        }
+        if self.config.token_admission {
+            text.push_str("[admission]\nmode = \"token\"\n");
         }
         text.push_str("[[partitions]]\nname = \"default\"\ndefault = true\n");
         std::fs::create_dir_all(self.state_dir(slot))?;

@@ -271,7 +271,7 @@ impl RunArgs {
             health_listen: self.health_listen,
             probe_timeout: self.probe_timeout,
             retry,
-            node_sync: self.node_sync_config(agent_address, retry),
+            node_sync: self.node_sync_config(agent_address, retry)?,
             heartbeat: HeartbeatConfig {
                 interval: self.nodes.heartbeat_interval,
                 concurrency: self.nodes.heartbeat_concurrency,
@@ -438,8 +438,16 @@ impl RunArgs {
 
     /// Node sync's settings: registrations name `agent_address` as the agent's, and a
     /// failed node call backs off by `retry`, as every other object's does.
-    fn node_sync_config(&self, agent_address: String, retry: BackoffPolicy) -> NodeSyncConfig {
-        NodeSyncConfig {
+    fn node_sync_config(
+        &self,
+        agent_address: String,
+        retry: BackoffPolicy,
+    ) -> Result<NodeSyncConfig, ConfigError> {
+        let join_token = match &self.nodes.controller_join_token_file {
+            Some(path) => Some(crate::nodes::JoinToken::load(path)?),
+            None => None,
+        };
+        Ok(NodeSyncConfig {
             concurrency: self.nodes.register_concurrency,
             retry,
             failure_log_interval: self.nodes.failure_log_interval,
@@ -456,7 +464,9 @@ impl RunArgs {
                 .map(|c| c.trim().to_owned())
                 .filter(|c| !c.is_empty())
                 .collect(),
-        }
+            join_token,
+            node_token_renew_before: self.nodes.node_token_renew_before,
+        })
     }
 }
 

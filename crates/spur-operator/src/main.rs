@@ -183,6 +183,10 @@ async fn run(args: &mut RunArgs) -> anyhow::Result<()> {
             fallback_agent_address(var("SPUR_OPERATOR_ADDRESS"), var("POD_IP"));
     }
     let config = args.validate()?;
+    if let Some(token) = &config.node_sync.join_token {
+        let file = token.path().display();
+        tracing::info!(%file, "registrations carry the join token this file holds (spurctld's token admission)");
+    }
     let kube_config = match &config.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)

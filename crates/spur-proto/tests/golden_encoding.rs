@@ -305,6 +305,30 @@ fn job_queries_and_cancel() {
     assert_golden(&cancel, expected, "CancelJobRequest");
 }
 
+/// `spur token create` and `revoke` (ROCm/spur proto/slurm.proto): `ttl_secs` is an
+/// optional uint32, so an explicit 0 is on the wire.
+#[test]
+fn join_token_calls() {
+    assert_golden(
+        &CreateTokenRequest { ttl_secs: Some(0) },
+        Wire::default().varint(1, 0),
+        "CreateTokenRequest",
+    );
+    assert_golden(
+        &RevokeTokenRequest {
+            token_id: "a1b2c3".into(),
+        },
+        Wire::default().string(1, "a1b2c3"),
+        "RevokeTokenRequest",
+    );
+    let created = Wire::default().string(1, "a1b2c3.ff").string(2, "a1b2c3");
+    let created = CreateTokenResponse::decode(created.0.as_slice()).unwrap();
+    assert_eq!(
+        (created.token.as_str(), created.token_id.as_str()),
+        ("a1b2c3.ff", "a1b2c3")
+    );
+}
+
 #[test]
 fn get_nodes_the_lab_reads() {
     // spurctld's numbers: GetNodesRequest {states 1, partition 2, nodelist 3}, NodeInfo

@@ -47,6 +47,8 @@ pub struct Setup {
     pub terminal_retention_secs: Option<u64>,
     /// `[auth] mode = "required"` (with `jwt_key`): every call needs a token.
     pub auth_required: bool,
+    /// `[admission] mode = "token"`: registrations need a join token.
+    pub token_admission: bool,
 }
 
 /// A request to the harness: what a case cannot do from inside the simulation.
@@ -297,6 +299,7 @@ fn run_on_model(seed: u64, setup: &Setup, case: &Case) {
                 .terminal_retention_secs
                 .map_or(defaults.terminal_retention, Duration::from_secs),
             auth_required: setup.auth_required,
+            token_admission: setup.token_admission,
             ..defaults
         },
         ..WorldConfig::default()
@@ -352,6 +355,7 @@ fn run_on_real(binary: &std::path::Path, replicas: usize, setup: &Setup, case: &
             max_launch_backoff_secs: setup.max_launch_backoff_secs,
             terminal_retention_secs: setup.terminal_retention_secs,
             auth_required: setup.auth_required,
+            token_admission: setup.token_admission,
         },
     )
     .expect("start spurctld");

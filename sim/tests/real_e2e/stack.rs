@@ -101,6 +101,10 @@ pub struct StackConfig {
     pub upstream_layout: bool,
     /// More namespaces to create (for SpurJobs).
     pub namespaces: Vec<String>,
+    /// spurctld's `[admission] mode = "token"`; the operator is given a join token
+    /// `CreateToken` made unless `withhold_join_token`.
+    pub token_admission: bool,
+    pub withhold_join_token: bool,
 }
 
 impl Default for StackConfig {
@@ -113,6 +117,8 @@ impl Default for StackConfig {
             start_operator: true,
             upstream_layout: false,
             namespaces: Vec::new(),
+            token_admission: false,
+            withhold_join_token: false,
         }
     }
 }
@@ -125,6 +131,31 @@ pub struct Stack {
     operator_command: Option<Command>,
     operator_log: PathBuf,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// A join token from `spur token create`'s call, asked of each replica in turn until one
+/// answers (a follower forwards it to the leader; before an election none can).
+async fn create_join_token(cluster: &RealCluster) -> String {
+    for _ in 0..60 {
+        for slot in 0..cluster.replicas() {
+            let endpoint = Endpoint::from_shared(format!("http://{}", cluster.addr(slot)))
+                .expect("uri")
+                .connect_timeout(Duration::from_secs(2))
+                .timeout(Duration::from_secs(5));
+            let Ok(channel) = endpoint.connect().await else {
+                continue;
+            };
+            let request = pb::CreateTokenRequest { ttl_secs: None };
+            if let Ok(answer) = SlurmControllerClient::new(channel)
+                .create_token(request)
+                .await
+            {
+                return answer.into_inner().token;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("no replica made a join token in 30 s{}", cluster.logs());
 }
 
 impl Stack {
@@ -150,6 +181,7 @@ impl Stack {
                 replicas: config.replicas,
                 heartbeat_timeout_secs: None,
                 jwt_key: config.agent_key.clone(),
+                token_admission: config.token_admission,
                 ..RealConfig::default()
             },
         )
@@ -260,6 +292,12 @@ impl Stack {
                 .arg("required")
                 .arg("--agent-auth-key-file")
                 .arg(&key_file);
+        }
+        if config.token_admission && !config.withhold_join_token {
+            let token_file = dir.join("join-token");
+            let token = create_join_token(&cluster).await;
+            std::fs::write(&token_file, format!("{token}\n")).expect("token file");
+            command.arg("--controller-join-token-file").arg(&token_file);
         }
         let mut stack = Stack {
             cluster,

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admission;
 mod checks_fire;
 mod controller_model;
 mod cut_replica;

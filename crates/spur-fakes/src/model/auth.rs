@@ -68,8 +68,22 @@ impl AuthPolicy<'_> {
 }
 
 /// The subject of `token` when it is an HS256 JWT signed with `key`, not expired at `now`
-/// (seconds since the epoch), with the claims spurctld requires.
+/// (seconds since the epoch), with the claims spurctld requires of a caller.
 fn subject(token: &str, key: &[u8], now: u64) -> Result<String, String> {
+    let claims = verify_hs256(token, key, now)?;
+    if claims["uid"].as_u64().is_none() {
+        return Err("JSON error: missing field `uid`".to_owned());
+    }
+    claims["sub"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| "JSON error: missing field `sub`".to_owned())
+}
+
+/// The claims of `token` when it is an HS256 JWT signed with `key` whose `exp` is not past
+/// at `now` (with jsonwebtoken's leeway); else the error jsonwebtoken names, as spurctld
+/// words it.
+pub(crate) fn verify_hs256(token: &str, key: &[u8], now: u64) -> Result<serde_json::Value, String> {
     let mut parts = token.split('.');
     let (Some(header), Some(payload), Some(signature), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -101,13 +115,7 @@ fn subject(token: &str, key: &[u8], now: u64) -> Result<String, String> {
     if exp + EXPIRY_LEEWAY_SECS < now {
         return Err("ExpiredSignature".to_owned());
     }
-    if claims["uid"].as_u64().is_none() {
-        return Err("JSON error: missing field `uid`".to_owned());
-    }
-    claims["sub"]
-        .as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| "JSON error: missing field `sub`".to_owned())
+    Ok(claims)
 }
 
 #[cfg(test)]

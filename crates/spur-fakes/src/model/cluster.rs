@@ -109,6 +109,8 @@ struct ClusterState {
     refusal: Option<(Duration, RefusalKind)>,
     /// Writes whose next applied reply is lost, by method name.
     lost_replies: BTreeMap<String, LostReply>,
+    /// Join tokens made so far: the next one's number.
+    join_tokens_made: u64,
 }
 
 /// The shared replicated state of the controller replicas. Cloning shares it.
@@ -154,6 +156,7 @@ impl Cluster {
                 rng,
                 refusal: None,
                 lost_replies: BTreeMap::new(),
+                join_tokens_made: 0,
             })),
             config: Arc::new(config),
             net,
@@ -327,6 +330,14 @@ impl Cluster {
         self.lock().refusal = Some((until, kind));
     }
 
+    /// A new join token, `(id, secret)`: the next of the cluster's sequence.
+    pub fn new_join_token(&self) -> (String, String) {
+        let mut state = self.lock();
+        let number = state.join_tokens_made;
+        state.join_tokens_made += 1;
+        super::admission::new_join_token(number)
+    }
+
     /// Whether registrations are refused at `now`, and how.
     pub fn registration_refusal(&self, now: Duration) -> Option<RefusalKind> {
         self.lock()
@@ -353,6 +364,30 @@ impl Cluster {
         if let Some(slot) = leader {
             let _ = self.propose(slot, Command::ForgetNodes, now);
         }
+    }
+
+    /// A join token committed through the leader as `CreateToken` commits one: the
+    /// harness's `spur token create`. Returns `(token, id)`; `None` without a leader.
+    pub fn create_join_token(&self, now: Duration) -> Option<(String, String)> {
+        let slot = self.lock().leader?;
+        let (id, secret) = self.new_join_token();
+        let token = super::admission::record(&secret, None);
+        let command = Command::CreateToken {
+            id: id.clone(),
+            token,
+        };
+        self.propose(slot, command, now).ok()?;
+        Some((format!("{id}.{secret}"), id))
+    }
+
+    /// Revokes join token `id` through the leader, as `RevokeToken` does; false without a
+    /// leader or for an unknown id.
+    pub fn revoke_join_token(&self, id: &str, now: Duration) -> bool {
+        let Some(slot) = self.lock().leader else {
+            return false;
+        };
+        let command = Command::RevokeToken { id: id.to_owned() };
+        self.propose(slot, command, now).is_ok()
     }
 
     /// `slot`'s idea of its role.

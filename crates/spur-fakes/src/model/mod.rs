@@ -4,6 +4,7 @@
 //! - [`state`]: the replicated state machine (nodes, jobs, the next job id) and the log's
 //!   commands. Pure: no I/O, no clock.
 //! - [`auth`]: the bearer-token check spurctld makes of every caller (`[auth]`).
+//! - [`admission`]: token admission (`[admission] mode = "token"`): join and node tokens.
 //! - [`calls`]: who made each write call, for the checks.
 //! - [`cluster`]: the replicated log shared through the harness, who leads, elections
 //!   among the reachable majority, and each replica's (possibly stale) view.
@@ -17,6 +18,7 @@
 //! - [`processes`]: the same replicas as one process each, for the lab without the real
 //!   spurctld (`spur-sim replica`, `spur-sim replica-state`).
 
+pub mod admission;
 pub mod auth;
 pub mod calls;
 pub mod cluster;
@@ -100,6 +102,13 @@ pub struct ControllerConfig {
     /// `[auth] mode = "required"`: every call needs a valid token, Ping included. Off,
     /// spurctld's default (`permissive`) admits a call without one.
     pub auth_required: bool,
+    /// `[admission] mode = "token"`: a registration needs a join token `CreateToken` made,
+    /// and a heartbeat the node token its registration was answered with. Off, spurctld's
+    /// default (`open`): neither is asked for, and a registration's node token is empty.
+    pub token_admission: bool,
+    /// How long a node token is valid: spurctld fixes 7 days; a simulation shortens it to
+    /// see the operator renew its nodes' tokens in minutes.
+    pub node_token_lifetime: Duration,
 }
 
 impl Default for ControllerConfig {
@@ -124,6 +133,8 @@ impl Default for ControllerConfig {
             version: "spur-sim".to_owned(),
             agent_key: None,
             auth_required: false,
+            token_admission: false,
+            node_token_lifetime: admission::NODE_TOKEN_LIFETIME,
         }
     }
 }

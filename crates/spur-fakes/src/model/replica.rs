@@ -20,6 +20,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
 use super::Clock;
+use super::admission;
 use super::auth::AuthPolicy;
 use super::cluster::{Cluster, LostReply, ProposeError, RefusalKind, Role};
 use super::scheduler;
@@ -444,6 +445,67 @@ impl<D: Dialer> Replica<D> {
             .unwrap_or(true)
     }
 
+    /// The node token a registration is answered with: empty under open admission; under
+    /// token admission, once its join token passed spurctld's checks on the leader's copy.
+    fn admit(&self, registration: &pb::RegisterAgentRequest) -> Result<String, Status> {
+        let config = self.inner.cluster.config();
+        if !config.token_admission {
+            return Ok(String::new());
+        }
+        let now = (self.inner.clock.wall)();
+        let checked = self.inner.cluster.leader_local(self.inner.slot, |state| {
+            admission::admit(
+                &registration.join_token,
+                |id| state.join_tokens.get(id),
+                now,
+            )
+        });
+        self.leader_answer(checked)?;
+        Ok(admission::node_token(
+            &registration.hostname,
+            self.node_token_key(),
+            now,
+            config.node_token_lifetime,
+        ))
+    }
+
+    /// Under token admission, a heartbeat's node token must be one this cluster signed for
+    /// its host, not expired.
+    fn check_node_token(&self, heartbeat: &pb::HeartbeatRequest) -> Result<(), Status> {
+        if !self.inner.cluster.config().token_admission {
+            return Ok(());
+        }
+        let now = (self.inner.clock.wall)();
+        admission::check_node_token(
+            &heartbeat.node_token,
+            &heartbeat.hostname,
+            self.node_token_key(),
+            now,
+        )
+    }
+
+    /// `[auth] jwt_key`, or the well-known key spurctld signs node tokens with without one.
+    fn node_token_key(&self) -> &[u8] {
+        self.inner
+            .cluster
+            .config()
+            .agent_key
+            .as_deref()
+            .unwrap_or(admission::DEFAULT_NODE_TOKEN_KEY)
+    }
+
+    /// A leader-local check's outcome as the client's answer.
+    fn leader_answer<T>(&self, checked: Result<T, ProposeError>) -> Result<T, Status> {
+        match checked {
+            Ok(value) => Ok(value),
+            Err(ProposeError::Refused(status)) => Err(status),
+            Err(ProposeError::NotLeader { leader }) => {
+                Err(not_leader(leader.as_deref(), self.port()))
+            }
+            Err(ProposeError::NoQuorum) => unreachable!("a leader-local check"),
+        }
+    }
+
     /// Spawns `SlurmAgent.CancelJob` on the nodes a cancelled job held.
     fn stop_on_agents(&self, stops: Vec<AgentStop>) {
         for stop in stops {
@@ -493,6 +555,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                     }
                     None => {}
                 }
+                let node_token = this.admit(&req)?;
                 let name = req.hostname.clone();
                 this.inner
                     .cluster
@@ -510,7 +573,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                 Ok(pb::RegisterAgentResponse {
                     accepted: true,
                     message: "registered".to_owned(),
-                    node_token: format!("token-{name}"),
+                    node_token,
                 })
             },
             |mut client, request| async move { client.register_agent(request).await },
@@ -527,6 +590,7 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
             "Heartbeat",
             request,
             |req| async move {
+                this.check_node_token(&req)?;
                 // Kept in the leader's memory, no Raft write: a leader without a quorum
                 // answers it too.
                 let known = this.inner.cluster.leader_local(this.inner.slot, |state| {
@@ -817,6 +881,53 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                 Ok(())
             },
             |mut client, request| async move { client.report_job_status(request).await },
+        )
+        .await
+    }
+    async fn create_token(
+        &self,
+        request: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        let this = self.clone();
+        self.write(
+            "CreateToken",
+            request,
+            |req| async move {
+                let (id, secret) = this.inner.cluster.new_join_token();
+                let ttl = req.ttl_secs.filter(|secs| *secs > 0);
+                let expires_at = ttl.map(|secs| {
+                    (this.inner.clock.wall)() + std::time::Duration::from_secs(secs.into())
+                });
+                let token = admission::record(&secret, expires_at);
+                this.commit(Command::CreateToken {
+                    id: id.clone(),
+                    token,
+                })
+                .await?;
+                Ok(pb::CreateTokenResponse {
+                    token: format!("{id}.{secret}"),
+                    token_id: id,
+                })
+            },
+            |mut client, request| async move { client.create_token(request).await },
+        )
+        .await
+    }
+
+    async fn revoke_token(
+        &self,
+        request: Request<pb::RevokeTokenRequest>,
+    ) -> Result<Response<pb::RevokeTokenResponse>, Status> {
+        let this = self.clone();
+        self.write(
+            "RevokeToken",
+            request,
+            |req| async move {
+                this.commit(Command::RevokeToken { id: req.token_id })
+                    .await?;
+                Ok(pb::RevokeTokenResponse {})
+            },
+            |mut client, request| async move { client.revoke_token(request).await },
         )
         .await
     }

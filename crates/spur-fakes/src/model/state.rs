@@ -9,6 +9,8 @@ use std::time::SystemTime;
 use spur_proto as pb;
 use tonic::Status;
 
+use super::admission::JoinTokenRecord;
+
 /// The `state_reason` spurctld gives a job that ended OUT_OF_MEMORY.
 const OOM_REASON: &str = "OutOfMemory";
 
@@ -91,6 +93,10 @@ pub enum Command {
     EvictJobs { before: SystemTime },
     /// State loss: the controller forgets every registered node.
     ForgetNodes,
+    /// `CreateToken`: a join token, kept as its secret's hash.
+    CreateToken { id: String, token: JoinTokenRecord },
+    /// `RevokeToken`: the join token admits no more registrations.
+    RevokeToken { id: String },
 }
 
 impl Command {
@@ -125,6 +131,8 @@ impl Command {
             }
             Command::EvictJobs { .. } => "evict old terminal jobs".to_owned(),
             Command::ForgetNodes => "forget all nodes".to_owned(),
+            Command::CreateToken { id, .. } => format!("create join token {id}"),
+            Command::RevokeToken { id } => format!("revoke join token {id}"),
         }
     }
 }
@@ -309,6 +317,8 @@ pub struct StateMachine {
     pub next_job_id: u32,
     /// How many log entries this copy has applied.
     pub applied: u64,
+    /// The join tokens `CreateToken` made, by id.
+    pub join_tokens: BTreeMap<String, JoinTokenRecord>,
 }
 
 impl Default for StateMachine {
@@ -318,6 +328,7 @@ impl Default for StateMachine {
             jobs: BTreeMap::new(),
             next_job_id: 1,
             applied: 0,
+            join_tokens: BTreeMap::new(),
         }
     }
 }
@@ -424,6 +435,9 @@ impl StateMachine {
             }
             Command::UpdateNode { name, .. } if !self.nodes.contains_key(name) => {
                 Err(Status::internal(format!("node {name} not found")))
+            }
+            Command::RevokeToken { id } if !self.join_tokens.contains_key(id) => {
+                Err(Status::not_found(format!("token not found: {id}")))
             }
             Command::CancelJob { job_id, user, .. } => match self.jobs.get(job_id) {
                 None => Err(Status::internal(format!("job {job_id} not found"))),
@@ -537,6 +551,16 @@ impl StateMachine {
             }
             Command::ForgetNodes => {
                 self.nodes.clear();
+                Effect::Done
+            }
+            Command::CreateToken { id, token } => {
+                self.join_tokens.insert(id.clone(), token.clone());
+                Effect::Done
+            }
+            Command::RevokeToken { id } => {
+                if let Some(token) = self.join_tokens.get_mut(id) {
+                    token.revoked = true;
+                }
                 Effect::Done
             }
         }

@@ -1,5 +1,6 @@
 //! `spur-operator run`'s flags for node sync and heartbeats.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::builder::TypedValueParser as _;
@@ -36,6 +37,21 @@ pub struct NodeArgs {
     #[arg(long, env = "SPUR_OPERATOR_HEARTBEAT_CONCURRENCY", default_value_t = 32,
           value_parser = clap::value_parser!(u16).range(1..=1024).map(usize::from))]
     pub heartbeat_concurrency: usize,
+
+    /// A file holding the join token spurctld's token admission (`[admission] mode =
+    /// "token"`) asks of every registration, as `spur token create` prints it: mount it
+    /// from a Secret. Read again at each registration, so a Secret rotated in place is
+    /// used without a restart. Unset, registrations carry none, as an `open` spurctld
+    /// (its default) expects.
+    #[arg(long, env = "SPUR_OPERATOR_CONTROLLER_JOIN_TOKEN_FILE")]
+    pub controller_join_token_file: Option<PathBuf>,
+
+    /// A node registers again for a fresh node token this long before its token expires
+    /// (never before half its life). spurctld's node tokens last 7 days and a heartbeat
+    /// with an expired one is refused; a day ahead leaves a day of retries through a
+    /// controller outage before any heartbeat is refused.
+    #[arg(long, env = "SPUR_OPERATOR_NODE_TOKEN_RENEW_BEFORE", default_value = "24h", value_parser = parse_duration)]
+    pub node_token_renew_before: Duration,
 
     /// At most one summary line of node sync failures per this interval.
     #[arg(long, env = "SPUR_OPERATOR_FAILURE_LOG_INTERVAL", default_value = "10s", value_parser = parse_duration)]

@@ -31,6 +31,9 @@ pub struct Round {
     pub failed: usize,
     /// Nodes the controller answered NOT_FOUND for: it forgot them.
     pub forgotten: Vec<String>,
+    /// Nodes whose node token the controller refused (expired, missing, forged): a
+    /// registration gets them a new one.
+    pub token_refused: Vec<String>,
     /// Nodes whose heartbeat the controller accepted.
     pub accepted: Vec<String>,
     /// One failure, to show what went wrong.
@@ -68,6 +71,11 @@ pub async fn round(
         metrics.heartbeat_failures.inc();
         if error.code() == Code::NotFound {
             result.forgotten.push(name);
+        } else if super::admission::node_token_refused(error.code(), error.message()) {
+            if result.token_refused.is_empty() {
+                result.sample_error = Some(format!("{name}: {error}"));
+            }
+            result.token_refused.push(name);
         } else if result.sample_error.is_none() {
             result.sample_error = Some(format!("{name}: {error}"));
         }
@@ -76,7 +84,8 @@ pub async fn round(
 }
 
 /// Heartbeats every `interval` until dropped. One log line per round with failures, not
-/// one per node; forgotten nodes go to node sync to be registered again at once.
+/// one per node; forgotten nodes, and nodes whose token was refused, go to node sync to be
+/// registered again at once.
 pub async fn run(
     controller: ControllerClient,
     registered: Registered,
@@ -100,11 +109,12 @@ pub async fn run(
                 failed = round.failed,
                 sent = round.sent,
                 forgotten = round.forgotten.len(),
+                token_refused = round.token_refused.len(),
                 sample = round.sample_error.as_deref().unwrap_or("NOT_FOUND"),
                 "heartbeats failed"
             );
         }
-        for name in round.forgotten {
+        for name in round.forgotten.into_iter().chain(round.token_refused) {
             if forgotten.send(name).is_err() {
                 return;
             }

@@ -20,6 +20,7 @@ use spur_proto as pb;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::admission::{self, JoinToken};
 use super::resources::{AgentEndpoint, Availability, registration};
 use crate::controller::ControllerClient;
 use crate::metrics::Metrics;
@@ -41,6 +42,11 @@ pub struct NodeSyncConfig {
     pub not_ready: NotReadyState,
     /// Node conditions that drain a node while `True` (`--drain-on-node-condition`).
     pub drain_conditions: Vec<String>,
+    /// The join token every registration carries (`--controller-join-token-file`).
+    pub join_token: Option<JoinToken>,
+    /// How long before its node token expires a node registers again
+    /// (`--node-token-renew-before`).
+    pub node_token_renew_before: Duration,
 }
 
 /// The state a node with a NotReady or unreachable taint is given at the controller
@@ -130,6 +136,8 @@ struct Tracked {
     waiting_since: Option<Instant>,
     /// The field warnings last logged, so an unchanged bad field is logged once.
     warned: Vec<super::resources::FieldWarning>,
+    /// When the node registers again for a fresh node token.
+    renew_at: Option<Instant>,
 }
 
 /// The next call a node needs.
@@ -159,8 +167,24 @@ impl Tracked {
     }
 }
 
-/// A failed node call: what went wrong, and whether it was a transport failure.
-type Failure = (String, crate::controller::FailureKind);
+/// A failed node call: what went wrong, whether it was a transport failure, and the line
+/// an admission or authentication refusal gets (naming what to set).
+#[derive(Clone, Debug)]
+struct Failure {
+    error: String,
+    kind: crate::controller::FailureKind,
+    problem: Option<String>,
+}
+
+impl Failure {
+    fn of(error: &crate::controller::ControllerError, join_token: Option<&JoinToken>) -> Failure {
+        Failure {
+            error: error.to_string(),
+            kind: error.kind(),
+            problem: admission::registration_problem(error.code(), error.message(), join_token),
+        }
+    }
+}
 type Outcome = (String, Action, Result<Reply, Failure>);
 
 /// A node call that succeeded, or found the node unknown to the controller.
@@ -187,6 +211,11 @@ pub struct NodeSync {
     relisted: Option<BTreeSet<String>>,
     failures: FailureLog,
     holds: AdminHolds,
+    /// Nodes due to register again for a fresh node token, by when.
+    renewals: BTreeSet<(Instant, String)>,
+    /// The admission or authentication refusal last logged, so it is one line until it
+    /// changes or a registration is accepted.
+    admission_problem: Option<String>,
 }
 
 impl NodeSync {
@@ -211,6 +240,8 @@ impl NodeSync {
             relisted: None,
             failures,
             holds: AdminHolds::default(),
+            renewals: BTreeSet::new(),
+            admission_problem: None,
         }
     }
 
@@ -234,6 +265,7 @@ impl NodeSync {
             self.launch_ready();
             self.publish_drained();
             let next_retry = self.delayed.first().map(|(at, _)| *at);
+            let next_renewal = self.renewals.first().map(|(at, _)| *at);
             tokio::select! {
                 () = &mut stop => {
                     while let Some(outcome) = self.in_flight.next().await {
@@ -255,6 +287,9 @@ impl NodeSync {
                 },
                 () = tokio::time::sleep_until(next_retry.unwrap_or_else(Instant::now)), if next_retry.is_some() => {
                     self.release_due();
+                }
+                () = tokio::time::sleep_until(next_renewal.unwrap_or_else(Instant::now)), if next_renewal.is_some() => {
+                    self.renew_due();
                 }
                 else => return,
             }
@@ -340,6 +375,7 @@ impl NodeSync {
             backoff: retry.start(entropy),
             waiting_since: Some(now),
             warned: Vec::new(),
+            renew_at: None,
         });
         if !warnings.is_empty() && warnings != tracked.warned {
             for w in &warnings {
@@ -370,7 +406,7 @@ impl NodeSync {
         if tracked.desired.is_none() {
             return;
         }
-        tracing::info!(node = %name, "the controller forgot the node; registering it again");
+        tracing::info!(node = %name, "its heartbeat was refused; registering the node again");
         tracked.registered = None;
         tracked.acked = None;
         tracked.unknown_to_controller = true;
@@ -418,6 +454,59 @@ impl NodeSync {
         }
     }
 
+    /// Nodes whose node token is due for renewal register again; the old token serves
+    /// their heartbeats until the new one replaces it.
+    fn renew_due(&mut self) {
+        let now = Instant::now();
+        while let Some((at, _)) = self.renewals.first() {
+            if *at > now {
+                break;
+            }
+            let (at, name) = self.renewals.pop_first().expect("first exists");
+            let Some(tracked) = self.nodes.get_mut(&name) else {
+                continue;
+            };
+            if tracked.renew_at != Some(at) {
+                continue;
+            }
+            tracked.renew_at = None;
+            if tracked.desired.is_some() {
+                tracing::debug!(node = %name, "registering the node again for a fresh node token");
+                tracked.registered = None;
+                self.consider(&name);
+            }
+        }
+    }
+
+    /// Schedules `name`'s next registration for a fresh node token, if `token` expires.
+    fn schedule_renewal(&mut self, name: &str, token: &str) {
+        let Some(tracked) = self.nodes.get_mut(name) else {
+            return;
+        };
+        if let Some(at) = tracked.renew_at.take() {
+            self.renewals.remove(&(at, name.to_owned()));
+        }
+        let renew_before = self.config.node_token_renew_before;
+        if let Some(delay) = admission::renewal_delay(token, renew_before) {
+            let at = Instant::now() + delay;
+            tracked.renew_at = Some(at);
+            self.renewals.insert((at, name.to_owned()));
+        }
+    }
+
+    /// Logs an admission or authentication refusal once, as one line naming what to set,
+    /// until it changes or a registration is accepted; any other failure is left to the
+    /// failure summary.
+    fn log_admission_problem(&mut self, problem: Option<String>) {
+        let Some(problem) = problem else {
+            return;
+        };
+        if self.admission_problem.as_ref() != Some(&problem) {
+            tracing::error!("{problem}");
+            self.admission_problem = Some(problem);
+        }
+    }
+
     fn launch_ready(&mut self) {
         while self.in_flight.len() < self.config.concurrency.max(1) {
             let Some(name) = self.ready.pop_front() else {
@@ -443,8 +532,10 @@ impl NodeSync {
             let controller = self.controller.clone();
             let not_ready = self.config.not_ready;
             let holds = self.holds.clone();
-            self.in_flight
-                .push(Box::pin(call(controller, holds, name, action, not_ready)));
+            let join_token = self.config.join_token.clone();
+            self.in_flight.push(Box::pin(call(
+                controller, holds, name, action, not_ready, join_token,
+            )));
         }
     }
 
@@ -452,6 +543,7 @@ impl NodeSync {
         let Some(tracked) = self.nodes.get_mut(&name) else {
             return;
         };
+        let mut renewal = None;
         tracked.in_flight = false;
         match result {
             Ok(Reply::NodeUnknown) if matches!(action, Action::SetAvailability(_)) => {
@@ -472,14 +564,19 @@ impl NodeSync {
                 };
                 tracked.backoff.reset();
                 match action {
-                    Action::Register(request) => on_registered(
-                        tracked,
-                        &self.metrics,
-                        &self.registered,
-                        &name,
-                        request,
-                        token,
-                    ),
+                    Action::Register(request) => {
+                        let token = token.unwrap_or_default();
+                        on_registered(
+                            tracked,
+                            &self.metrics,
+                            &self.registered,
+                            &name,
+                            request,
+                            token.clone(),
+                        );
+                        self.admission_problem = None;
+                        renewal = Some(token);
+                    }
                     Action::SetAvailability(availability) => {
                         tracing::info!(node = %name, ?availability, "node availability acknowledged");
                         tracked.acked = Some(availability);
@@ -501,21 +598,33 @@ impl NodeSync {
                     Action::Forget => {}
                 }
             }
-            Err((error, kind)) => {
-                let delay = tracked.backoff.delay_after(kind);
-                let at = Instant::now() + delay;
-                tracked.retry_at = Some(at);
-                self.delayed.insert((at, name.clone()));
-                let kind = match action {
-                    Action::Register(_) => "register",
-                    _ => "update_node",
-                };
-                self.metrics.reconcile_error("node", kind);
-                tracing::debug!(node = %name, %error, ?delay, "node call failed; retrying this node alone");
-                self.failures.record(&name, &error);
-            }
+            Err(failure) => self.on_failure(&name, &action, failure),
+        }
+        if let Some(token) = renewal {
+            self.schedule_renewal(&name, &token);
         }
         self.consider(&name);
+    }
+
+    /// A failed call: `name` retries alone after its backoff, and an admission problem is
+    /// logged once.
+    fn on_failure(&mut self, name: &str, action: &Action, failure: Failure) {
+        let Some(tracked) = self.nodes.get_mut(name) else {
+            return;
+        };
+        let delay = tracked.backoff.delay_after(failure.kind);
+        let at = Instant::now() + delay;
+        tracked.retry_at = Some(at);
+        self.delayed.insert((at, name.to_owned()));
+        let kind = match action {
+            Action::Register(_) => "register",
+            _ => "update_node",
+        };
+        self.metrics.reconcile_error("node", kind);
+        let error = failure.error;
+        tracing::debug!(node = %name, %error, ?delay, "node call failed; retrying this node alone");
+        self.failures.record(name, &error);
+        self.log_admission_problem(failure.problem);
     }
 }
 
@@ -527,7 +636,7 @@ fn on_registered(
     registered: &Registered,
     name: &str,
     request: pb::RegisterAgentRequest,
-    token: Option<String>,
+    token: String,
 ) {
     tracked.registered = Some(request);
     // A registration never changes a known node's state: what was acknowledged still holds,
@@ -541,7 +650,7 @@ fn on_registered(
             .registration_lag_seconds
             .observe(since.elapsed().as_secs_f64());
     }
-    let count = registered.insert(name, token.unwrap_or_default());
+    let count = registered.insert(name, token);
     metrics.nodes_registered.set(count as i64);
     tracing::info!(node = %name, "node registered with the controller");
 }
@@ -554,15 +663,26 @@ async fn call(
     name: String,
     action: Action,
     not_ready: NotReadyState,
+    join_token: Option<JoinToken>,
 ) -> Outcome {
     let result = match &action {
-        Action::Register(request) => match controller.register_agent(request.clone()).await {
+        Action::Register(request) => match controller
+            .register_agent(pb::RegisterAgentRequest {
+                join_token: join_token
+                    .as_ref()
+                    .map(JoinToken::current)
+                    .unwrap_or_default(),
+                ..request.clone()
+            })
+            .await
+        {
             Ok(answer) if answer.accepted => Ok(Reply::Done(Some(answer.node_token))),
-            Ok(answer) => Err((
-                format!("registration refused: {}", answer.message),
-                crate::controller::FailureKind::Answer,
-            )),
-            Err(e) => Err((e.to_string(), e.kind())),
+            Ok(answer) => Err(Failure {
+                error: format!("registration refused: {}", answer.message),
+                kind: crate::controller::FailureKind::Answer,
+                problem: None,
+            }),
+            Err(e) => Err(Failure::of(&e, join_token.as_ref())),
         },
         Action::SetAvailability(availability) => match node_update(availability, not_ready) {
             Some((state, reason)) if keeps_admin_holds(state) => {
@@ -655,7 +775,7 @@ async fn read_holds(
             ..Default::default()
         })
         .await
-        .map_err(|e| (e.to_string(), e.kind()))?
+        .map_err(|e| Failure::of(&e, None))?
         .nodes;
     Ok(Arc::new(
         drained
@@ -690,7 +810,7 @@ async fn update_node(
     match controller.update_node(request).await {
         Ok(()) => Ok(Reply::Done(None)),
         Err(e) if node_unknown(&e, name) => Ok(Reply::NodeUnknown),
-        Err(e) => Err((e.to_string(), e.kind())),
+        Err(e) => Err(Failure::of(&e, None)),
     }
 }
 
@@ -759,6 +879,7 @@ mod tests {
             .start(Entropy::from_seed(1)),
             waiting_since: None,
             warned: Vec::new(),
+            renew_at: None,
         }
     }
 

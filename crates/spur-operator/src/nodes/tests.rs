@@ -76,6 +76,8 @@ fn start_with(
             version: "test".into(),
             not_ready,
             drain_conditions: vec!["GPUProblem".into()],
+            join_token: None,
+            node_token_renew_before: Duration::from_secs(24 * 3600),
         },
         client.clone(),
         metrics.clone(),
