@@ -663,3 +663,99 @@ fn many_active_spurjobs_cost_one_getjobs_per_interval() {
     let total: usize = load.answered.values().sum();
     assert!(load.per_second(total) < 1.0, "{load:?}");
 }
+
+/// A second job of `job`'s SpurJob planted at the controller's leader, as a submission
+/// given up on and applied late is: the same spec, a fresh id, pending. Returns its id.
+fn land_late_duplicate(sim: &Sim, job_id: u32) -> u32 {
+    use spur_fakes::model::state::{Command, Effect};
+    let cluster = sim.world.cluster();
+    let slot = cluster
+        .leader_with_quorum()
+        .and_then(|leader| cluster.slot_of(&leader))
+        .expect("a controller leader");
+    let spec = cluster.read(slot, |state| state.jobs[&job_id].spec.clone());
+    let now = sim.world.elapsed();
+    let at = spur_sim::determinism::epoch() + now;
+    let command = Command::SubmitJob {
+        spec: Box::new(spec),
+        at,
+    };
+    match cluster.propose(slot, command, now) {
+        Ok(Effect::JobId(id)) => id,
+        other => panic!("the late duplicate was not applied: {other:?}"),
+    }
+}
+
+/// Issue 50: the watch for a late duplicate is recorded on the SpurJob
+/// (`status.unansweredSubmissionAt`), so the replica that acts after a failover cancels a
+/// second job its predecessor's unanswered SubmitJob left, while it waits in the queue,
+/// and the finalizer cancels one still queued at deletion.
+#[test]
+fn a_duplicate_landing_after_an_operator_failover_is_cancelled_by_the_replica_that_took_over() {
+    use spur_fakes::model::LostReply;
+    let mut sim = Sim::new(25);
+    sim.add_nodes(1);
+    sim.start_kubelet();
+    sim.start_operator("operator-a", &[]);
+    sim.world.run_until(secs(15)).unwrap();
+    sim.start_operator("operator-b", &[]);
+    // Applied, and answered with a transport error: the operator cannot tell it landed.
+    sim.world
+        .cluster()
+        .lose_next_reply("SubmitJob", LostReply::TransportError);
+    // Every GPU of the one node: a second job of it can only wait.
+    let spec = json!({"image": "busybox", "gpus": {"count": 8},
+                      "env": {"SIM_RUN_SECONDS": "3600"}});
+    sim.create_spurjob("default", "late", spec);
+    sim.world.run_until(secs(40)).unwrap();
+    let status = sim.spurjob("default", "late").unwrap()["status"].clone();
+    let id = status["spurJobId"].as_u64().expect("submitted") as u32;
+    assert!(status["unansweredSubmissionAt"].is_string(), "{status:#}");
+    assert_eq!(
+        sim.leases
+            .holder(spur_sim::harness::OPERATOR_LEASE)
+            .as_deref(),
+        Some("operator-a")
+    );
+
+    sim.world
+        .kill("operator-a", spur_sim::world::KillMode::Silent);
+    sim.world.run_until(secs(90)).unwrap();
+    assert_eq!(
+        sim.leases
+            .holder(spur_sim::harness::OPERATOR_LEASE)
+            .as_deref(),
+        Some("operator-b")
+    );
+    let duplicate = land_late_duplicate(&sim, id);
+    // Within one watch interval (30 s), before it could ever launch.
+    sim.world.run_until(secs(125)).unwrap();
+    assert_eq!(
+        sim.controller_job(duplicate).unwrap().state(),
+        JobState::JobCancelled
+    );
+    assert_eq!(
+        sim.controller_job(id).unwrap().state(),
+        JobState::JobRunning
+    );
+    let pods = sim.pods("default");
+    assert_eq!(pods.len(), 1, "no pod for the duplicate");
+
+    // Another lands and the SpurJob is deleted at once: the finalizer finds it by name.
+    let second = land_late_duplicate(&sim, id);
+    sim.api
+        .delete("spur.amd.com/v1alpha1", "SpurJob", Some("default"), "late")
+        .unwrap();
+    sim.world.run_until(secs(135)).unwrap();
+    assert!(
+        sim.spurjob("default", "late").is_none(),
+        "the finalizer let it go"
+    );
+    for job in [id, second] {
+        assert_eq!(
+            sim.controller_job(job).unwrap().state(),
+            JobState::JobCancelled,
+            "job {job}"
+        );
+    }
+}

@@ -212,6 +212,11 @@ pub struct SpurJobStatus {
     /// attempt's pod replaces an earlier one's).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_results: BTreeMap<String, NodeResult>,
+    /// When a submission of this SpurJob last went unanswered (RFC 3339). spurctld may
+    /// still apply it as a second job, so the jobs carrying the SpurJob's UID are read back
+    /// for one until `--duplicate-watch` after this, and deletion cancels every one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unanswered_submission_at: Option<String>,
 }
 
 /// How one node's pod of a job ended.

@@ -13,12 +13,13 @@
 //!   records another id is refused, so no pod is created, and the job is cancelled
 //!   ([`launch_is_duplicate`]);
 //! - **while watched** (the reconciler): after a submission with an attempt that went
-//!   unanswered, the SpurJob's jobs are read back by name every
+//!   unanswered (recorded with the id, as `status.unansweredSubmissionAt`, so the replica
+//!   acting after a failover watches too), the SpurJob's jobs are read back by name every
 //!   `--duplicate-watch-interval` for `--duplicate-watch`, and every live job carrying its
 //!   UID but the recorded one is cancelled ([`cancel_duplicates`]), so a duplicate waiting
 //!   in the queue does not hold a place there;
 //! - **at deletion** (the finalizer): every live job carrying the UID is cancelled, the
-//!   recorded one and any other.
+//!   recorded one and, after any unanswered attempt, every other found by name.
 //!
 //! An array's tasks all carry the SpurJob's UID (fidelity row 16) and GetJobs does not say
 //! which array a task belongs to, so an array is judged at launch only, where the
@@ -26,6 +27,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
 use spur_proto as pb;
 
 use super::convert::uid_in_comment;
@@ -118,12 +120,28 @@ pub async fn cancel(controller: &ControllerClient, job_id: u32) -> Result<bool, 
     }
 }
 
-/// The SpurJobs to watch for a late duplicate, by UID: since when, and under which name
-/// and recorded id. Kept in memory: a replica that takes over does not know what its
-/// predecessor abandoned, and relies on the launch check there.
+/// Submissions that went unanswered, not yet recorded on their SpurJob, by UID: the time of
+/// the latest. It is written with the submission's status, in the one write that records
+/// the id: a write of its own would wake the reconciler at once, ahead of its backoff.
 #[derive(Debug, Default)]
-pub struct Watch {
-    entries: std::sync::Mutex<std::collections::BTreeMap<String, tokio::time::Instant>>,
+pub struct Unanswered(std::sync::Mutex<std::collections::BTreeMap<String, String>>);
+
+impl Unanswered {
+    /// A SubmitJob for `uid` went unanswered at `at` (RFC 3339): it may still be applied.
+    pub fn note(&self, uid: &str, at: &str) {
+        let mut entries = self.0.lock().expect("unanswered lock");
+        entries.insert(uid.to_owned(), at.to_owned());
+    }
+
+    /// The latest unanswered submission of `uid` not yet recorded.
+    pub fn latest(&self, uid: &str) -> Option<String> {
+        self.0.lock().expect("unanswered lock").get(uid).cloned()
+    }
+
+    /// Forgets `uid`: its SpurJob's status records it, or the SpurJob is gone.
+    pub fn forget(&self, uid: &str) {
+        self.0.lock().expect("unanswered lock").remove(uid);
+    }
 }
 
 /// What the reconciler does about a submitted SpurJob's watch.
@@ -135,44 +153,23 @@ pub enum WatchStep {
     Sweep(Duration),
 }
 
-impl Watch {
-    /// A SubmitJob for `uid` went unanswered at `now`: it may still be applied.
-    pub fn uncertain(&self, uid: &str, now: tokio::time::Instant) {
-        self.entries
-            .lock()
-            .expect("watch lock")
-            .insert(uid.to_owned(), now);
+/// The watch step at `now` of a SpurJob whose submission last went unanswered at
+/// `unanswered_at` (its status's `unansweredSubmissionAt`), given how long a watch lasts
+/// and how often it reads. Recorded on the SpurJob, not in a replica's memory, so the
+/// replica acting after a failover watches on what its predecessor gave up on.
+pub fn watch_step(
+    unanswered_at: Option<&str>,
+    now: Timestamp,
+    lasts: Duration,
+    every: Duration,
+) -> WatchStep {
+    let Some(since) = unanswered_at.and_then(|at| at.parse::<Timestamp>().ok()) else {
+        return WatchStep::Idle;
+    };
+    if now.duration_since(since).as_secs_f64() >= lasts.as_secs_f64() {
+        return WatchStep::Idle;
     }
-
-    /// Whether `uid` is watched (a submission of it went unanswered).
-    pub fn is_watched(&self, uid: &str) -> bool {
-        self.entries.lock().expect("watch lock").contains_key(uid)
-    }
-
-    /// The step for `uid` at `now`, given how long a watch lasts and how often it reads;
-    /// a watch that is over is forgotten.
-    pub fn step(
-        &self,
-        uid: &str,
-        now: tokio::time::Instant,
-        lasts: Duration,
-        every: Duration,
-    ) -> WatchStep {
-        let mut entries = self.entries.lock().expect("watch lock");
-        let Some(&since) = entries.get(uid) else {
-            return WatchStep::Idle;
-        };
-        if now.saturating_duration_since(since) >= lasts {
-            entries.remove(uid);
-            return WatchStep::Idle;
-        }
-        WatchStep::Sweep(every)
-    }
-
-    /// Forgets `uid` (its SpurJob is gone).
-    pub fn forget(&self, uid: &str) {
-        self.entries.lock().expect("watch lock").remove(uid);
-    }
+    WatchStep::Sweep(every)
 }
 
 #[cfg(test)]
@@ -280,31 +277,20 @@ mod tests {
     }
 
     #[test]
-    fn a_watch_sweeps_until_it_lasted_its_time_then_forgets() {
-        let watch = Watch::default();
-        let start = tokio::time::Instant::now();
+    fn a_watch_sweeps_until_it_lasted_its_time_after_the_last_unanswered_submission() {
+        let start: Timestamp = "2026-12-07T10:00:00Z".parse().unwrap();
+        let at = |secs: i64| start + k8s_openapi::jiff::SignedDuration::from_secs(secs);
         let lasts = Duration::from_secs(600);
         let every = Duration::from_secs(30);
-        assert_eq!(watch.step("u1", start, lasts, every), WatchStep::Idle);
-        watch.uncertain("u1", start);
-        assert!(watch.is_watched("u1"));
-        assert_eq!(
-            watch.step("u1", start + Duration::from_secs(599), lasts, every),
-            WatchStep::Sweep(every)
-        );
-        // A later unanswered attempt starts the watch afresh.
-        watch.uncertain("u1", start + Duration::from_secs(100));
-        assert_eq!(
-            watch.step("u1", start + Duration::from_secs(650), lasts, every),
-            WatchStep::Sweep(every)
-        );
-        assert_eq!(
-            watch.step("u1", start + Duration::from_secs(700), lasts, every),
-            WatchStep::Idle
-        );
-        assert!(!watch.is_watched("u1"));
-        watch.uncertain("u2", start);
-        watch.forget("u2");
-        assert!(!watch.is_watched("u2"));
+        let step = |unanswered: Option<&str>, now| watch_step(unanswered, now, lasts, every);
+        assert_eq!(step(None, start), WatchStep::Idle);
+        let first = start.to_string();
+        assert_eq!(step(Some(&first), at(599)), WatchStep::Sweep(every));
+        assert_eq!(step(Some(&first), at(600)), WatchStep::Idle);
+        // A later unanswered attempt is what the status then records.
+        let later = at(100).to_string();
+        assert_eq!(step(Some(&later), at(650)), WatchStep::Sweep(every));
+        assert_eq!(step(Some(&later), at(700)), WatchStep::Idle);
+        assert_eq!(step(Some("not a time"), start), WatchStep::Idle);
     }
 }

@@ -47,8 +47,8 @@ pub struct JobsContext {
     backoffs: Backoffs,
     /// Since when CancelJob has answered "not found" for each job id.
     not_found_since: Mutex<BTreeMap<u32, tokio::time::Instant>>,
-    /// The SpurJobs whose submission went unanswered, read back for a late duplicate.
-    watch: duplicates::Watch,
+    /// Unanswered submissions not yet recorded on their SpurJob's status.
+    unanswered: duplicates::Unanswered,
 }
 
 impl JobsContext {
@@ -72,7 +72,7 @@ impl JobsContext {
             default_user: convert::DEFAULT_USER.to_owned(),
             backoffs: Backoffs::new(retry, entropy),
             not_found_since: Mutex::default(),
-            watch: duplicates::Watch::default(),
+            unanswered: duplicates::Unanswered::default(),
         }
     }
 
@@ -360,7 +360,7 @@ async fn apply(
             Some(refusal) => return refused(job, api, ctx, &status, refusal, &error).await,
             None => {
                 if duplicates::may_still_apply(&error) && !ctx.tuning.duplicate_watch.is_zero() {
-                    ctx.watch.uncertain(&uid, tokio::time::Instant::now());
+                    ctx.unanswered.note(&uid, &now);
                 }
                 return Err(error.into());
             }
@@ -377,13 +377,17 @@ async fn apply(
         Submission::Submitted(_) => "Submitted",
         Submission::Adopted(_) => "Adopted",
     };
-    let next = submitted_status(status, job_id, generation, how, &now);
+    let mut next = submitted_status(status, job_id, generation, how, &now);
+    if let Some(at) = ctx.unanswered.latest(&uid) {
+        next.unanswered_submission_at = Some(at);
+    }
     patch_status(api, &job.name_any(), &next).await?;
+    ctx.unanswered.forget(&uid);
     tracing::info!(spurjob = %job.name_any(), job_id, how, "SpurJob submitted");
     ctx.events
         .normal(job, how, &format!("spurctld job {job_id}"))
         .await;
-    if ctx.watch.is_watched(&uid) {
+    if next.unanswered_submission_at.is_some() {
         return Ok(Action::requeue(ctx.tuning.duplicate_watch_interval));
     }
     Ok(Action::await_change())
@@ -549,9 +553,13 @@ async fn watch_for_duplicates(
     ctx: &JobsContext,
 ) -> Result<Action, ReconcileError> {
     let tuning = &ctx.tuning;
-    let step = ctx.watch.step(
-        uid,
-        tokio::time::Instant::now(),
+    let unanswered_at = job
+        .status
+        .as_ref()
+        .and_then(|s| s.unanswered_submission_at.as_deref());
+    let step = duplicates::watch_step(
+        unanswered_at,
+        ctx.clock.timestamp(),
         tuning.duplicate_watch,
         tuning.duplicate_watch_interval,
     );
@@ -559,7 +567,6 @@ async fn watch_for_duplicates(
         return Ok(Action::await_change());
     };
     if job.spec.array_spec.is_some() {
-        ctx.watch.forget(uid);
         return Ok(Action::await_change());
     }
     let name = super::status::job_name(job);
@@ -643,7 +650,7 @@ async fn cleanup(job: &SpurJob, ctx: &JobsContext) -> Result<Action, ReconcileEr
     for &(job_id, _) in &jobs {
         delete_job_objects(&ctx.kube, &namespace, job_id, JobPods::All).await?;
     }
-    ctx.watch.forget(&uid);
+    ctx.unanswered.forget(&uid);
     Ok(Action::await_change())
 }
 
@@ -656,6 +663,12 @@ async fn jobs_to_cancel(
     uid: &str,
 ) -> Result<(Vec<(u32, bool)>, Vec<u32>), ReconcileError> {
     let recorded = job.status.as_ref().and_then(|s| s.spur_job_id);
+    // Any submission that went unanswered, however long ago: one read by name at
+    // deletion finds a second job the watch may have missed.
+    let unanswered_at = job
+        .status
+        .as_ref()
+        .and_then(|s| s.unanswered_submission_at.as_ref());
     let terminal = job
         .status
         .as_ref()
@@ -676,7 +689,7 @@ async fn jobs_to_cancel(
         if let Some(id) = recorded {
             jobs.push((id, false));
         }
-    } else if let (Some(id), false) = (recorded, ctx.watch.is_watched(uid)) {
+    } else if let (Some(id), None) = (recorded, unanswered_at) {
         jobs.push((id, !terminal));
     } else {
         // A submission whose status write was lost must still be cancelled, and so must a
@@ -834,12 +847,16 @@ mod tests {
         let writes = Writes::default();
         let kube = api_server(Arc::clone(&writes), Duration::ZERO);
         let metrics = Metrics::new();
+        // Wall time that moves with the paused tokio clock.
+        let origin = tokio::time::Instant::now();
+        let epoch = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let clock = WallClock::from_fn(move || epoch + origin.elapsed());
         let ctx = JobsContext::new(
             kube.clone(),
             client,
             metrics.clone(),
-            EventPublisher::new(kube, WallClock::system(), "test".into()),
-            WallClock::system(),
+            EventPublisher::new(kube, clock.clone(), "test".into()),
+            clock.clone(),
             BackoffPolicy {
                 initial: Duration::from_secs(1),
                 max: Duration::from_secs(30),
@@ -857,7 +874,11 @@ mod tests {
         assert_eq!(action, Action::await_change());
         assert_eq!(controller.log(), ["SubmitJob train", "SubmitJob train"]);
 
-        ctx.watch.uncertain("uid-1", tokio::time::Instant::now());
+        // A submission went unanswered: the status says so, whichever replica reads it.
+        job.status = Some(SpurJobStatus {
+            unanswered_submission_at: Some(clock.timestamp().to_string()),
+            ..SpurJobStatus::default()
+        });
         let action = watch_for_duplicates(&job, "uid-1", 7, &ctx).await.unwrap();
         assert_eq!(action, Action::requeue(Duration::from_secs(30)));
         assert_eq!(
@@ -898,7 +919,6 @@ mod tests {
         tokio::time::advance(Duration::from_secs(600)).await;
         let action = watch_for_duplicates(&job, "uid-1", 7, &ctx).await.unwrap();
         assert_eq!(action, Action::await_change());
-        assert!(!ctx.watch.is_watched("uid-1"));
     }
 
     fn status_error(method: &'static str, code: Code, message: &str) -> ControllerError {
