@@ -1573,6 +1573,8 @@ fn a_revoked_or_expired_join_token_admits_no_one_while_its_node_tokens_still_ser
 
         let short = create_token(&target, Some(1)).await;
         tokio::time::sleep(Duration::from_millis(2500)).await;
+        // A leader again: under load three real replicas may have elected anew meanwhile.
+        let mut client = target.client().await;
         let late = client
             .register_agent(admitted("conf-rev", &short.token))
             .await;

@@ -686,7 +686,7 @@ fn land_late_duplicate(sim: &Sim, job_id: u32) -> u32 {
     }
 }
 
-/// Issue 50: the watch for a late duplicate is recorded on the SpurJob
+/// The watch for a late duplicate is recorded on the SpurJob
 /// (`status.unansweredSubmissionAt`), so the replica that acts after a failover cancels a
 /// second job its predecessor's unanswered SubmitJob left, while it waits in the queue,
 /// and the finalizer cancels one still queued at deletion.

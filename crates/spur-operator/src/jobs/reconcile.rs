@@ -617,10 +617,16 @@ async fn refused(
     if let Some(c) = next.conditions.iter_mut().find(|c| c.type_ == "Submitted") {
         c.last_transition_time = Some(now.clone());
     }
+    // An earlier attempt that went unanswered may still land: deletion looks for it.
+    let uid = job.uid().unwrap_or_default();
+    if let Some(at) = ctx.unanswered.latest(&uid) {
+        next.unanswered_submission_at = Some(at);
+    }
     patch_status(api, &job.name_any(), &next).await?;
+    ctx.unanswered.forget(&uid);
     ctx.events.warning(job, "SubmitRefused", &detail).await;
     ctx.metrics.reconcile_error("spurjob", "submit_refused");
-    ctx.backoffs.succeeded(&job.uid().unwrap_or_default());
+    ctx.backoffs.succeeded(&uid);
     match refusal {
         Refusal::FailedPrecondition => {
             let retry = ctx.tuning.precondition_retry;

@@ -20,7 +20,14 @@ const FLAG: &str = "--controller-join-token-file";
 #[derive(Clone)]
 pub struct JoinToken {
     path: PathBuf,
-    last_good: Arc<Mutex<String>>,
+    read: Arc<Mutex<Read>>,
+}
+
+/// The last token read well, and the error of the last read that failed since, so a bad
+/// file is logged once, not at every registration.
+struct Read {
+    last_good: String,
+    failing: Option<String>,
 }
 
 impl std::fmt::Debug for JoinToken {
@@ -33,9 +40,13 @@ impl JoinToken {
     /// Reads the token at start; an unreadable, empty or malformed file is refused.
     pub fn load(path: &Path) -> Result<JoinToken, ConfigError> {
         let token = parse(path, read_file(FLAG, path)?)?;
+        let read = Read {
+            last_good: token,
+            failing: None,
+        };
         Ok(JoinToken {
             path: path.to_owned(),
-            last_good: Arc::new(Mutex::new(token)),
+            read: Arc::new(Mutex::new(read)),
         })
     }
 
@@ -46,13 +57,22 @@ impl JoinToken {
 
     /// The token as the file holds it now, or the last good one if it cannot be read.
     pub fn current(&self) -> String {
-        let read = read_file(FLAG, &self.path).and_then(|bytes| parse(&self.path, bytes));
-        let mut last_good = self.last_good.lock().expect("join token lock");
-        match read {
-            Ok(token) => *last_good = token,
-            Err(e) => tracing::warn!(error = %e, "keeping the join token read before"),
+        let outcome = read_file(FLAG, &self.path).and_then(|bytes| parse(&self.path, bytes));
+        let mut read = self.read.lock().expect("join token lock");
+        match outcome {
+            Ok(token) => {
+                read.last_good = token;
+                read.failing = None;
+            }
+            Err(e) => {
+                let error = e.to_string();
+                if read.failing.as_ref() != Some(&error) {
+                    tracing::warn!(%error, "keeping the join token read before");
+                    read.failing = Some(error);
+                }
+            }
         }
-        last_good.clone()
+        read.last_good.clone()
     }
 }
 
@@ -82,10 +102,16 @@ fn parse(path: &Path, bytes: Vec<u8>) -> Result<String, ConfigError> {
     Ok(token.to_owned())
 }
 
+/// The soonest a node token is renewed, whatever its lifetime says: a token claiming a
+/// lifetime of nothing must not have its node register in a loop.
+const SOONEST_RENEWAL: Duration = Duration::from_secs(60);
+
 /// How long after it was issued a node token should be replaced: `renew_before` ahead of
-/// its expiry, but never before half its life, so a short-lived token is not renewed in a
-/// loop. Reckoned from the token's own `iat` and `exp`, so neither clock's skew matters.
-/// `None` for a token without a lifetime (open admission answers an empty one).
+/// its expiry, but never before half its life (nor [`SOONEST_RENEWAL`]), so a short-lived
+/// token is not renewed in a loop. Reckoned from the token's own `iat` and `exp`, so
+/// neither clock's skew matters. `None` for a token without a lifetime (open admission
+/// answers an empty one). Renewals need no jitter: they follow the registrations, which
+/// `--register-concurrency` already spreads.
 pub fn renewal_delay(node_token: &str, renew_before: Duration) -> Option<Duration> {
     let payload = node_token.split('.').nth(1)?;
     let claims: serde_json::Value =
@@ -94,7 +120,12 @@ pub fn renewal_delay(node_token: &str, renew_before: Duration) -> Option<Duratio
         .as_u64()?
         .checked_sub(claims["iat"].as_u64()?)?;
     let lifetime = Duration::from_secs(lifetime);
-    Some(lifetime.saturating_sub(renew_before).max(lifetime / 2))
+    Some(
+        lifetime
+            .saturating_sub(renew_before)
+            .max(lifetime / 2)
+            .max(SOONEST_RENEWAL),
+    )
 }
 
 /// Whether a heartbeat refusal is of the node token (missing, expired, forged or another
@@ -128,8 +159,9 @@ pub fn registration_problem(
             token.path().display()
         )),
         (Code::Unauthenticated, _) => Some(format!(
-            "spurctld refuses the operator's calls as unauthenticated ({message}): the operator \
-             signs no calls to spurctld, so its [auth] mode must be `permissive` or `disabled`"
+            "spurctld refuses the operator's calls as unauthenticated ({message}): give the \
+             operator a credential spurctld accepts with --controller-token-file \
+             (SPUR_OPERATOR_CONTROLLER_TOKEN_FILE)"
         )),
         _ => None,
     }
@@ -164,6 +196,8 @@ mod tests {
         assert_eq!(renewal_delay(&spurctlds, day), Some(6 * day));
         let short = jwt(serde_json::json!({"sub": "n1", "iat": 1000, "exp": 1600}));
         assert_eq!(renewal_delay(&short, day), Some(Duration::from_secs(300)));
+        let nothing = jwt(serde_json::json!({"sub": "n1", "iat": 1000, "exp": 1000}));
+        assert_eq!(renewal_delay(&nothing, day), Some(SOONEST_RENEWAL));
         assert_eq!(renewal_delay("", day), None);
         assert_eq!(renewal_delay("not.a.jwt", day), None);
     }
@@ -219,7 +253,7 @@ mod tests {
             "authentication required: pass a token (see `spur token user`)",
             None,
         );
-        assert!(unsigned.unwrap().contains("[auth] mode"));
+        assert!(unsigned.unwrap().contains("--controller-token-file"));
         assert_eq!(
             registration_problem(Code::Unavailable, "not the Raft leader", None),
             None

@@ -24,6 +24,16 @@ pub struct HeartbeatConfig {
     pub concurrency: usize,
 }
 
+/// A node heartbeats send back to node sync, to be registered again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rejoin {
+    /// The controller answered NOT_FOUND: it forgot the node.
+    Forgotten(String),
+    /// The controller refused the node token the heartbeat carried (expired, missing,
+    /// forged): the node still exists there and needs a new token.
+    TokenRefused { node: String, token: String },
+}
+
 /// What one round of heartbeats came to.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Round {
@@ -31,9 +41,9 @@ pub struct Round {
     pub failed: usize,
     /// Nodes the controller answered NOT_FOUND for: it forgot them.
     pub forgotten: Vec<String>,
-    /// Nodes whose node token the controller refused (expired, missing, forged): a
-    /// registration gets them a new one.
-    pub token_refused: Vec<String>,
+    /// Nodes whose node token the controller refused (expired, missing, forged), with the
+    /// token refused: a registration gets them a new one.
+    pub token_refused: Vec<(String, String)>,
     /// Nodes whose heartbeat the controller accepted.
     pub accepted: Vec<String>,
     /// One failure, to show what went wrong.
@@ -59,10 +69,11 @@ pub async fn round(
                 node_token: token,
                 ..Default::default()
             };
-            (name, controller.heartbeat(request).await)
+            let answer = controller.heartbeat(request.clone()).await;
+            (name, request.node_token, answer)
         })
         .buffered(concurrency.max(1));
-    while let Some((name, answer)) = answers.next().await {
+    while let Some((name, token, answer)) = answers.next().await {
         let Err(error) = answer else {
             result.accepted.push(name);
             continue;
@@ -75,7 +86,7 @@ pub async fn round(
             if result.token_refused.is_empty() {
                 result.sample_error = Some(format!("{name}: {error}"));
             }
-            result.token_refused.push(name);
+            result.token_refused.push((name, token));
         } else if result.sample_error.is_none() {
             result.sample_error = Some(format!("{name}: {error}"));
         }
@@ -91,7 +102,7 @@ pub async fn run(
     registered: Registered,
     config: HeartbeatConfig,
     metrics: Metrics,
-    forgotten: mpsc::UnboundedSender<String>,
+    rejoins: mpsc::UnboundedSender<Rejoin>,
 ) {
     let mut ticks = tokio::time::interval(config.interval);
     // After a stall, carry on at the cadence rather than firing a burst.
@@ -114,8 +125,11 @@ pub async fn run(
                 "heartbeats failed"
             );
         }
-        for name in round.forgotten.into_iter().chain(round.token_refused) {
-            if forgotten.send(name).is_err() {
+        let forgotten = round.forgotten.into_iter().map(Rejoin::Forgotten);
+        let refused = (round.token_refused.into_iter())
+            .map(|(node, token)| Rejoin::TokenRefused { node, token });
+        for rejoin in forgotten.chain(refused) {
+            if rejoins.send(rejoin).is_err() {
                 return;
             }
         }

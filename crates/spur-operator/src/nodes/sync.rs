@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::admission::{self, JoinToken};
+use super::heartbeat::Rejoin;
 use super::resources::{AgentEndpoint, Availability, registration};
 use crate::controller::ControllerClient;
 use crate::metrics::Metrics;
@@ -99,6 +100,11 @@ impl Registered {
         self.0.lock().expect("registered lock").contains_key(name)
     }
 
+    /// The node token `name` heartbeats with, if registered.
+    pub fn token_of(&self, name: &str) -> Option<String> {
+        self.0.lock().expect("registered lock").get(name).cloned()
+    }
+
     pub(crate) fn insert(&self, name: &str, token: String) -> usize {
         let mut map = self.0.lock().expect("registered lock");
         map.insert(name.to_owned(), token);
@@ -138,6 +144,9 @@ struct Tracked {
     warned: Vec<super::resources::FieldWarning>,
     /// When the node registers again for a fresh node token.
     renew_at: Option<Instant>,
+    /// Its node token is due for renewal: it registers again once nothing more urgent
+    /// (its registration, its availability) is owed.
+    renew_due: bool,
 }
 
 /// The next call a node needs.
@@ -162,6 +171,7 @@ impl Tracked {
             Some(_) if self.acked.as_ref() != Some(&self.availability) => {
                 Some(Action::SetAvailability(self.availability.clone()))
             }
+            Some(desired) if self.renew_due => Some(Action::Register(desired.clone())),
             Some(_) => None,
         }
     }
@@ -247,12 +257,12 @@ impl NodeSync {
 
     /// Runs until `stop` completes, then lets the calls in flight finish and returns
     /// (dropping the task instead cancels them: that is what losing the lease does).
-    /// `forgotten` carries nodes whose heartbeat answered NOT_FOUND: the controller lost
-    /// them, and they are registered again at once.
+    /// `rejoins` carries nodes whose heartbeat answered NOT_FOUND (the controller lost them)
+    /// or refused their node token: they are registered again at once.
     pub async fn run<S>(
         mut self,
         events: S,
-        mut forgotten: mpsc::UnboundedReceiver<String>,
+        mut rejoins: mpsc::UnboundedReceiver<Rejoin>,
         stop: impl std::future::Future<Output = ()>,
     ) where
         S: Stream<Item = Result<watcher::Event<Node>, watcher::Error>>,
@@ -260,7 +270,7 @@ impl NodeSync {
         tokio::pin!(events);
         tokio::pin!(stop);
         let mut events_open = true;
-        let mut forgotten_open = true;
+        let mut rejoins_open = true;
         loop {
             self.launch_ready();
             self.publish_drained();
@@ -281,9 +291,12 @@ impl NodeSync {
                 Some(outcome) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     self.on_outcome(outcome);
                 }
-                name = forgotten.recv(), if forgotten_open => match name {
-                    Some(name) => self.on_forgotten(&name),
-                    None => forgotten_open = false,
+                rejoin = rejoins.recv(), if rejoins_open => match rejoin {
+                    Some(Rejoin::Forgotten(name)) => self.on_forgotten(&name),
+                    Some(Rejoin::TokenRefused { node, token }) => {
+                        self.on_token_refused(&node, &token);
+                    }
+                    None => rejoins_open = false,
                 },
                 () = tokio::time::sleep_until(next_retry.unwrap_or_else(Instant::now)), if next_retry.is_some() => {
                     self.release_due();
@@ -376,6 +389,7 @@ impl NodeSync {
             waiting_since: Some(now),
             warned: Vec::new(),
             renew_at: None,
+            renew_due: false,
         });
         if !warnings.is_empty() && warnings != tracked.warned {
             for w in &warnings {
@@ -406,7 +420,7 @@ impl NodeSync {
         if tracked.desired.is_none() {
             return;
         }
-        tracing::info!(node = %name, "its heartbeat was refused; registering the node again");
+        tracing::info!(node = %name, "the controller forgot the node; registering it again");
         tracked.registered = None;
         tracked.acked = None;
         tracked.unknown_to_controller = true;
@@ -420,6 +434,33 @@ impl NodeSync {
         self.consider(name);
     }
 
+    /// A heartbeat's node token was refused: the node registers again for a new one, on its
+    /// own backoff. spurctld still knows it, so what it acknowledged holds. A refusal of a
+    /// token already replaced (the heartbeat raced a renewal) is stale and ignored.
+    fn on_token_refused(&mut self, name: &str, token: &str) {
+        if self.registered.token_of(name).as_deref() != Some(token) {
+            return;
+        }
+        let Some(tracked) = self.nodes.get_mut(name) else {
+            return;
+        };
+        if tracked.desired.is_none() {
+            return;
+        }
+        tracing::info!(node = %name, "its node token was refused; registering the node again for a new one");
+        tracked.registered = None;
+        let count = self.registered.remove(name);
+        self.metrics.nodes_registered.set(count as i64);
+        self.consider(name);
+    }
+
+    /// Drops `name`'s entry, with its renewal.
+    fn forget_node(&mut self, name: &str) {
+        if let Some(at) = self.nodes.remove(name).and_then(|tracked| tracked.renew_at) {
+            self.renewals.remove(&(at, name.to_owned()));
+        }
+    }
+
     /// Queues the node if it needs a call and none is running or waiting.
     fn consider(&mut self, name: &str) {
         let Some(tracked) = self.nodes.get_mut(name) else {
@@ -430,9 +471,7 @@ impl NodeSync {
         }
         match tracked.next_action() {
             None => {}
-            Some(Action::Forget) => {
-                self.nodes.remove(name);
-            }
+            Some(Action::Forget) => self.forget_node(name),
             Some(_) => {
                 tracked.queued = true;
                 self.ready.push_back(name.to_owned());
@@ -472,7 +511,7 @@ impl NodeSync {
             tracked.renew_at = None;
             if tracked.desired.is_some() {
                 tracing::debug!(node = %name, "registering the node again for a fresh node token");
-                tracked.registered = None;
+                tracked.renew_due = true;
                 self.consider(&name);
             }
         }
@@ -521,7 +560,7 @@ impl NodeSync {
                 continue;
             };
             if action == Action::Forget {
-                self.nodes.remove(&name);
+                self.forget_node(&name);
                 continue;
             }
             tracked.in_flight = true;
@@ -591,7 +630,7 @@ impl NodeSync {
                             tracked.registered = None;
                             tracked.acked = None;
                         } else {
-                            self.nodes.remove(&name);
+                            self.forget_node(&name);
                             return;
                         }
                     }
@@ -639,6 +678,7 @@ fn on_registered(
     token: String,
 ) {
     tracked.registered = Some(request);
+    tracked.renew_due = false;
     // A registration never changes a known node's state: what was acknowledged still holds,
     // and when nothing was (this process's first registration of the node), the availability
     // is sent. A node new to the controller starts IDLE.
@@ -880,6 +920,7 @@ mod tests {
             waiting_since: None,
             warned: Vec::new(),
             renew_at: None,
+            renew_due: false,
         }
     }
 
@@ -941,6 +982,32 @@ mod tests {
         for (i, (node, expected)) in table.into_iter().enumerate() {
             assert_eq!(node.next_action(), expected, "row {i}: {node:?}");
         }
+    }
+
+    #[test]
+    fn a_due_renewal_registers_again_only_after_the_availability_is_sent_and_never_when_gone() {
+        let cordoned = Availability::Drain {
+            reason: "cordoned".into(),
+        };
+        let mut node = tracked(
+            Some("8"),
+            cordoned.clone(),
+            Some("8"),
+            Some(Availability::Up),
+        );
+        node.renew_due = true;
+        assert_eq!(
+            node.next_action(),
+            Some(Action::SetAvailability(cordoned.clone()))
+        );
+        node.acked = Some(cordoned);
+        assert!(matches!(node.next_action(), Some(Action::Register(_))));
+        node.desired = None;
+        assert_eq!(
+            node.next_action(),
+            Some(Action::MarkGone),
+            "a renewal keeps the node known"
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ struct Harness {
     controller: ScriptedController,
     client: ControllerClient,
     events: Events,
-    forgotten: mpsc::UnboundedSender<String>,
+    forgotten: mpsc::UnboundedSender<heartbeat::Rejoin>,
     registered: Registered,
     metrics: Metrics,
 }
@@ -527,7 +527,9 @@ async fn a_forgotten_node_is_registered_again_at_once() {
     let round = heartbeat::round(&h.client, &h.registered, 8, &h.metrics).await;
     assert_eq!(round.forgotten, ["a", "b"]);
     for name in round.forgotten {
-        h.forgotten.send(name).unwrap();
+        h.forgotten
+            .send(heartbeat::Rejoin::Forgotten(name))
+            .unwrap();
     }
     settle(Duration::from_millis(100)).await;
     assert!(h.controller.knows("a") && h.controller.knows("b"));
