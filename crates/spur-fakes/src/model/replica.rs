@@ -600,19 +600,11 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
                         Err(node_not_found(&req.hostname))
                     }
                 });
-                match known {
-                    Ok(()) => {
-                        this.inner
-                            .cluster
-                            .heard_from(this.inner.slot, &req.hostname, this.now());
-                        Ok(pb::HeartbeatResponse {})
-                    }
-                    Err(ProposeError::Refused(status)) => Err(status),
-                    Err(ProposeError::NotLeader { leader }) => {
-                        Err(not_leader(leader.as_deref(), this.port()))
-                    }
-                    Err(ProposeError::NoQuorum) => unreachable!("a leader-local check"),
-                }
+                this.leader_answer(known)?;
+                this.inner
+                    .cluster
+                    .heard_from(this.inner.slot, &req.hostname, this.now());
+                Ok(pb::HeartbeatResponse {})
             },
             |mut client, request| async move { client.heartbeat(request).await },
         )

@@ -49,6 +49,37 @@ pub(super) fn leadership_after(log_dir: &Path, after: SystemTime) -> Option<Lead
     leaderships(log_dir).into_iter().find(|l| l.at > after)
 }
 
+/// When an operator replica took the Lease after `after`, from every operator pod's log
+/// (JSON lines): an operator failover inside a run delays its SpurJob by the Lease's
+/// duration, which a run's report names apart from the controller's leader change.
+pub(super) fn operator_takeovers_after(log_dir: &Path, after: SystemTime) -> Vec<SystemTime> {
+    let operator_logs = super::logs(log_dir).into_iter().filter(|log| {
+        let pod_dir = log.parent().and_then(Path::file_name);
+        pod_dir.is_some_and(|d| {
+            d.to_string_lossy()
+                .starts_with("spur-system_spur-operator-")
+        })
+    });
+    let mut found: Vec<SystemTime> = operator_logs
+        .flat_map(|log| {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+            lines
+        })
+        .filter(|line| line.contains("acquired the lease"))
+        .filter_map(|line| json_line_time(&line))
+        .filter(|at| *at > after)
+        .collect();
+    found.sort();
+    found
+}
+
+/// The time of a JSON tracing line (`"timestamp":"<RFC 3339>"`).
+fn json_line_time(line: &str) -> Option<SystemTime> {
+    let (_, rest) = line.split_once("\"timestamp\":\"")?;
+    humantime::parse_rfc3339(rest.split('"').next()?).ok()
+}
+
 fn spurctld_logs(log_dir: &Path) -> Vec<PathBuf> {
     super::logs(log_dir)
         .into_iter()
