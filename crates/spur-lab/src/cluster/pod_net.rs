@@ -32,10 +32,22 @@ impl Bridge {
             gateway,
             prefix,
         };
+        // A bridge without an address of its own takes its lowest port's, so a pod's veth
+        // coming or going can change the gateway's MAC under the pods' ARP caches: their
+        // traffic through the gateway then goes nowhere until the entry is probed again
+        // (tens of seconds), as a CNI bridge plugin avoids by setting it too.
+        ip(&["link", "set", name, "address", &gateway_mac(gateway)])?;
         ip(&["addr", "add", &format!("{gateway}/{prefix}"), "dev", name])?;
         ip(&["link", "set", name, "up"])?;
         Ok(bridge)
     }
+}
+
+/// A locally administered unicast MAC holding the gateway's address, unique among the
+/// cluster's bridges as their gateways are.
+fn gateway_mac(gateway: Ipv4Addr) -> String {
+    let [a, b, c, d] = gateway.octets();
+    format!("02:53:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
 }
 
 impl Drop for Bridge {
@@ -234,6 +246,14 @@ impl Addresses {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gateway_mac_is_locally_administered_unicast_and_holds_the_address() {
+        let mac = gateway_mac(Ipv4Addr::new(10, 244, 1, 1));
+        assert_eq!(mac, "02:53:0a:f4:01:01");
+        let first = u8::from_str_radix(&mac[..2], 16).unwrap();
+        assert_eq!(first & 0b11, 0b10, "locally administered, unicast");
+    }
 
     #[test]
     fn addresses_skip_the_network_and_gateway_and_are_reused() {
