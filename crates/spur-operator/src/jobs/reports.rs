@@ -662,7 +662,7 @@ async fn record_results(
     }
     let spurjobs: Api<SpurJob> =
         Api::namespaced(ctx.kube.clone(), &pod.namespace().unwrap_or_default());
-    let patch = json!({ "status": { "nodeResults": results } });
+    let patch = node_results_patch(&results);
     match spurjobs
         .patch_status(&owner.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -671,6 +671,24 @@ async fn record_results(
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e),
     }
+}
+
+/// The merge patch that writes each of `results` whole: a field a result leaves out
+/// (a stopped pod's exit code, an empty message) is removed, not kept from an earlier run.
+fn node_results_patch(results: &BTreeMap<String, NodeResult>) -> serde_json::Value {
+    let entries: serde_json::Map<String, serde_json::Value> = results
+        .iter()
+        .map(|(node, result)| {
+            let mut entry = json!({ "exitCode": null, "message": null });
+            if let (Some(fields), Ok(serde_json::Value::Object(set))) =
+                (entry.as_object_mut(), serde_json::to_value(result))
+            {
+                fields.extend(set);
+            }
+            (node.clone(), entry)
+        })
+        .collect();
+    json!({ "status": { "nodeResults": entries } })
 }
 
 /// The failure policy `FailJob` (see [`super::failure`]): the same run's pods on the other
@@ -729,6 +747,34 @@ async fn stop_other_ranks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nodes_result_replaces_the_earlier_runs_whole() {
+        let stopped = NodeResult {
+            pod: "spur-job-1-0".into(),
+            run_attempt: 1,
+            result: "Stopped".into(),
+            exit_code: None,
+            message: "stopped for a restart of the job".into(),
+        };
+        let succeeded = NodeResult {
+            pod: "spur-job-1-0-r2".into(),
+            run_attempt: 2,
+            result: "Succeeded".into(),
+            exit_code: Some(0),
+            message: String::new(),
+        };
+        let mut job = json!({ "status": { "nodeResults": {} } });
+        for (first, then) in [(&stopped, &succeeded), (&succeeded, &stopped)] {
+            for result in [first, then] {
+                let results = BTreeMap::from([("node-0".to_owned(), result.clone())]);
+                json_patch::merge(&mut job, &node_results_patch(&results));
+            }
+            let written: NodeResult =
+                serde_json::from_value(job["status"]["nodeResults"]["node-0"].clone()).unwrap();
+            assert_eq!(&written, then);
+        }
+    }
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, PodStatus,
     };

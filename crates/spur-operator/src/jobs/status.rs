@@ -470,10 +470,21 @@ pub async fn patch_status(
     api.patch_status(
         name,
         &PatchParams::default(),
-        &Patch::Merge(json!({ "status": status })),
+        &Patch::Merge(status_patch(status)),
     )
     .await
     .map(|_| ())
+}
+
+/// The merge patch that writes `status`, all but `nodeResults`: the pod reports write each
+/// node's result as its pod ends, and a status computed from a SpurJob read before that
+/// would put the earlier run's result back.
+pub fn status_patch(status: &SpurJobStatus) -> serde_json::Value {
+    let mut status = serde_json::to_value(status).unwrap_or_default();
+    if let Some(fields) = status.as_object_mut() {
+        fields.remove("nodeResults");
+    }
+    json!({ "status": status })
 }
 
 /// What the status poller reads from and writes to.
@@ -794,6 +805,29 @@ impl Poller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_write_leaves_the_node_results_the_pod_reports_wrote() {
+        let read_before = SpurJobStatus {
+            state: Some("Running".into()),
+            node_results: [(
+                "node-0".to_owned(),
+                crate::jobs::crd::NodeResult {
+                    pod: "spur-job-1-0".into(),
+                    result: "Stopped".into(),
+                    run_attempt: 1,
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            ..Default::default()
+        };
+        let reported = json!({ "pod": "spur-job-1-0-r2", "runAttempt": 2, "result": "Succeeded" });
+        let mut job = json!({ "status": { "nodeResults": { "node-0": reported.clone() } } });
+        json_patch::merge(&mut job, &status_patch(&read_before));
+        assert_eq!(job["status"]["nodeResults"]["node-0"], reported);
+        assert_eq!(job["status"]["state"], "Running");
+    }
 
     fn info(state: pb::JobState, nodes: &str, reason: &str, exit: i32) -> pb::JobInfo {
         pb::JobInfo {
