@@ -748,6 +748,10 @@ async fn stop_other_ranks(
 mod tests {
     use super::*;
 
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, PodStatus,
+    };
+
     #[test]
     fn a_nodes_result_replaces_the_earlier_runs_whole() {
         let stopped = NodeResult {
@@ -775,9 +779,6 @@ mod tests {
             assert_eq!(&written, then);
         }
     }
-    use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, PodStatus,
-    };
 
     fn pod(phase: &str, state: Option<ContainerState>) -> Pod {
         Pod {

@@ -479,7 +479,7 @@ pub async fn patch_status(
 /// The merge patch that writes `status`, all but `nodeResults`: the pod reports write each
 /// node's result as its pod ends, and a status computed from a SpurJob read before that
 /// would put the earlier run's result back.
-pub fn status_patch(status: &SpurJobStatus) -> serde_json::Value {
+fn status_patch(status: &SpurJobStatus) -> serde_json::Value {
     let mut status = serde_json::to_value(status).unwrap_or_default();
     if let Some(fields) = status.as_object_mut() {
         fields.remove("nodeResults");
