@@ -247,6 +247,48 @@ impl Addresses {
 mod tests {
     use super::*;
 
+    /// The MAC `ip` shows for `link` in this thread's network namespace (`/sys/class/net`
+    /// shows the namespace sysfs was mounted in, not this one).
+    fn mac_of(link: &str) -> String {
+        let out = Command::new("ip")
+            .args(["-o", "link", "show", "dev", link])
+            .output()
+            .expect("ip runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (_, after) = text.split_once("link/ether ").expect("an ether link");
+        after.split_whitespace().next().expect("a MAC").to_owned()
+    }
+
+    #[test]
+    fn the_bridge_keeps_its_mac_while_a_port_with_a_lower_one_joins_and_leaves() {
+        if let Some(why) = crate::kernel::missing_tools() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        // This test's thread only; the namespace goes when the thread ends.
+        crate::kernel::enter_private_network().expect("a private network namespace");
+        let bridge = Bridge::create("spurmacbr", Ipv4Addr::new(10, 99, 0, 1), 24).unwrap();
+        let own = mac_of("spurmacbr");
+        assert_eq!(own, gateway_mac(bridge.gateway));
+        ip(&[
+            "link",
+            "add",
+            "spurmacv0",
+            "address",
+            "02:00:00:00:00:01",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "spurmacp0",
+        ])
+        .unwrap();
+        ip(&["link", "set", "spurmacv0", "master", "spurmacbr", "up"]).unwrap();
+        assert_eq!(mac_of("spurmacbr"), own, "a lower-MAC port joined");
+        ip(&["link", "del", "spurmacv0"]).unwrap();
+        assert_eq!(mac_of("spurmacbr"), own, "the port left");
+    }
+
     #[test]
     fn a_gateway_mac_is_locally_administered_unicast_and_holds_the_address() {
         let mac = gateway_mac(Ipv4Addr::new(10, 244, 1, 1));

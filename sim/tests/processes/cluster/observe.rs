@@ -28,7 +28,7 @@ pub(super) struct Leadership {
 /// of pods `spurctld-N` (a deleted pod's log included).
 pub(super) fn leaderships(log_dir: &Path) -> Vec<Leadership> {
     let mut found = Vec::new();
-    for log in spurctld_logs(log_dir) {
+    for log in pod_logs(log_dir, "spur_spurctld-") {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         for line in text.lines().map(strip_ansi) {
             let Some((_, id)) = line.split_once("become leader id=") else {
@@ -53,14 +53,8 @@ pub(super) fn leadership_after(log_dir: &Path, after: SystemTime) -> Option<Lead
 /// (JSON lines): an operator failover inside a run delays its SpurJob by the Lease's
 /// duration, which a run's report names apart from the controller's leader change.
 pub(super) fn operator_takeovers_after(log_dir: &Path, after: SystemTime) -> Vec<SystemTime> {
-    let operator_logs = super::logs(log_dir).into_iter().filter(|log| {
-        let pod_dir = log.parent().and_then(Path::file_name);
-        pod_dir.is_some_and(|d| {
-            d.to_string_lossy()
-                .starts_with("spur-system_spur-operator-")
-        })
-    });
-    let mut found: Vec<SystemTime> = operator_logs
+    let mut found: Vec<SystemTime> = pod_logs(log_dir, "spur-system_spur-operator-")
+        .into_iter()
         .flat_map(|log| {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let lines: Vec<String> = text.lines().map(str::to_owned).collect();
@@ -80,12 +74,14 @@ fn json_line_time(line: &str) -> Option<SystemTime> {
     humantime::parse_rfc3339(rest.split('"').next()?).ok()
 }
 
-fn spurctld_logs(log_dir: &Path) -> Vec<PathBuf> {
+/// Every container log of the pods whose directory (`<namespace>_<pod>-…`) starts with
+/// `pod_prefix`, a deleted pod's included.
+fn pod_logs(log_dir: &Path, pod_prefix: &str) -> Vec<PathBuf> {
     super::logs(log_dir)
         .into_iter()
         .filter(|log| {
             let pod_dir = log.parent().and_then(Path::file_name);
-            pod_dir.is_some_and(|d| d.to_string_lossy().starts_with("spur_spurctld-"))
+            pod_dir.is_some_and(|d| d.to_string_lossy().starts_with(pod_prefix))
         })
         .collect()
 }
