@@ -29,15 +29,23 @@ step "manifests"
 kubectl kustomize deploy/ >/dev/null
 kubectl kustomize deploy/sim-sweep/ >/dev/null
 # Each component on deploy/, as a user's kustomization lists both (kustomize refuses an
-# overlay inside deploy/ itself).
-for component in deploy/components/*/; do
+# overlay inside deploy/ itself), and all of them together, as they must compose.
+render_with_components() {
+  local kustomization listed=() component
   kustomization="$(mktemp -d)"
+  for component in "$@"; do
+    listed+=("$(realpath --relative-to="$kustomization" "$component")")
+  done
+  local IFS=,
   printf '%s\n' "resources: [$(realpath --relative-to="$kustomization" deploy)]" \
-    "components: [$(realpath --relative-to="$kustomization" "$component")]" \
-    >"$kustomization/kustomization.yaml"
+    "components: [${listed[*]}]" >"$kustomization/kustomization.yaml"
   kubectl kustomize "$kustomization" >/dev/null
   rm -r "$kustomization"
+}
+for component in deploy/components/*/; do
+  render_with_components "$component"
 done
+render_with_components deploy/components/*/
 
 step "clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -68,6 +68,30 @@ pub const SUBJECT: &str = "spurctld";
 /// (spurctld signs with whatever it is given) with a warning.
 pub const RECOMMENDED_KEY_BYTES: usize = 32;
 
+/// What an agent that admits calls without a valid token opens, and to whom: one line for
+/// the start-up log, naming what to set; `None` when every call needs a token.
+pub fn open_calls_warning(mode: AgentAuthMode, has_key: bool, port: u16) -> Option<String> {
+    let open = format!(
+        "whoever reaches port {port} can run commands in a job's pods (ExecInJob), read their output (StreamJobOutput) and stop them (CancelJob, SuspendJob); only a NetworkPolicy the network plugin enforces keeps others out"
+    );
+    let (why, fix) = match (mode, has_key) {
+        (AgentAuthMode::Required, _) => return None,
+        (AgentAuthMode::Disabled, _) => (
+            "the agent checks no token (--agent-auth disabled)",
+            "set --agent-auth required with --agent-auth-key-file",
+        ),
+        (AgentAuthMode::Permissive, false) => (
+            "the agent has no key (--agent-auth-key-file unset), so it checks no token",
+            "give it spurctld's [auth] jwt_key with --agent-auth-key-file and set --agent-auth required (deploy/components/agent-auth)",
+        ),
+        (AgentAuthMode::Permissive, true) => (
+            "the agent admits a call without a token (--agent-auth permissive)",
+            "set --agent-auth required once spurctld signs its calls",
+        ),
+    };
+    Some(format!("{why}: {open}; {fix}"))
+}
+
 /// The outcome of a call that was let through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admitted {
@@ -233,6 +257,31 @@ pub fn sign(key: &[u8], claims: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agent_that_admits_calls_without_a_token_says_what_is_open_and_what_to_set() {
+        assert_eq!(
+            open_calls_warning(AgentAuthMode::Required, true, 6818),
+            None
+        );
+        let cases = [
+            (AgentAuthMode::Permissive, false, "--agent-auth-key-file"),
+            (AgentAuthMode::Permissive, true, "--agent-auth required"),
+            (AgentAuthMode::Disabled, true, "--agent-auth disabled"),
+        ];
+        for (mode, has_key, names) in cases {
+            let line = open_calls_warning(mode, has_key, 6818).expect("a warning");
+            for says in [
+                "port 6818",
+                "ExecInJob",
+                "StreamJobOutput",
+                "CancelJob",
+                names,
+            ] {
+                assert!(line.contains(says), "{mode:?} {has_key}: {line}");
+            }
+        }
+    }
     use serde_json::json;
 
     const KEY: &[u8] = b"agent-key-of-at-least-32-bytes!!";

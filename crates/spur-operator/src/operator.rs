@@ -272,6 +272,10 @@ fn serve_agent<N: Sockets>(
     stopping: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<Result<(), tonic::transport::Error>> {
     let auth = &config.agent_auth;
+    let port = config.agent_listen.port();
+    if let Some(open) = crate::agent_auth::open_calls_warning(auth.mode, auth.key.is_some(), port) {
+        tracing::warn!("{open}");
+    }
     let agent_auth = AgentAuth::new(
         auth.mode,
         auth.key.as_ref().map(|k| k.0.as_slice()),
