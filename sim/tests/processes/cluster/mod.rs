@@ -2,6 +2,7 @@
 //! against the kubeconfig it prints, and the cluster stopped with SIGTERM, leaving no
 //! process behind. The cases are in the modules below; this one holds what they share.
 
+mod agent_auth;
 mod apply;
 mod ha;
 mod memory;

@@ -59,7 +59,7 @@ fn kubectl_logs_exec_proxy_and_port_forward_reach_the_process_pods() {
 }
 
 /// The name of a Ready pod of `selector` once one is (fails with the cluster's state).
-fn ready_pod(cluster: &ClusterProcess, namespace: &str, selector: &str) -> String {
+pub(super) fn ready_pod(cluster: &ClusterProcess, namespace: &str, selector: &str) -> String {
     let deadline = Instant::now() + READY_WITHIN;
     let template = r#"jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}"#;
     while Instant::now() < deadline {
@@ -204,7 +204,13 @@ fn proxy_reaches_the_operator(cluster: &ClusterProcess, operator: &str) {
     );
 }
 
-fn port_forward_reaches_the_operator(cluster: &ClusterProcess, operator: &str) {
+/// `kubectl port-forward` of operator pod `pod`'s `remote` port: the process (to kill) and
+/// the local port it printed, if it printed one in time.
+pub(super) fn forward_to_operator(
+    cluster: &ClusterProcess,
+    pod: &str,
+    remote: u16,
+) -> (std::process::Child, Option<u16>) {
     let mut forward = Command::new(kubectl_binary())
         .arg("--kubeconfig")
         .arg(&cluster.kubeconfig)
@@ -212,8 +218,8 @@ fn port_forward_reaches_the_operator(cluster: &ClusterProcess, operator: &str) {
             "port-forward",
             "-n",
             "spur-system",
-            &format!("pod/{operator}"),
-            ":8080",
+            &format!("pod/{pod}"),
+            &format!(":{remote}"),
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -221,6 +227,11 @@ fn port_forward_reaches_the_operator(cluster: &ClusterProcess, operator: &str) {
         .spawn()
         .expect("start kubectl port-forward");
     let port = first_forwarded_port(&mut forward);
+    (forward, port)
+}
+
+fn port_forward_reaches_the_operator(cluster: &ClusterProcess, operator: &str) {
+    let (mut forward, port) = forward_to_operator(cluster, operator, 8080);
     let answer = port.map(get_healthz);
     let _ = forward.kill();
     let _ = forward.wait();
