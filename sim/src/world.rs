@@ -22,8 +22,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use spur_proto::SlurmControllerServer;
-
 use crate::determinism::{epoch, rng_for, sim_elapsed};
 use crate::net::{
     FreezableListener, NetConfig, Network, ServiceDialer, SimListener, TurmoilDialer,
@@ -467,7 +465,7 @@ async fn serve_replica(
     tokio::spawn(scheduler::run(replica.clone()));
     tonic::transport::Server::builder()
         .layer(spur_fakes::model::calls::recorder(cluster_calls, host))
-        .add_service(SlurmControllerServer::new(replica))
+        .add_service(spur_fakes::model::limits::server(replica))
         .serve_with_incoming(spur_operator::net::incoming(listener))
         .await?;
     Ok(())

@@ -14,6 +14,8 @@
 
 #[path = "conformance/agent.rs"]
 mod agent;
+#[path = "conformance/limits.rs"]
+mod limits;
 #[path = "conformance/rows.rs"]
 mod rows;
 #[path = "conformance/target.rs"]

@@ -14,6 +14,7 @@
 //!   every node at once, RUNNING only when all confirmed, backoff and hold on failure; the
 //!   leader's health check.
 //! - [`hostlist`]: `JobInfo.nodelist` compressed as spurctld compresses it.
+//! - [`limits`]: spurctld's message and submission size limits.
 //! - [`tcp`]: the same replicas over real TCP (`spur-sim controllers`).
 //! - [`processes`]: the same replicas as one process each, for the lab without the real
 //!   spurctld (`spur-sim replica`, `spur-sim replica-state`).
@@ -23,6 +24,7 @@ pub mod auth;
 pub mod calls;
 pub mod cluster;
 pub mod hostlist;
+pub mod limits;
 pub mod processes;
 pub mod replica;
 pub mod scheduler;

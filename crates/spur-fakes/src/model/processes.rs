@@ -31,14 +31,13 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use spur_operator::net::Dialer;
-use spur_proto::SlurmControllerServer;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener, UnixStream};
 use tokio::task::JoinHandle;
 
 use super::cluster::Reach;
 use super::{CLIENT_PORT, RAFT_PORT};
-use super::{Clock, Cluster, ControllerConfig, Replica, Role, replica_host, scheduler};
+use super::{Clock, Cluster, ControllerConfig, Replica, Role, limits, replica_host, scheduler};
 use crate::clock::rng_for;
 use spur_judge::trace::Trace;
 
@@ -260,7 +259,7 @@ fn serve_replicas(
         let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
         servers.push(tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(SlurmControllerServer::new(replica))
+                .add_service(limits::server(replica))
                 .serve_with_incoming(incoming),
         ));
     }

@@ -79,6 +79,7 @@ fn validate(spec: &pb::JobSpec) -> Result<(), Status> {
             "only one GPU request form (gpus, gpus_per_node, gpus_per_task, or a gpu gres entry) may be set",
         ));
     }
+    super::limits::check_submission_size(spec)?;
     if !spec.array_spec.is_empty() {
         super::state::array_tasks(&spec.array_spec)
             .map_err(|e| Status::invalid_argument(format!("invalid array spec: {e}")))?;
@@ -193,7 +194,10 @@ impl<D: Dialer> Replica<D> {
         let connector = Connector::new(self.inner.dialer.clone());
         match endpoint.connect_with_connector(connector).await {
             Ok(channel) => {
-                let client = SlurmControllerClient::new(channel);
+                // spurctld's leader client: requests up to 8 MiB, answers up to 32 MiB.
+                let client = SlurmControllerClient::new(channel)
+                    .max_encoding_message_size(super::limits::MAX_REQUEST_BYTES)
+                    .max_decoding_message_size(super::limits::MAX_RESPONSE_BYTES);
                 *self.inner.forward.lock().expect("forward lock") =
                     Some((leader.to_owned(), client.clone()));
                 Ok(client)

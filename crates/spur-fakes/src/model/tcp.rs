@@ -14,10 +14,9 @@ use futures::future::BoxFuture;
 use rand::RngExt;
 use rand_chacha::ChaCha8Rng;
 use spur_operator::net::{Dialer, TcpNetwork};
-use spur_proto::SlurmControllerServer;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{Clock, Cluster, ControllerConfig, Replica, replica_host, scheduler};
+use super::{Clock, Cluster, ControllerConfig, Replica, limits, replica_host, scheduler};
 use crate::clock::rng_for;
 use spur_judge::trace::Trace;
 
@@ -109,7 +108,7 @@ pub async fn run(args: ControllersArgs) -> Result<(), ControllersError> {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         servers.push(tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(SlurmControllerServer::new(replica))
+                .add_service(limits::server(replica))
                 .serve_with_incoming(incoming),
         ));
         eprintln!("replica {host} on {}", addrs[&host]);
