@@ -593,3 +593,83 @@ fn without_a_key_a_call_presenting_a_token_is_unauthenticated() {
             .unwrap_or_else(|s| panic!("{}: Ping without a token: {s:?}", target.name));
     });
 }
+
+/// A token with the `admin` claim, as `spur token user --admin` signs one.
+fn admin_bearer(key: &str, subject: &str) -> String {
+    let token = spur_operator::sign_agent_token(
+        key.as_bytes(),
+        &serde_json::json!({"sub": subject, "uid": 0, "iat": 1_700_000_000u64,
+            "exp": 4_000_000_000u64, "admin": true}),
+    );
+    format!("Bearer {token}")
+}
+
+/// With a key, the admin calls [12] (CreateToken, RevokeToken, UpdateNode) refuse a token
+/// that names no admin, `PERMISSION_DENIED "<op> requires cluster admin"`, and serve one
+/// with the `admin` claim or the subject `root`; a call with no token, which permissive
+/// admits, is trusted. The operator's UpdateNode (a drain) therefore needs an admin token,
+/// or none.
+#[test]
+fn with_a_key_the_admin_calls_refuse_a_token_that_names_no_admin() {
+    let setup = Setup {
+        jwt_key: Some(AUTH_KEY.to_owned()),
+        ..Setup::default()
+    };
+    conformance(137, Replicas::One, setup, |target| async move {
+        let mut client = target.client().await;
+        client
+            .register_agent(unreachable_node("conf-admin-node"))
+            .await
+            .unwrap();
+        let user = bearer(AUTH_KEY, "nobody");
+        let refused = |what: &str, answer: Result<(), tonic::Status>, op: &str| {
+            let status = answer.expect_err(what);
+            assert_eq!(
+                status.code(),
+                Code::PermissionDenied,
+                "{}: {what}: {status:?}",
+                target.name
+            );
+            assert_eq!(
+                status.message(),
+                format!("{op} requires cluster admin"),
+                "{}: {what}",
+                target.name
+            );
+        };
+        let create = || pb::CreateTokenRequest { ttl_secs: None };
+        let drain = || pb::UpdateNodeRequest {
+            name: "conf-admin-node".to_owned(),
+            state: Some(pb::NodeState::NodeDrain as i32),
+            ..Default::default()
+        };
+        let created = client.create_token(with_token(create(), Some(&user))).await;
+        refused("CreateToken", created.map(drop), "create token");
+        let drained = client.update_node(with_token(drain(), Some(&user))).await;
+        refused("UpdateNode", drained.map(drop), "update node");
+        let revoke = pb::RevokeTokenRequest {
+            token_id: "000000".to_owned(),
+        };
+        let revoked = client.revoke_token(with_token(revoke, Some(&user))).await;
+        refused("RevokeToken", revoked.map(drop), "revoke token");
+
+        let admin = admin_bearer(AUTH_KEY, "nobody");
+        let root = bearer(AUTH_KEY, "root");
+        for token in [Some(admin.as_str()), Some(root.as_str()), None] {
+            let made = client.create_token(with_token(create(), token)).await;
+            let made =
+                made.unwrap_or_else(|s| panic!("{}: CreateToken {token:?}: {s:?}", target.name));
+            let revoke = pb::RevokeTokenRequest {
+                token_id: made.into_inner().token_id,
+            };
+            client
+                .revoke_token(with_token(revoke, token))
+                .await
+                .unwrap_or_else(|s| panic!("{}: RevokeToken {token:?}: {s:?}", target.name));
+            client
+                .update_node(with_token(drain(), token))
+                .await
+                .unwrap_or_else(|s| panic!("{}: UpdateNode {token:?}: {s:?}", target.name));
+        }
+    });
+}

@@ -16,6 +16,15 @@ use tonic::metadata::MetadataMap;
 /// What spurctld's token check allows past an expired `exp` (jsonwebtoken's default leeway).
 const EXPIRY_LEEWAY_SECS: u64 = 60;
 
+/// A caller a token named: its subject, and whether it may make the admin calls (its
+/// `admin` claim, or the subject `root`, which spurctld takes for an admin while
+/// accounting is off).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub user: String,
+    pub admin: bool,
+}
+
 /// How a replica checks its callers.
 #[derive(Clone, Copy, Debug)]
 pub struct AuthPolicy<'a> {
@@ -32,7 +41,7 @@ impl AuthPolicy<'_> {
         &self,
         metadata: &MetadataMap,
         now: SystemTime,
-    ) -> Result<Option<String>, Status> {
+    ) -> Result<Option<Caller>, Status> {
         let Some(header) = metadata.get("authorization") else {
             if self.required {
                 return Err(Status::unauthenticated(
@@ -67,17 +76,20 @@ impl AuthPolicy<'_> {
     }
 }
 
-/// The subject of `token` when it is an HS256 JWT signed with `key`, not expired at `now`
-/// (seconds since the epoch), with the claims spurctld requires of a caller.
-fn subject(token: &str, key: &[u8], now: u64) -> Result<String, String> {
+/// The caller `token` names when it is an HS256 JWT signed with `key`, not expired at
+/// `now` (seconds since the epoch), with the claims spurctld requires of a caller.
+fn subject(token: &str, key: &[u8], now: u64) -> Result<Caller, String> {
     let claims = verify_hs256(token, key, now)?;
     if claims["uid"].as_u64().is_none() {
         return Err("JSON error: missing field `uid`".to_owned());
     }
-    claims["sub"]
+    let user = claims["sub"]
         .as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| "JSON error: missing field `sub`".to_owned())
+        .ok_or_else(|| "JSON error: missing field `sub`".to_owned())?;
+    Ok(Caller {
+        user: user.to_owned(),
+        admin: claims["admin"].as_bool().unwrap_or(false) || user == "root",
+    })
 }
 
 /// The claims of `token` when it is an HS256 JWT signed with `key` whose `exp` is not past
@@ -153,7 +165,8 @@ mod tests {
                 required,
             };
             let caller = policy.caller(&with(Some(&bearer)), at(NOW)).unwrap();
-            assert_eq!(caller.as_deref(), Some("alice"));
+            let user = caller.as_ref().map(|c| (c.user.as_str(), c.admin));
+            assert_eq!(user, Some(("alice", false)));
             assert_eq!(policy.caller(&with(None), at(NOW)).is_err(), required);
         }
     }

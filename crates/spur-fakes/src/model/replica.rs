@@ -21,7 +21,7 @@ use tonic::{Code, Request, Response, Status};
 
 use super::Clock;
 use super::admission;
-use super::auth::AuthPolicy;
+use super::auth::{AuthPolicy, Caller};
 use super::cluster::{Cluster, LostReply, ProposeError, RefusalKind, Role};
 use super::scheduler;
 use super::state::{AgentStop, Command, Effect, node_not_found};
@@ -403,7 +403,7 @@ impl<D: Dialer> Replica<D> {
 
     /// The verified caller of `request` (`None`: no token, and the mode admits that), or
     /// spurctld's refusal.
-    fn caller<T>(&self, request: &Request<T>) -> Result<Option<String>, Status> {
+    fn caller<T>(&self, request: &Request<T>) -> Result<Option<Caller>, Status> {
         let config = self.inner.cluster.config();
         let policy = AuthPolicy {
             key: config.agent_key.as_deref(),
@@ -422,9 +422,20 @@ impl<D: Dialer> Replica<D> {
         if let Ok(Some(caller)) = self.caller(&request)
             && let Some(field) = user(request.get_mut())
         {
-            *field = caller;
+            *field = caller.user;
         }
         request
+    }
+
+    /// spurctld's check of an admin call (`op`, as its refusal names it): a caller with no
+    /// token is trusted, as permissive trusts it; a token must name an admin.
+    fn require_admin<T>(&self, request: &Request<T>, op: &str) -> Result<(), Status> {
+        match self.caller(request)? {
+            Some(caller) if !caller.admin => Err(Status::permission_denied(format!(
+                "{op} requires cluster admin"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Whether `registration` changes what this replica, leading, holds of the node; one
@@ -620,10 +631,13 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
         request: Request<pb::UpdateNodeRequest>,
     ) -> Result<Response<()>, Status> {
         let this = self.clone();
+        // Judged by the replica that applies it, the leader, as spurctld judges it there.
+        let admin = self.require_admin(&request, "update node");
         self.write(
             "UpdateNode",
             request,
             |req| async move {
+                admin?;
                 let state = match req.state {
                     Some(value) => Some(
                         pb::NodeState::try_from(value)
@@ -885,10 +899,12 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
         request: Request<pb::CreateTokenRequest>,
     ) -> Result<Response<pb::CreateTokenResponse>, Status> {
         let this = self.clone();
+        let admin = self.require_admin(&request, "create token");
         self.write(
             "CreateToken",
             request,
             |req| async move {
+                admin?;
                 let (id, secret) = this.inner.cluster.new_join_token();
                 let ttl = req.ttl_secs.filter(|secs| *secs > 0);
                 let expires_at = ttl.map(|secs| {
@@ -915,10 +931,12 @@ impl<D: Dialer> pb::SlurmController for Replica<D> {
         request: Request<pb::RevokeTokenRequest>,
     ) -> Result<Response<pb::RevokeTokenResponse>, Status> {
         let this = self.clone();
+        let admin = self.require_admin(&request, "revoke token");
         self.write(
             "RevokeToken",
             request,
             |req| async move {
+                admin?;
                 this.commit(Command::RevokeToken { id: req.token_id })
                     .await?;
                 Ok(pb::RevokeTokenResponse {})
