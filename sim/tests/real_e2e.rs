@@ -998,8 +998,19 @@ fn a_spurjob_pending_when_the_leader_is_killed_is_submitted_within_3s_of_the_new
     });
 }
 
+/// The agent's calls whose token check gave `result` (`verified`, `refused`, ...).
+fn agent_calls(metrics: &str, result: &str) -> u64 {
+    let series = format!("spur_operator_agent_calls_total{{result=\"{result}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str())?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The agent requiring tokens, spurctld signing with the same key: its LaunchJob and its
+/// CancelJob (a `scancel`) are verified and served, none refused.
 #[test]
-fn with_agent_auth_required_and_spurctlds_jwt_key_jobs_run() {
+fn with_agent_auth_required_and_spurctlds_jwt_key_jobs_run_and_are_cancelled() {
     let config = StackConfig {
         agent_key: Some("e2e-agent-key-thirty-two-bytes-long!".to_owned()),
         ..StackConfig::default()
@@ -1009,6 +1020,56 @@ fn with_agent_auth_required_and_spurctlds_jwt_key_jobs_run() {
         stack.create_spurjob("authed", job_spec(json!({})));
         let (state, job) = run_to_end(&stack, "authed", 1, created).await;
         assert_eq!(state, "Completed", "{job}{}", stack.logs());
+
+        stack.create_spurjob(
+            "authed-long",
+            job_spec(json!({"env": {"SIM_RUN_SECONDS": "600"}})),
+        );
+        stack
+            .until(
+                "authed-long: running",
+                created,
+                Duration::from_secs(60),
+                |s| {
+                    s.state("authed-long").as_deref() == Some("Running")
+                        && !s.pods("authed-long").is_empty()
+                },
+            )
+            .await;
+        let launched = agent_calls(&stack.metrics().await, "verified");
+        let id = id_of(&stack.spurjob("authed-long").expect("job"));
+        let cancel = pb::CancelJobRequest {
+            job_id: id,
+            ..Default::default()
+        };
+        stack
+            .replica(0)
+            .await
+            .cancel_job(cancel)
+            .await
+            .expect("scancel");
+        let cancelled = Instant::now();
+        stack
+            .until(
+                "authed-long: cancelled",
+                cancelled,
+                Duration::from_secs(20),
+                |s| s.state("authed-long").as_deref() == Some("Cancelled"),
+            )
+            .await;
+        let since = Instant::now();
+        let mut metrics = stack.metrics().await;
+        while agent_calls(&metrics, "verified") <= launched
+            && since.elapsed() < Duration::from_secs(10)
+        {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            metrics = stack.metrics().await;
+        }
+        assert!(
+            agent_calls(&metrics, "verified") > launched,
+            "spurctld's CancelJob verified\n{metrics}"
+        );
+        assert_eq!(agent_calls(&metrics, "refused"), 0, "{metrics}");
     });
 }
 
