@@ -258,30 +258,6 @@ pub fn sign(key: &[u8], claims: &serde_json::Value) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn an_agent_that_admits_calls_without_a_token_says_what_is_open_and_what_to_set() {
-        assert_eq!(
-            open_calls_warning(AgentAuthMode::Required, true, 6818),
-            None
-        );
-        let cases = [
-            (AgentAuthMode::Permissive, false, "--agent-auth-key-file"),
-            (AgentAuthMode::Permissive, true, "--agent-auth required"),
-            (AgentAuthMode::Disabled, true, "--agent-auth disabled"),
-        ];
-        for (mode, has_key, names) in cases {
-            let line = open_calls_warning(mode, has_key, 6818).expect("a warning");
-            for says in [
-                "port 6818",
-                "ExecInJob",
-                "StreamJobOutput",
-                "CancelJob",
-                names,
-            ] {
-                assert!(line.contains(says), "{mode:?} {has_key}: {line}");
-            }
-        }
-    }
     use serde_json::json;
 
     const KEY: &[u8] = b"agent-key-of-at-least-32-bytes!!";
@@ -504,6 +480,31 @@ mod tests {
                 prop_assert!(auth(AgentAuthMode::Required, Some(KEY))
                     .check(&with(Some(&wrong_key)))
                     .is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn an_agent_that_admits_calls_without_a_token_says_what_is_open_and_what_to_set() {
+        assert_eq!(
+            open_calls_warning(AgentAuthMode::Required, true, 6818),
+            None
+        );
+        let cases = [
+            (AgentAuthMode::Permissive, false, "--agent-auth-key-file"),
+            (AgentAuthMode::Permissive, true, "--agent-auth required"),
+            (AgentAuthMode::Disabled, true, "--agent-auth disabled"),
+        ];
+        for (mode, has_key, names) in cases {
+            let line = open_calls_warning(mode, has_key, 6818).expect("a warning");
+            for says in [
+                "port 6818",
+                "ExecInJob",
+                "StreamJobOutput",
+                "CancelJob",
+                names,
+            ] {
+                assert!(line.contains(says), "{mode:?} {has_key}: {line}");
             }
         }
     }
