@@ -195,10 +195,21 @@ fn a_cpu_job_runs_to_completion_on_one_replica_and_on_three() {
 /// The operator's count of its Heartbeat calls spurctld answered with `code`.
 fn heartbeats_answered(metrics: &str, code: &str) -> u64 {
     let series =
-        format!("spur_operator_controller_rpcs_total{{method=\"Heartbeat\",code=\"{code}\"}} ");
+        format!("spur_operator_controller_rpcs_total{{method=\"Heartbeat\",code=\"{code}\"}}");
+    counter(metrics, &series)
+}
+
+/// A counter's value in the operator's metrics text; 0 while it has not been counted.
+fn counter(metrics: &str, series: &str) -> u64 {
     metrics
         .lines()
-        .find_map(|l| l.strip_prefix(series.as_str())?.trim().parse().ok())
+        .find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
         .unwrap_or(0)
 }
 
@@ -1000,11 +1011,10 @@ fn a_spurjob_pending_when_the_leader_is_killed_is_submitted_within_3s_of_the_new
 
 /// The agent's calls whose token check gave `result` (`verified`, `refused`, ...).
 fn agent_calls(metrics: &str, result: &str) -> u64 {
-    let series = format!("spur_operator_agent_calls_total{{result=\"{result}\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series.as_str())?.trim().parse().ok())
-        .unwrap_or(0)
+    counter(
+        metrics,
+        &format!("spur_operator_agent_calls_total{{result=\"{result}\"}}"),
+    )
 }
 
 /// The agent requiring tokens, spurctld signing with the same key: its LaunchJob and its
